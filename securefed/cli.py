@@ -7,7 +7,6 @@ command exits with status 2; no traceback. ``SECUREFED_DEBUG=1`` shows traceback
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -63,6 +62,8 @@ def _add_run(subparsers) -> None:
     p.add_argument("--rows-epsilon", type=float, default=None, help="ε of the perturbed rows (DP with --nystrom rows)")
     p.add_argument("--n-clusters", type=int, default=None, help="spectral: clusters (default: number of labels)")
     p.add_argument("--reference-size", type=int, default=300, help="dSNE: size of the public reference split")
+    p.add_argument("--value-bound", type=float, default=None,
+                   help="public bound on |feature values| (secagg/ckks quantise into it; default for built-in data: their public range)")
     p.add_argument("--n-jobs", type=int, default=1)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     try:
@@ -84,7 +85,7 @@ def _run_command(args) -> int:
         aggregation=args.aggregation, nystrom=args.nystrom, reconstruction=args.reconstruction, audit=args.audit,
         audit_holdout=args.audit_holdout, allow_audit_failure=args.allow_audit_failure, max_auc=args.max_auc,
         max_empirical_epsilon=args.max_empirical_epsilon, rows_epsilon=args.rows_epsilon, n_clusters=args.n_clusters,
-        reference_size=args.reference_size, n_jobs=args.n_jobs, quiet=args.quiet, privacy_args=args,
+        reference_size=args.reference_size, value_bound=args.value_bound, n_jobs=args.n_jobs, quiet=args.quiet, privacy_args=args,
     )
     metrics = run(cfg)
     out = os.path.abspath(args.out)

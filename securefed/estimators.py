@@ -31,7 +31,7 @@ import numpy as np
 from .aggregation import make_aggregator
 from .errors import ConfigError, bad_value
 from .kernels import gaussian_kernel, median_gamma, local_median_sq_dist, sq_dists
-from .landmarks import FedDLResult, check_sites, fed_dl
+from .landmarks import FedDLResult, check_sites, fed_dl, lloyd_refine
 from . import nystrom as _ny
 
 __all__ = [
@@ -81,13 +81,17 @@ class _FederatedEmbedding(_Params):
     _common = (
         "n_landmarks", "rounds", "local_steps", "rule", "lr", "gamma", "weights", "aggregation",
         "aggregation_options", "privacy", "nystrom", "reconstruction", "rows_privacy", "auditor",
-        "audit_holdout", "checkpoint", "random_state", "callback", "n_jobs", "keep_sent",
+        "audit_holdout", "checkpoint", "random_state", "callback", "n_jobs", "keep_sent", "value_bound",
+        "refine_rounds",
     )
 
     def _init_common(self, n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                      aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
-                     audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent):
+                     audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
+                     refine_rounds):
         self.keep_sent = keep_sent
+        self.value_bound = value_bound
+        self.refine_rounds = refine_rounds
         self.n_landmarks = n_landmarks
         self.rounds = rounds
         self.local_steps = local_steps
@@ -132,7 +136,19 @@ class _FederatedEmbedding(_Params):
         return members, holdout, member_idx
 
     def _fit_landmarks(self, sites, rng) -> FedDLResult:
+        from .aggregation import AGGREGATIONS
+
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(bad_value("aggregation", self.aggregation, f"choose one of {', '.join(AGGREGATIONS)}"))
         opts = dict(self.aggregation_options or {})
+        vb = self.value_bound
+        if vb is None and self.privacy is not None:
+            vb = getattr(self.privacy, "tau_x", None)
+        if self.aggregation != "plain" and "clip_range" not in opts:
+            if vb is None:
+                raise ConfigError(bad_value("value_bound", None, f"{self.aggregation} aggregation quantises into a public "
+                                            "range: give a public bound on |feature values| (e.g. 16 for digits, 255 for pixels)"))
+            opts["clip_range"] = float(vb)  # replaced per release by fed_dl (release_bounds)
         self.aggregator_ = make_aggregator(self.aggregation, **opts)
         return fed_dl(
             sites,
@@ -146,6 +162,7 @@ class _FederatedEmbedding(_Params):
             aggregator=self.aggregator_,
             privacy=self.privacy,
             checkpoint=self.checkpoint,
+            value_bound=vb,
             random_state=rng,
             callback=self.callback,
         )
@@ -157,6 +174,17 @@ class _FederatedEmbedding(_Params):
         rng = _rng(self.random_state)
         members, holdout, member_idx = self._split_holdout(sites, rng)
         res = self._fit_landmarks(members, rng)
+        refine = self.refine_rounds
+        if refine == "auto":
+            refine = 10 if (self.nystrom == "local" and self.privacy is None) else 0
+        if refine and self.privacy is not None:
+            raise ConfigError(bad_value("refine_rounds", refine, "Lloyd refinement is not covered by differential privacy; use 0"))
+        self.refinement_ = None
+        if refine:
+            vb = self.value_bound if self.value_bound is not None else None
+            res.landmarks, self.refinement_ = lloyd_refine(members, res.landmarks, refine, aggregator=self.aggregator_,
+                                                           value_bound=vb, random_state=rng)
+            res.released.append(f"{refine} Lloyd rounds: per-landmark record-weighted sums and counts (one secure sum each)")
         self.timings_ = {"landmarks": time.perf_counter() - t0}
         self.feddl_ = res
         self.landmarks_ = res.landmarks
@@ -269,6 +297,12 @@ _COMMON_PARAMS_DOC = """
     callback : callable, optional
         ``callback(round, Y, mmd)`` after each FedDL round.
     n_jobs : int, default 1
+    value_bound : float, optional
+        Public bound on |feature values|; required by ``"secagg"`` / ``"ckks"`` (their public
+        quantisation range); defaults to the DP clip norm.
+    refine_rounds : int or "auto"
+        Federated Lloyd refinement rounds after FedDL (:func:`securefed.landmarks.lloyd_refine`,
+        beyond the paper). ``"auto"``: 10 with ``nystrom="local"`` and no DP, else 0.
     keep_sent : bool, default False
         Keep what the sites sent in the Nyström stage as ``sent_rows_`` (for the reconstruction audit).
 """
@@ -296,13 +330,14 @@ class FedTSNE(_FederatedEmbedding):
                  rule="model", lr="auto", gamma=None, weights="records", aggregation="plain",
                  aggregation_options=None, privacy=None, nystrom="rows", reconstruction="auto",
                  rows_privacy=None, auditor=None, audit_holdout=0.0, checkpoint=None, random_state=None,
-                 callback=None, n_jobs=1, keep_sent=False):
+                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto"):
         self.n_components = n_components
         self.perplexity = perplexity
         self.n_iter = n_iter
         self._init_common(n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                           aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
-                          audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent)
+                          audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
+                          refine_rounds)
 
     def fit(self, sites, y=None):
         from openTSNE import TSNE, TSNEEmbedding, affinity, initialization
@@ -355,13 +390,14 @@ class FedUMAP(_FederatedEmbedding):
                  rule="model", lr="auto", gamma=None, weights="records", aggregation="plain",
                  aggregation_options=None, privacy=None, nystrom="rows", reconstruction="auto",
                  rows_privacy=None, auditor=None, audit_holdout=0.0, checkpoint=None, random_state=None,
-                 callback=None, n_jobs=1, keep_sent=False):
+                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto"):
         self.n_components = n_components
         self.n_neighbors = n_neighbors
         self.min_dist = min_dist
         self._init_common(n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                           aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
-                          audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent)
+                          audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
+                          refine_rounds)
 
     def fit(self, sites, y=None):
         import warnings
@@ -421,13 +457,14 @@ class FedSpectralClustering(_FederatedEmbedding):
                  rule="model", lr="auto", gamma=None, weights="records", aggregation="plain",
                  aggregation_options=None, privacy=None, nystrom="rows", reconstruction="auto",
                  rows_privacy=None, auditor=None, audit_holdout=0.0, checkpoint=None, random_state=None,
-                 callback=None, n_jobs=1, keep_sent=False):
+                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto"):
         self.n_clusters = n_clusters
         self.kernel_gamma = kernel_gamma
         self.n_neighbors = n_neighbors
         self._init_common(n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                           aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
-                          audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent)
+                          audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
+                          refine_rounds)
 
     def fit(self, sites, y=None):
         from sklearn.cluster import SpectralClustering

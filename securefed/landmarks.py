@@ -30,7 +30,9 @@ import numpy as np
 
 from .aggregation import AggregateResult, Aggregator, PlainAggregator
 from .errors import ConfigError, DataError, bad_value
-from .kernels import check_gamma, gaussian_kernel, local_median_sq_dist, median_gamma
+from threadpoolctl import threadpool_limits
+
+from .kernels import check_gamma, gaussian_kernel, local_median_sq_dist, median_gamma, sq_dists
 
 __all__ = [
     "mmd",
@@ -42,9 +44,12 @@ __all__ = [
     "server_gradient_step",
     "init_landmarks",
     "resolve_weights",
+    "release_bounds",
+    "with_range",
     "LandmarkPrivacy",
     "FedDLResult",
     "fed_dl",
+    "lloyd_refine",
     "check_sites",
 ]
 
@@ -278,24 +283,65 @@ def init_landmarks(
     return (radius / (2.0 * np.sqrt(n_features))) * rng.standard_normal((n_landmarks, n_features))
 
 
-def _federated_moments(sites, aggregator: Aggregator) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature mean and std of the pooled records, from one secure sum of ``[Σx, Σx², n]``."""
+def with_range(aggregator: Aggregator, bound: float | None) -> Aggregator:
+    """The aggregator with its public clip range set to ``bound`` for one kind of release.
+
+    Secure aggregators quantise into a fixed public range; each release FedDL makes (moments, γ
+    statistic, landmark updates, gradients) has its own public bound derived from the public
+    ``value_bound`` (see :func:`release_bounds`). Plain aggregation has no range.
+    """
+    if bound is None or not hasattr(aggregator, "clip_range"):
+        return aggregator
+    if hasattr(aggregator, "with_options"):
+        return aggregator.with_options(clip_range=float(bound))
+    import copy
+
+    other = copy.copy(aggregator)
+    other.clip_range = float(bound)
+    return other
+
+
+def release_bounds(value_bound: float | None, n_features: int, n_landmarks: int, gamma: float | None) -> dict:
+    """Public bounds on |coordinate| of every FedDL release, from a public bound ``B ≥ |x_ij|``.
+
+    * feature means: ``B``; mean squares scaled by ``1/B``: ``B``;
+    * local median squared distance scaled by ``1/(4 m B)``: ``B`` (since ``d² ≤ 4 m B²``);
+    * landmark updates ``Y_p`` (model averaging): ``2 B`` — landmarks stay near the data's hull, a
+      repelled landmark beyond it is clipped, counted and reported;
+    * gradients (Eq. 13): each coordinate is at most ``4γ/n_y · (2B + 2B·1.5) ≤ 20 γ B / n_y``.
+    """
+    if value_bound is None:
+        return {}
+    B = float(value_bound)
+    out = {"moments": B, "gamma": B, "model": 2.0 * B}
+    if gamma is not None:
+        out["gradient"] = 20.0 * gamma * B / n_landmarks
+    return out
+
+
+def _federated_moments(sites, aggregator: Aggregator, bound: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and std of the pooled records, from one secure sum of each site's
+    ``[mean_p, mean_p(x²)/B]`` weighted by its record count (so every coordinate is within ``B``)."""
     m = sites[0].shape[1]
-    ups = [np.concatenate([X.sum(axis=0), (X * X).sum(axis=0), [len(X)]]) for X in sites]
-    agg = aggregator.aggregate(ups, None, round_index=-2)
-    tot = agg.total
-    n = tot[-1]
-    mean = tot[:m] / n
-    var = np.maximum(tot[m : 2 * m] / n - mean**2, 0.0)
+    scale = 1.0 if bound is None else float(bound)
+    ups = [np.concatenate([X.mean(axis=0), (X * X).mean(axis=0) / scale]) for X in sites]
+    n = float(sum(len(X) for X in sites))
+    agg = with_range(aggregator, bound).aggregate(ups, [len(X) / n for X in sites], round_index=-2)
+    tot = agg.total / agg.weight_sum
+    mean = tot[:m]
+    var = np.maximum(tot[m:] * scale - mean**2, 0.0)
     return mean, np.sqrt(var)
 
 
-def _federated_gamma(sites, aggregator: Aggregator, rng) -> float:
+def _federated_gamma(sites, aggregator: Aggregator, rng, bound: float | None) -> float:
     """γ by the median heuristic (:func:`securefed.kernels.median_gamma`) from one secure sum of the
-    sites' record-weighted local medians."""
-    ups = [np.array([len(X) * local_median_sq_dist(X, random_state=rng), len(X)]) for X in sites]
-    agg = aggregator.aggregate(ups, None, round_index=-1)
-    return median_gamma([agg.total[0] / agg.total[1]])
+    sites' local medians of squared distances, weighted by record counts."""
+    m = sites[0].shape[1]
+    scale = 1.0 if bound is None else 4.0 * m * float(bound)
+    ups = [np.array([local_median_sq_dist(X, random_state=rng) / scale]) for X in sites]
+    n = float(sum(len(X) for X in sites))
+    agg = with_range(aggregator, bound).aggregate(ups, [len(X) / n for X in sites], round_index=-1)
+    return median_gamma([agg.total[0] * scale / agg.weight_sum])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,6 +415,7 @@ def fed_dl(
     aggregator: Aggregator | None = None,
     privacy: LandmarkPrivacy | None = None,
     init="auto",
+    value_bound: float | None = None,
     monitor: bool | None = None,
     checkpoint: str | None = None,
     random_state=None,
@@ -401,6 +448,9 @@ def fed_dl(
         Differential-privacy hook (clipping, projection, noise, ledger).
     init : "auto", "moments", "public" or ndarray
         Initial landmarks: federated moments (plain default), public radius (DP default) or given.
+    value_bound : float, optional
+        Public bound ``B ≥ |x_ij|`` on every feature value. Required by the secure aggregators (they
+        quantise into a public range, :func:`release_bounds`); with DP it defaults to the clip norm τ_X.
     monitor : bool, optional
         Compute the MMD per round from the site data (default: on without privacy, off with it — the
         MMD history is computed from private data and is not covered by the privacy accounting).
@@ -438,12 +488,23 @@ def fed_dl(
             local_steps=local_steps,
             rule=rule,
             n_clients=P,
+            weights=w,
+            aggregator=aggregator,
         )
         tau = float(getattr(privacy, "tau_x"))
         if gamma is None:
             gamma = 1.0 / tau**2
+    if value_bound is None and privacy is not None:
+        value_bound = float(getattr(privacy, "tau_x"))
+    if value_bound is not None:
+        value_bound = float(value_bound)
+        if not np.isfinite(value_bound) or value_bound <= 0:
+            raise ConfigError(bad_value("value_bound", value_bound, "give a positive public bound on |feature values|"))
+    elif hasattr(aggregator, "clip_range"):
+        raise ConfigError(bad_value("value_bound", None, f"{getattr(aggregator, 'name', 'secure')} aggregation quantises into "
+                                    "a public range: give a public bound on |feature values| (e.g. 16 for digits, 255 for pixels)"))
     if gamma is None:
-        gamma = _federated_gamma(sites, aggregator, rng)
+        gamma = _federated_gamma(sites, aggregator, rng, release_bounds(value_bound, m, n_landmarks, None).get("gamma"))
         released.append("one scalar per site: record count × local median squared distance (for γ)")
     gamma = check_gamma(gamma)
     if isinstance(lr, str):
@@ -466,10 +527,21 @@ def fed_dl(
     start_round = 0
     history: list[float] = []
     Y = None
+    fingerprint = {
+        "n_landmarks": n_landmarks, "n_features": m, "site_sizes": [len(X) for X in sites], "rule": rule,
+        "local_steps": local_steps, "gamma": gamma, "lr": lr, "weights": [float(v) for v in w],
+        "aggregation": getattr(aggregator, "name", type(aggregator).__name__), "value_bound": value_bound,
+        "privacy": None if privacy is None else {"type": type(privacy).__name__, "tau_x": getattr(privacy, "tau_x", None)},
+        "init": "array" if isinstance(init, np.ndarray) else str(init),
+    }
     if checkpoint and os.path.exists(checkpoint):
         Y, st = _read_checkpoint(checkpoint)
-        if Y.shape != (n_landmarks, m):
-            raise ConfigError(bad_value("checkpoint", checkpoint, f"holds landmarks of shape {Y.shape}, not ({n_landmarks}, {m}); use another path"))
+        if st.get("fingerprint") != json.loads(json.dumps(fingerprint)):
+            raise ConfigError(bad_value("checkpoint", checkpoint, "was written by a run with other parameters or data; "
+                                        "delete it or use another path (a checkpoint resumes only the same run)"))
+        if int(st["round"]) > rounds:
+            raise ConfigError(bad_value("rounds", rounds, f"the checkpoint already holds {st['round']} rounds; ask for at "
+                                        "least that many or use another checkpoint path"))
         start_round = int(st["round"])
         history = list(st["history"])
         rng.bit_generator.state = st["rng"]
@@ -485,7 +557,7 @@ def fed_dl(
             if mode == "moments":
                 if privacy is not None:
                     raise ConfigError(bad_value("init", "moments", "with differential privacy use init='public' (moments are not accounted)"))
-                mean, std = _federated_moments(sites, aggregator)
+                mean, std = _federated_moments(sites, aggregator, release_bounds(value_bound, m, n_landmarks, None).get("moments"))
                 released.append("per-feature sums, sums of squares and record counts (one secure sum, for the initial landmarks)")
                 Y = init_landmarks(n_landmarks, m, mean=mean, std=std, rng=rng)
             else:
@@ -499,8 +571,11 @@ def fed_dl(
     agg_stats = {"protocol": getattr(aggregator, "name", "?"), "seconds": 0.0, "bytes_up_per_client": 0,
                  "bytes_down": 0, "clipped": 0, "min_survivors": P, "aggregations": 0}
 
+    bounds = release_bounds(value_bound, m, n_landmarks, gamma)
+    round_agg = with_range(aggregator, bounds.get(rule))
+
     def aggregate(ups, round_index):
-        agg = aggregator.aggregate(ups, w, round_index=round_index)
+        agg = round_agg.aggregate(ups, w, round_index=round_index)
         agg_stats["seconds"] += agg.seconds
         agg_stats["bytes_up_per_client"] += agg.bytes_up
         agg_stats["bytes_down"] += agg.bytes_down
@@ -509,40 +584,45 @@ def fed_dl(
         agg_stats["aggregations"] += 1
         return agg
 
-    for s in range(start_round, rounds):
-        if rule == "model":
-            ups = [client_update(X, Y, gamma, lr, local_steps, privacy=privacy, site=p, round=s, rng=rng)
-                   for p, X in enumerate(sites)]
-            agg = aggregate(ups, s * local_steps)
-            if privacy is not None:
-                privacy.after_aggregate(round=s, step=local_steps - 1, survivors=agg.survivors)
-            Y = server_model_average(agg)
-        else:
-            for t in range(local_steps):
-                grads = []
-                for p, X in enumerate(sites):
-                    if privacy is None:
-                        grads.append(mmd_grad(X, Y, gamma))
-                    else:
-                        Xb, n_norm = privacy.batch(p, s, t, X, rng)
-                        grads.append(privacy.perturb(mmd_grad(Xb, Y, gamma, n_norm=n_norm), site=p, round=s, step=t))
-                agg = aggregate(grads, s * local_steps + t)
+    spread0 = float(np.sqrt(np.max(np.sum((Y - Y.mean(axis=0)) ** 2, axis=1))))
+    # the products here are small: one BLAS thread is 5–10× faster than two on 2 shared cores
+    with threadpool_limits(limits=1, user_api="blas"):
+        for s in range(start_round, rounds):
+            if rule == "model":
+                ups = [client_update(X, Y, gamma, lr, local_steps, privacy=privacy, site=p, round=s, rng=rng)
+                       for p, X in enumerate(sites)]
+                agg = aggregate(ups, s * local_steps)
                 if privacy is not None:
-                    privacy.after_aggregate(round=s, step=t, survivors=agg.survivors)
-                Y = server_gradient_step(Y, agg, lr)
-        if privacy is not None:
-            Y = privacy.project(Y)
-        if not np.all(np.isfinite(Y)):
-            raise ConfigError(bad_value("lr", lr, f"landmarks diverged in round {s + 1}; use lr='auto' or a smaller step"))
-        val = weighted_mmd(Y)
-        if val is not None:
-            history.append(val)
-        if checkpoint:
-            st = {"round": s + 1, "history": history, "rng": rng.bit_generator.state,
-                  "privacy": privacy.get_state() if privacy is not None and hasattr(privacy, "get_state") else None}
-            _atomic_write_checkpoint(checkpoint, st, Y)
-        if callback is not None:
-            callback(s + 1, Y, val)
+                    privacy.after_aggregate(round=s, step=local_steps - 1, survivors=agg.survivors)
+                Y = server_model_average(agg)
+            else:
+                for t in range(local_steps):
+                    grads = []
+                    for p, X in enumerate(sites):
+                        if privacy is None:
+                            grads.append(mmd_grad(X, Y, gamma))
+                        else:
+                            Xb, n_norm = privacy.batch(p, s, t, X, rng)
+                            grads.append(privacy.perturb(mmd_grad(Xb, Y, gamma, n_norm=n_norm), site=p, round=s, step=t))
+                    agg = aggregate(grads, s * local_steps + t)
+                    if privacy is not None:
+                        privacy.after_aggregate(round=s, step=t, survivors=agg.survivors)
+                    Y = server_gradient_step(Y, agg, lr)
+            if privacy is not None:
+                Y = privacy.project(Y)
+            spread = float(np.sqrt(np.max(np.sum((Y - Y.mean(axis=0)) ** 2, axis=1)))) if np.all(np.isfinite(Y)) else np.inf
+            if not np.isfinite(spread) or spread > 20.0 * (spread0 + 1.0 / np.sqrt(gamma)):
+                raise ConfigError(bad_value("lr", lr, f"landmarks diverged in round {s + 1} (spread {spread:.3g}, kernel width "
+                                            f"{1 / np.sqrt(gamma):.3g}); use lr='auto' or a smaller step"))
+            val = weighted_mmd(Y)
+            if val is not None:
+                history.append(val)
+            if checkpoint:
+                st = {"round": s + 1, "history": history, "rng": rng.bit_generator.state, "fingerprint": fingerprint,
+                      "privacy": privacy.get_state() if privacy is not None and hasattr(privacy, "get_state") else None}
+                _atomic_write_checkpoint(checkpoint, st, Y)
+            if callback is not None:
+                callback(s + 1, Y, val)
 
     if agg_stats["clipped"]:
         import warnings
@@ -560,6 +640,72 @@ def fed_dl(
         privacy=privacy.report() if privacy is not None else None,
         released=released,
     )
+
+
+def lloyd_refine(
+    sites,
+    Y: np.ndarray,
+    rounds: int = 10,
+    *,
+    aggregator: Aggregator | None = None,
+    min_cluster_size: int = 5,
+    value_bound: float | None = None,
+    random_state=None,
+) -> tuple[np.ndarray, dict]:
+    """Federated Lloyd (k-means) refinement of the landmarks — beyond the paper, for ``nystrom="local"``.
+
+    MMD landmarks with a wide Gaussian kernel match the data's distribution but sit between the records
+    ("blurred"); when the sites place their records against an embedding of the landmarks alone, that
+    blurs the map. A few Lloyd steps move each landmark to the mean of the records nearest to it.
+
+    Each round every site assigns its records to their nearest landmark and uploads, per landmark, its
+    scaled sum ``Σ_{x→i} x / n_p`` and count ``c_i / n_p`` (both bounded by the public ``value_bound``,
+    resp. 1); the server receives only the record-weighted total through the aggregator and sets
+    ``y_i`` to the pooled mean of its records. A landmark with fewer than ``min_cluster_size`` records
+    keeps its position — the mean of a single record *is* that record — and, except in the last
+    round, restarts as a jittered copy of one of the most populated landmarks (k-means splitting), so no
+    landmark stays stranded between the records. What remains of the leak (means
+    of ≥ ``min_cluster_size`` records) is what the membership audit measures. Not covered by DP: with a
+    privacy hook, refinement is refused.
+
+    Returns
+    -------
+    Y : ndarray (n_y, m)
+    info : dict
+        ``rounds``, ``min_cluster_size``, ``frozen`` (landmarks below the size floor in the last round).
+    """
+    sites = check_sites(sites)
+    rng = np.random.default_rng(random_state)
+    rounds = _positive_int("refine_rounds", rounds, minimum=0)
+    min_cluster_size = _positive_int("min_cluster_size", min_cluster_size, minimum=2)
+    aggregator = PlainAggregator() if aggregator is None else aggregator
+    Y = np.array(Y, dtype=np.float64, copy=True)
+    n_y, m = Y.shape
+    n = float(sum(len(X) for X in sites))
+    w = [len(X) / n for X in sites]
+    agg_r = with_range(aggregator, None if value_bound is None else max(float(value_bound), 1.0))
+    frozen = 0
+    for r in range(rounds):
+        ups = []
+        for X in sites:
+            nearest = np.argmin(sq_dists(X, Y), axis=1)
+            S = np.zeros((n_y, m))
+            np.add.at(S, nearest, X)
+            c = np.bincount(nearest, minlength=n_y).astype(float)
+            ups.append(np.concatenate([S.ravel(), c]) / len(X))
+        tot = agg_r.aggregate(ups, w, round_index=-100 - r).total
+        counts = tot[n_y * m :] * n
+        ok = counts >= min_cluster_size - 1e-6
+        frozen = int(n_y - ok.sum())
+        Y[ok] = tot[: n_y * m].reshape(n_y, m)[ok] / tot[n_y * m :][ok, None]
+        if frozen and r < rounds - 1:
+            # split the most populated clusters: a landmark without enough records restarts as a jittered
+            # copy of a big cluster's mean (already public to the server), as in k-means++ splitting
+            big = np.argsort(-counts)[: max(1, int(ok.sum()))]
+            dead = np.flatnonzero(~ok)
+            scale = 1e-2 * float(np.sqrt(np.mean(np.var(Y[ok], axis=0)))) if ok.any() else 1e-2
+            Y[dead] = Y[big[np.arange(len(dead)) % len(big)]] + scale * rng.standard_normal((len(dead), m))
+    return Y, {"rounds": rounds, "min_cluster_size": min_cluster_size, "frozen": frozen}
 
 
 def _positive_int(name: str, value, minimum: int = 1) -> int:

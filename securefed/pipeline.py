@@ -58,6 +58,7 @@ class RunConfig:
     rows_epsilon: float | None = None
     n_clusters: int | None = None
     reference_size: int = 300
+    value_bound: float | None = None
     n_jobs: int = 1
     quiet: bool = False
     privacy_args: object = None  # argparse namespace with the accounting flags (or None)
@@ -118,7 +119,10 @@ def _plot(path: str, panels: list[tuple[str, np.ndarray, np.ndarray | None]]) ->
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5.5), squeeze=False)
     for ax, (title, E, c) in zip(axes[0], panels):
-        ax.scatter(E[:, 0], E[:, 1], c=c if c is not None else "tab:blue", cmap="tab10", s=3, linewidths=0)
+        if c is None:
+            ax.scatter(E[:, 0], E[:, 1], c="tab:blue", s=3, linewidths=0)
+        else:
+            ax.scatter(E[:, 0], E[:, 1], c=c, cmap="tab10", s=3, linewidths=0)
         ax.set_title(title)
         ax.set_xticks([])
         ax.set_yticks([])
@@ -199,6 +203,16 @@ def run(cfg: RunConfig) -> dict:
         rows_privacy = DataPerturbation(cfg.rows_epsilon, delta=privacy.delta, tau_x=privacy.tau_x,
                                         secure_mode=privacy.secure_mode, ledger=ledger)
 
+    value_bound = cfg.value_bound
+    if value_bound is None and cfg.aggregation != "plain" and privacy is None:
+        from .data import BUILTIN_DATASETS
+
+        if str(cfg.dataset) not in BUILTIN_DATASETS:
+            raise ConfigError(bad_value("--value-bound", None, f"--aggregation {cfg.aggregation} quantises into a public range: "
+                                        "give a public bound on |feature values| of your data, e.g. --value-bound 255"))
+        # the built-in data sets are public, so their value range is public knowledge
+        value_bound = float(np.max(np.abs(ds.X)))
+    cfg.extra["value_bound"] = value_bound
     mode = {"aggregation": cfg.aggregation, "dp": privacy is not None, "nystrom": nystrom, "rule": cfg.rule,
             "method": cfg.method, "rows_privacy": rows_privacy is not None, "n_landmarks": cfg.landmarks}
     config = {"run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X_pooled)), "n_features": int(X_pooled.shape[1])},
@@ -302,20 +316,41 @@ def _make_auditor(cfg: RunConfig, privacy, out: str, metrics: dict):
                                delta=privacy.delta if privacy is not None else 0.0, random_state=cfg.seed)
         write_audit_files(out, mia=mia)
         claimed = res.privacy.get("epsilon") if res.privacy else None
-        try:
-            dec = audit_gate(mia, policy, claimed_epsilon=claimed, allow_failure=cfg.allow_audit_failure,
-                             ledger=privacy.ledger if privacy is not None else None)
-        except AuditFailedError:
-            metrics["audit"] = {"verdict": "fail", "overridden": False, "auc": mia.to_dict().get("auc"),
-                                "empirical_epsilon": mia.to_dict().get("empirical_epsilon"),
-                                "rows_sent": 0, "note": "the run stopped at the gate: nothing was sent for the Nyström stage"}
+        dec = audit_gate(mia, policy, claimed_epsilon=claimed, allow_failure=True,
+                         ledger=privacy.ledger if privacy is not None else None)
+        if not dec.passed and not cfg.allow_audit_failure:
+            block = dec.to_dict()
+            block.update(verdict="fail", overridden=False, proceed=False, rows_sent=0,
+                         note="the run stopped at the gate: nothing was sent for the Nyström stage")
+            block["ledger_event"], block["ledger_recorded"] = None, False
+            metrics["audit"] = block
             _write_json(os.path.join(out, "metrics.json"), _clean(metrics))
-            raise
+            raise AuditFailedError(
+                "landmark membership audit failed: " + "; ".join(str(f) for f in dec.failures)
+                + " — nothing was sent for the Nyström stage; rerun with --allow-audit-failure to proceed (recorded), "
+                  "or add noise (--epsilon) / fewer landmarks")
         d = dec.to_dict()
         _log(cfg, f"[audit] verdict: {d['verdict']} (AUC={d['auc']:.3f}, empirical ε ≥ {d['empirical_epsilon']:.3f})")
         return d
 
     return auditor
+
+
+def _checkpoint_path(cfg: RunConfig, out: str) -> str:
+    """``<out>/checkpoint.npz``, resumed only by the same run (same parameters): a checkpoint another
+    configuration left in the folder is discarded, with a message."""
+    path = os.path.join(out, "checkpoint.npz")
+    owner = os.path.join(out, "checkpoint.owner")
+    rid = _run_id(cfg)
+    previous = open(owner).read().strip() if os.path.exists(owner) else None
+    if os.path.exists(path) and previous != rid:
+        _log(cfg, f"[landmarks] discarding {path}: it belongs to a run with other parameters ({previous})")
+        os.remove(path)
+    elif os.path.exists(path):
+        _log(cfg, f"[landmarks] resuming from {path}")
+    with open(owner, "w") as fh:
+        fh.write(rid + "\n")
+    return path
 
 
 def _fit_federated(cfg, sites, y, privacy, rows_privacy, nystrom, progress, out, metrics):
@@ -326,8 +361,8 @@ def _fit_federated(cfg, sites, y, privacy, rows_privacy, nystrom, progress, out,
                   reconstruction=cfg.reconstruction, rows_privacy=rows_privacy,
                   auditor=_make_auditor(cfg, privacy, out, metrics) if cfg.audit else None,
                   audit_holdout=cfg.audit_holdout if cfg.audit else 0.0,
-                  checkpoint=os.path.join(out, "checkpoint.npz"), random_state=cfg.seed, callback=progress,
-                  n_jobs=cfg.n_jobs, keep_sent=True)
+                  checkpoint=_checkpoint_path(cfg, out), random_state=cfg.seed, callback=progress,
+                  n_jobs=cfg.n_jobs, keep_sent=True, value_bound=cfg.extra.get("value_bound"))
     _log(cfg, f"[landmarks] FedDL: {len(sites)} sites, {cfg.landmarks} landmarks, {cfg.rounds} rounds × {cfg.local_steps} "
               f"local steps, {cfg.rule} averaging, {cfg.aggregation} aggregation"
               + (", differential privacy on" if privacy is not None else ""))

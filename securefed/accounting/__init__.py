@@ -1,0 +1,67 @@
+"""Differential privacy for securefed: enforced bounds, sensitivity, accountants, mechanisms, ledger.
+
+See ``papers/000`` §5 (Theorems 3 and 5) and DESIGN §3. Public API:
+
+* bounds: :func:`clip_records`, :func:`default_tau_x`, :func:`project_spectral`, :func:`enforced_upsilon`
+* sensitivity: :func:`gradient_sensitivity` → :class:`Sensitivity`
+* accountants: :func:`get_accountant`, :func:`calibrate_noise_multiplier`, :func:`epsilon_from_noise`,
+  :func:`compose_gdp`, :func:`gdp_epsilon`, :func:`gdp_mu`, :func:`gdp_delta`
+* mechanisms: :class:`GradientPerturbation` (FedDL's ``LandmarkPrivacy`` hook), :func:`perturb_data`
+* ledger: :class:`PrivacyLedger`
+* CLI: :mod:`securefed.accounting.cli` (``securefed budget``; ``add_privacy_arguments``/``privacy_from_args``)
+"""
+
+from .accountants import (
+    ACCOUNTANTS,
+    Accountant,
+    calibrate_noise_multiplier,
+    compose_gdp,
+    epsilon_from_noise,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu,
+    get_accountant,
+    paper_epsilon,
+    paper_noise_multiplier,
+)
+from .bounds import clip_records, default_tau_x, default_tau_y, enforced_upsilon, project_spectral
+from .ledger import PrivacyLedger
+from .mechanisms import (
+    DataPerturbation,
+    DataPerturbationEvent,
+    GradientPerturbation,
+    analytic_gaussian_sigma,
+    classical_gaussian_sigma,
+    data_perturbation_sigma,
+    perturb_data,
+)
+from .sensitivity import Sensitivity, gradient_sensitivity
+
+__all__ = [
+    "ACCOUNTANTS",
+    "Accountant",
+    "calibrate_noise_multiplier",
+    "compose_gdp",
+    "epsilon_from_noise",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "get_accountant",
+    "paper_epsilon",
+    "paper_noise_multiplier",
+    "clip_records",
+    "default_tau_x",
+    "default_tau_y",
+    "enforced_upsilon",
+    "project_spectral",
+    "PrivacyLedger",
+    "DataPerturbation",
+    "DataPerturbationEvent",
+    "GradientPerturbation",
+    "analytic_gaussian_sigma",
+    "classical_gaussian_sigma",
+    "data_perturbation_sigma",
+    "perturb_data",
+    "Sensitivity",
+    "gradient_sensitivity",
+]

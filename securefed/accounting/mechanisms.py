@@ -1,0 +1,529 @@
+"""Gaussian mechanisms of ``papers/000`` §5 with enforced bounds, exact accounting and a write-ahead ledger.
+
+* :class:`GradientPerturbation` — the ``LandmarkPrivacy`` hook FedDL calls (PIPELINE.md): Sec. 5.2 /
+  Theorem 5 gradient perturbation, per local step ("+" variants), local or distributed noise.
+* :func:`perturb_data` — Sec. 5.1 data perturbation with the corrected Theorem 3.
+
+Noise modes
+-----------
+``noise="local"`` (the paper's "+" mode): every site adds the full ``σ_p = z·Δ_p`` to every gradient it
+computes; each site's releases are private on their own, whatever the aggregator. A site makes
+``S·Q`` releases (one per local step), and that is what is accounted (the paper counts ``S``).
+
+``noise="distributed"``: under secure aggregation the server sees only the (weighted) sum, so each
+site adds only a share. With ``t = min_survivors`` and weights ``w`` known, site ``p`` adds
+``N(0, s_p²)`` with ``w_p s_p = z·M/√t``, ``M = max_q w_q Δ_q``; then for any ``k ≥ t`` survivors the
+sum carries noise of std ``z·M·√(k/t) ≥ z·M`` and each record's release has ``μ ≤ 1/z``. Without the
+weights, ``s_p = z·Δ_max/√t``, which is safe for uniform and record-proportional weights. Assumptions,
+stated in the report: (i) the aggregator reveals only the sum (SecAgg+ or CKKS — refused with plain
+aggregation when the aggregator is passed to :meth:`prepare`), (ii) honest sites add their share,
+(iii) the aggregator never reveals a sum of fewer than ``t`` inputs. Each aggregation is settled in
+the ledger with the actual survivors (:meth:`after_aggregate`); if (iii) is violated the actual ε is
+recorded and the run stops with :class:`BudgetExceededError` once over budget.
+
+Distributed noise is sound only when what the server learns is a function of the noisy *sum*
+alone, i.e. with gradient averaging (every noisy step is summed; the server steps and projects).
+With model averaging and ``Q > 1`` local steps a site's hidden trajectory ``Y_p^{s,1..Q}`` depends on
+its own small noise share; and even with ``Q = 1`` each site projects ``Y_p = Π(Y − η(g_p + e_p))``
+onto the τ_Y ball *before* upload, a non-linear map, so ``Σ_p w_p Y_p`` is not post-processing of
+``Σ_p w_p (g_p + e_p)``. :meth:`prepare` therefore refuses distributed noise with model averaging
+(stricter than "Q = 1 is fine": the per-site projection breaks it).
+
+Subsampling (``sample_rate = q < 1``): Poisson sampling per step with the fixed normaliser ``q·n_p``,
+add/remove adjacency, accounted by Opacus' PRV or RDP accountant.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, LedgerError, bad_value
+from .accountants import (
+    ACCOUNTANTS,
+    calibrate_noise_multiplier,
+    check_delta,
+    check_epsilon,
+    check_noise_multiplier,
+    check_sample_rate,
+    gdp_mu,
+    paper_epsilon,
+)
+from .bounds import check_bound, clip_records, default_tau_y, enforced_upsilon, project_spectral
+from .ledger import PrivacyLedger, array_digest
+from .noise import secure_standard_normal, seed_entropy, seed_tag, seeded_standard_normal
+from .sensitivity import SENSITIVITY_RULES, data_sensitivity, gradient_sensitivity
+
+__all__ = ["GradientPerturbation", "DataPerturbation", "perturb_data", "DataPerturbationEvent", "data_perturbation_sigma",
+           "classical_gaussian_sigma", "analytic_gaussian_sigma"]
+
+_DATA_ROUND = None  # data perturbation is one-shot, outside the FedDL rounds
+_DATA_KEY = 2**31  # seeded-noise key component for data releases
+
+
+class _NoiseSource:
+    """Seeded or secure standard normals plus the idempotent write-ahead release."""
+
+    def __init__(self, secure_mode: bool, random_state):
+        self.secure = bool(secure_mode)
+        self.entropy = None if self.secure else seed_entropy(random_state)
+        self.tag = None if self.secure else seed_tag(self.entropy)
+
+    def normal(self, key, shape):
+        if self.secure:
+            return secure_standard_normal(tuple(shape))
+        return seeded_standard_normal(self.entropy, key, shape)
+
+    def release(self, ledger: PrivacyLedger, value: np.ndarray, *, site, round, step, key, sigma, **fields):
+        """Return ``value + N(0, σ²)`` after its ledger event is on disk (or the identical earlier release)."""
+        existing = ledger.releases_at(site, round, step)
+        if not self.secure:
+            for ev in existing:
+                if ev.get("noise_source") == "seeded" and ev.get("seed_tag") == self.tag:
+                    noisy = value + sigma * self.normal(key + (ev["attempt"],), value.shape)
+                    if array_digest(noisy) == ev.get("release_digest"):
+                        return noisy, ev, True
+        attempt = len(existing)
+        noisy = value + sigma * self.normal(key + (attempt,), value.shape)
+        extra = {"noise_source": "secure" if self.secure else "seeded"}
+        if not self.secure:
+            extra.update(seed_tag=self.tag, release_digest=array_digest(noisy))
+        ev = ledger.record_release(site=site, round=round, step=step, attempt=attempt, sigma=sigma, **fields, **extra)
+        return noisy, ev, False
+
+
+class GradientPerturbation:
+    """Gaussian gradient perturbation for FedDL (``papers/000`` §5.2, Theorem 5) — the ``LandmarkPrivacy`` hook.
+
+    Parameters
+    ----------
+    epsilon : float, optional
+        Target ε per record over the whole run (all ``S·Q`` releases). Give this or ``noise_multiplier``.
+    delta : float
+        Target δ (default 1e-5).
+    noise_multiplier : float, optional
+        ``z = σ/Δ`` directly (then ε is computed, not targeted).
+    accountant : {"exact", "prv", "rdp", "paper"}
+        Accountant used to calibrate and spend. ``"exact"`` needs ``sample_rate = 1``.
+    noise : {"local", "distributed"}
+        Full σ per site and step, or σ²/t shares under secure aggregation (module docstring).
+    tau_x : float
+        Public clip norm of the records (required; :func:`securefed.accounting.default_tau_x`).
+    tau_y : float, optional
+        Spectral-norm bound of ``Y``; default ``√n_y · τ_X``.
+    sample_rate : float
+        Poisson sampling rate per step (1.0 = full batch).
+    secure_mode : bool
+        Draw the noise from a CSPRNG (ChaCha20 keyed by ``os.urandom``) instead of the seeded PRNG.
+    ledger : PrivacyLedger, optional
+        Where releases are written (write-ahead). Default: an in-memory ledger.
+    budget : float, optional
+        ε budget (default: ``epsilon``). With a ledger, it must agree with the ledger's budget.
+    random_state : None, int or Generator
+        Seed of the (non-secure) noise and of the fallback subsampling RNG.
+    sensitivity_rule : {"min", "theorem5", "kernel_shape", "lipschitz"}
+        Which Δ to use (``"theorem5"`` reproduces the paper's recipe).
+    min_survivors : int, optional
+        ``t`` for distributed noise (default: all sites must survive).
+    """
+
+    mechanism = "gaussian-gradient"
+
+    def __init__(self, epsilon=None, delta=1e-5, noise_multiplier=None, accountant="exact", noise="local", tau_x=None,
+                 tau_y=None, sample_rate=1.0, secure_mode=False, ledger=None, budget=None, random_state=None,
+                 sensitivity_rule="min", min_survivors=None):
+        if (epsilon is None) == (noise_multiplier is None):
+            raise ConfigError(bad_value("epsilon/noise_multiplier", (epsilon, noise_multiplier),
+                                        "give exactly one: a target epsilon (e.g. 1.0) or a noise multiplier"))
+        self.epsilon_target = None if epsilon is None else check_epsilon(epsilon)
+        self.delta = check_delta(delta)
+        self.noise_multiplier_given = None if noise_multiplier is None else check_noise_multiplier(noise_multiplier)
+        if accountant not in ACCOUNTANTS:
+            raise ConfigError(bad_value("accountant", accountant, f"use one of {', '.join(ACCOUNTANTS)}"))
+        self.accountant = accountant
+        if noise not in ("local", "distributed"):
+            raise ConfigError(bad_value("noise", noise, "use 'local' (full σ per site) or 'distributed' (σ²/P shares under secure aggregation)"))
+        self.noise = noise
+        if tau_x is None:
+            raise ConfigError(bad_value("tau_x", None, "give a public clip norm for the records (see securefed.accounting.default_tau_x); "
+                                        "a norm read off the data would leak"))
+        self.tau_x = check_bound("tau_x", tau_x)
+        self.tau_y_given = None if tau_y is None else check_bound("tau_y", tau_y)
+        self.sample_rate = check_sample_rate(sample_rate)
+        if self.sample_rate < 1.0 and accountant == "exact":
+            raise ConfigError(bad_value("accountant", "exact", "covers full participation only; with sample_rate < 1 use 'prv' or 'rdp'"))
+        if sensitivity_rule not in SENSITIVITY_RULES:
+            raise ConfigError(bad_value("sensitivity_rule", sensitivity_rule, f"use one of {', '.join(SENSITIVITY_RULES)}"))
+        if self.sample_rate < 1.0 and sensitivity_rule not in ("min", "kernel_shape"):
+            raise ConfigError(bad_value("sensitivity_rule", sensitivity_rule, "with subsampling (add/remove adjacency) use 'min' or 'kernel_shape'"))
+        self.sensitivity_rule = sensitivity_rule
+        if min_survivors is not None and (isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or min_survivors < 1):
+            raise ConfigError(bad_value("min_survivors", min_survivors, "use a positive integer (the secure aggregator's threshold)"))
+        self.min_survivors_given = None if min_survivors is None else int(min_survivors)
+        self.secure_mode = bool(secure_mode)
+        budget = None if budget is None else check_epsilon(budget)
+        if ledger is None:
+            ledger = PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", budget_epsilon=budget if budget is not None else self.epsilon_target,
+                                   delta=self.delta, accountant=accountant)
+        elif not isinstance(ledger, PrivacyLedger):
+            raise ConfigError(bad_value("ledger", type(ledger).__name__, "pass a PrivacyLedger (or None for an in-memory one)"))
+        else:
+            if ledger.delta != self.delta or ledger.accountant_name != accountant:
+                raise ConfigError(bad_value("ledger", ledger.path, f"was opened with delta={ledger.delta}, accountant={ledger.accountant_name!r}; "
+                                            f"use the same as the mechanism (delta={self.delta}, accountant={accountant!r})"))
+            if budget is not None and ledger.budget_epsilon is not None and not math.isclose(budget, ledger.budget_epsilon):
+                raise ConfigError(bad_value("budget", budget, f"the ledger's budget is {ledger.budget_epsilon}; give one budget"))
+            if budget is not None and ledger.budget_epsilon is None:
+                raise ConfigError(bad_value("budget", budget, "the ledger has no budget; pass budget_epsilon when creating "
+                                            "the PrivacyLedger (it is stored in the ledger's header)"))
+        self.ledger = ledger
+        self._noise = _NoiseSource(self.secure_mode, random_state)
+        self._stats_rng = np.random.default_rng(None if random_state is None or isinstance(random_state, np.random.Generator)
+                                                else int(random_state) + 1)
+        self._prepared = False
+        self._pending: dict[tuple, dict[int, str]] = {}
+        self.clipped_records = 0
+
+    # ------------------------------------------------------------------ LandmarkPrivacy protocol
+
+    def prepare(self, sites, *, gamma, n_landmarks, rounds, local_steps, rule, n_clients, weights=None, aggregator=None):
+        """Clip, derive Δ per site and σ, check the configuration and the budget; return the clipped sites."""
+        if rule not in ("model", "gradient"):
+            raise ConfigError(bad_value("rule", rule, "use 'model' or 'gradient'"))
+        P = int(n_clients)
+        if P != len(sites) or P < 1:
+            raise ConfigError(bad_value("n_clients", n_clients, f"must equal the number of sites ({len(sites)})"))
+        if self.noise == "distributed":
+            if rule == "model":
+                why = (f"with local_steps={local_steps} each site's hidden local trajectory carries only its noise share"
+                       if local_steps > 1 else
+                       "each site projects its own Y_p onto the τ_Y ball before upload, so the revealed sum is not a "
+                       "function of the noisy gradient sum")
+                raise ConfigError(bad_value("noise", "distributed", f"is unsound with model averaging: {why}; "
+                                            "use rule='gradient' (every noisy step summed, projected by the server) or noise='local'"))
+            name = aggregator if isinstance(aggregator, str) else getattr(aggregator, "name", None)
+            if name == "plain":
+                raise ConfigError(bad_value("aggregation", "plain", "distributed noise needs a secure sum (the server would see each "
+                                            "site's upload with only its noise share); use 'secagg' or 'ckks', or noise='local'"))
+            self.secure_sum = "asserted by aggregator " + repr(name) if name else "assumed (aggregator not passed to prepare)"
+        else:
+            self.secure_sum = "not needed (local noise)"
+        self.gamma = float(gamma)
+        self.n_landmarks = int(n_landmarks)
+        self.rounds, self.local_steps, self.rule, self.n_clients = int(rounds), int(local_steps), rule, P
+        self.releases_planned = self.rounds * self.local_steps
+        clipped = []
+        self.clipped_per_site = []
+        for X in sites:
+            Xc, nc = clip_records(X, self.tau_x)
+            clipped.append(Xc)
+            self.clipped_per_site.append(nc)
+        self.clipped_records = int(sum(self.clipped_per_site))
+        self.tau_y = self.tau_y_given if self.tau_y_given is not None else default_tau_y(self.tau_x, self.n_landmarks)
+        self.upsilon = enforced_upsilon(self.tau_x, self.tau_y)
+        q = self.sample_rate
+        self.adjacency = "replace" if q == 1.0 else "add_remove"
+        self.sizes = [len(X) for X in clipped]
+        self.n_norm = [n if q == 1.0 else q * n for n in self.sizes]
+        self.sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon,
+                                          rule=self.sensitivity_rule, adjacency=self.adjacency) for n in self.n_norm]
+        self.paper_sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon,
+                                                rule="theorem5").value for n in self.sizes]
+        R = self.releases_planned
+        if self.noise_multiplier_given is not None:
+            self.z = self.noise_multiplier_given
+        else:
+            self.z = calibrate_noise_multiplier(self.epsilon_target, self.delta, R, self.accountant, q)
+        # noise std per site
+        deltas = np.array([s.value for s in self.sens])
+        if self.noise == "local":
+            self.t = None
+            self.weights = None
+            self.sigma = [self.z * d for d in deltas]
+        else:
+            t = self.min_survivors_given if self.min_survivors_given is not None else P
+            if t > P:
+                raise ConfigError(bad_value("min_survivors", t, f"cannot exceed the number of sites ({P})"))
+            self.t = t
+            if weights is not None:
+                w = np.asarray(weights, dtype=float)
+                if w.shape != (P,) or np.any(w < 0) or not np.all(np.isfinite(w)) or w.sum() <= 0:
+                    raise ConfigError(bad_value("weights", weights, f"give {P} finite non-negative weights"))
+                self.weights = w / w.sum()
+                M = float(np.max(self.weights * deltas))
+                self.sigma = [float(self.z * M / (wp * math.sqrt(t))) if wp > 0 else float(self.z * d / math.sqrt(t))
+                              for wp, d in zip(self.weights, deltas)]
+            else:
+                self.weights = None
+                self.sigma = [float(self.z * deltas.max() / math.sqrt(t))] * P
+        self.plan_epsilon = [self.ledger.set_plan(p, self.z, q, R) for p in range(P)]
+        self._prepared = True
+        return clipped
+
+    def _need_prepared(self):
+        if not self._prepared:
+            raise ConfigError(bad_value("GradientPerturbation", "unprepared", "call prepare(...) first (fed_dl does)"))
+
+    def batch(self, site, round, step, X, rng):
+        """Full batch ``(X, n_p)``, or a Poisson sample with rate ``q`` and the fixed normaliser ``q·n_p``."""
+        if self.sample_rate == 1.0:
+            return X, len(X)
+        rng = self._stats_rng if rng is None else rng
+        mask = rng.random(len(X)) < self.sample_rate
+        return X[mask], self.sample_rate * len(X)
+
+    def project(self, Y):
+        """Projection onto the spectral ball ``‖Y‖₂ ≤ τ_Y`` (after every local and server step)."""
+        self._need_prepared()
+        return project_spectral(Y, self.tau_y)
+
+    def perturb(self, grad, *, site, round, step):
+        """``grad + N(0, σ_p²)``, returned only after the release is in the ledger (write-ahead)."""
+        self._need_prepared()
+        site, round, step = int(site), int(round), int(step)
+        if not (0 <= site < self.n_clients):
+            raise ConfigError(bad_value("site", site, f"use 0..{self.n_clients - 1}"))
+        g = np.asarray(grad, dtype=np.float64)
+        if g.shape[0] != self.n_landmarks or not np.all(np.isfinite(g)):
+            raise ConfigError(bad_value("grad", f"array{g.shape}", f"give a finite ({self.n_landmarks}, m) gradient"))
+        noisy, ev, _ = self._noise.release(
+            self.ledger, g, site=site, round=round, step=step, key=(site, round, step), sigma=float(self.sigma[site]),
+            mechanism=self.mechanism, sensitivity=float(self.sens[site].value), noise_multiplier=float(self.z),
+            sample_rate=self.sample_rate, noise=self.noise, nominal_noise_multiplier=float(self.z),
+            min_survivors=self.t, sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
+        self._pending.setdefault((round, step), {})[site] = ev["id"]
+        return noisy
+
+    def _mu_sum(self, site: int, survivors) -> float:
+        """μ of ``site``'s record in the revealed sum of the survivors' noisy uploads."""
+        deltas = np.array([s.value for s in self.sens])
+        sig = np.array(self.sigma)
+        K = np.array(sorted(int(k) for k in survivors))
+        weightings = [self.weights] if self.weights is not None else [np.ones(self.n_clients), np.array(self.n_norm, float)]
+        mus = []
+        for w in weightings:
+            w = w / w.sum()
+            var = float(np.sum((w[K] * sig[K]) ** 2))
+            mus.append(w[site] * deltas[site] / math.sqrt(var))
+        return max(mus)
+
+    def after_aggregate(self, *, round, step, survivors):
+        """Settle distributed-noise releases with the actual survivors (server-side accounting)."""
+        self._need_prepared()
+        pend = self._pending.pop((int(round), int(step)), {})
+        if self.rule == "model":
+            for key in [k for k in self._pending if k[0] == int(round)]:
+                self._pending.pop(key)
+        if self.noise == "local" or not pend:
+            return
+        surv = [int(s) for s in survivors]
+        if not surv:
+            return
+        settled = {rid: 1.0 / self._mu_sum(p, surv) for p, rid in pend.items() if p in surv}
+        if settled:
+            self.ledger.record_settlement(round=int(round), step=int(step), survivors=surv, releases=settled)
+
+    def report(self) -> dict:
+        """The ``metrics.json`` ``"privacy"`` block."""
+        self._need_prepared()
+        eps, delta = self.ledger.spent()
+        releases = max((sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == self.mechanism)
+                        for p in range(self.n_clients)), default=0)
+        R = max(releases, 1)
+        worst = int(np.argmax([s.value for s in self.sens]))
+        sigma_sum = self.z * max(s.value for s in self.sens)
+        return {
+            "epsilon": eps,
+            "delta": delta,
+            "accountant": self.accountant,
+            "epsilon_target": self.epsilon_target,
+            "epsilon_paper_bound": paper_epsilon(self.z, R, self.delta),
+            "epsilon_paper_recipe": paper_epsilon(sigma_sum / max(self.paper_sens), R, self.delta),
+            "noise_multiplier": self.z,
+            "sensitivity": self.sens[worst].value,
+            "sensitivity_rule": self.sens[worst].rule,
+            "sensitivity_per_site": [s.value for s in self.sens],
+            "sensitivity_bounds": {k: v for k, v in asdict(self.sens[worst]).items() if k in ("theorem5", "kernel_shape", "lipschitz")},
+            "adjacency": self.adjacency,
+            "sigma_per_site": list(map(float, self.sigma)),
+            "releases": releases,
+            "releases_planned": self.releases_planned,
+            "clipped_records": self.clipped_records,
+            "clipped_per_site": list(self.clipped_per_site),
+            "tau_x": self.tau_x,
+            "tau_y": self.tau_y,
+            "upsilon": self.upsilon,
+            "gamma": self.gamma,
+            "sample_rate": self.sample_rate,
+            "noise": self.noise,
+            "min_survivors": self.t,
+            "secure_sum": self.secure_sum,
+            "noise_source": "secure (ChaCha20 / os.urandom, Box-Muller; float caveat)" if self.secure_mode else "seeded PRNG (reproducible; not secret)",
+            "epsilon_by_round": [[r, e] for r, e in self.ledger.epsilon_by_round()],
+            "epsilon_per_site": self.ledger.summary()["epsilon_per_site"],
+            "budget_epsilon": self.ledger.budget_epsilon,
+            "ledger": self.ledger.path,
+            "ledger_recovered": self.ledger.recovered or None,
+        }
+
+    def get_state(self) -> dict:
+        """Checkpoint state: ties a checkpoint to this run's ledger."""
+        return {"run_id": self.ledger.run_id, "releases": len(self.ledger.events("release"))}
+
+    def set_state(self, state: dict) -> None:
+        """Check that a resumed checkpoint belongs to this ledger and that no release is missing from it."""
+        if state.get("run_id") != self.ledger.run_id:
+            raise LedgerError(bad_value("checkpoint run_id", state.get("run_id"), f"the ledger is for run {self.ledger.run_id!r}; "
+                                        "resume with the matching ledger"))
+        if len(self.ledger.events("release")) < int(state.get("releases", 0)):
+            raise LedgerError(bad_value("ledger", self.ledger.path, "holds fewer releases than the checkpoint records; "
+                                        "the ledger was truncated or replaced — spent budget would be lost"))
+
+
+# ----------------------------------------------------------------------------------------------
+# data perturbation (Sec. 5.1, corrected Theorem 3)
+# ----------------------------------------------------------------------------------------------
+
+
+def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
+    """Corrected Theorem 3 of ``papers/000`` (Dwork & Roth 2014, Thm A.1): ``σ = cΔ/ε`` with
+    ``c² > 2 ln(1.25/δ)`` (c is taken one ulp above the root); valid only for ``ε < 1``."""
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    if epsilon >= 1.0:
+        raise ConfigError(bad_value("epsilon", epsilon, "the classical Gaussian mechanism (Theorem 3) needs epsilon < 1; "
+                                    "use method='analytic' (Balle & Wang 2018)"))
+    c = np.nextafter(math.sqrt(2.0 * math.log(1.25 / delta)), math.inf)
+    return float(c * sensitivity / epsilon)
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
+    """Analytic Gaussian mechanism (Balle & Wang 2018, Thm 8): the smallest σ with
+    ``Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ) ≤ δ`` — i.e. ``σ = Δ/μ(ε, δ)`` in μ-GDP terms. Valid for all ε."""
+    return float(sensitivity / gdp_mu(check_epsilon(epsilon), check_delta(delta)))
+
+
+def data_perturbation_sigma(epsilon, delta, tau_x, method: str = "auto") -> tuple[float, str]:
+    """σ for releasing clipped records plus Gaussian noise (``papers/000`` §5.1), sensitivity ``2τ_X``.
+
+    ``method="theorem3"``: corrected Theorem 3 (``σ ≥ 2cτ_X/ε``, ``c² > 2 ln(1.25/δ)``, ε < 1).
+    ``"analytic"``: analytic Gaussian mechanism (tighter, any ε). ``"auto"``: Theorem 3 for ε < 1
+    (the paper's mechanism), analytic for ε ≥ 1 where Theorem 3 does not apply.
+    """
+    sens = data_sensitivity(tau_x)
+    epsilon = check_epsilon(epsilon)
+    if method not in ("auto", "theorem3", "analytic"):
+        raise ConfigError(bad_value("method", method, "use 'auto', 'theorem3' or 'analytic'"))
+    if method == "auto":
+        method = "theorem3" if epsilon < 1.0 else "analytic"
+    if method == "theorem3":
+        return classical_gaussian_sigma(epsilon, delta, sens), method
+    return analytic_gaussian_sigma(epsilon, delta, sens), method
+
+
+@dataclass(frozen=True)
+class DataPerturbationEvent:
+    """What one data-perturbation release cost (also written to the ledger when one is given)."""
+
+    site: int
+    epsilon: float
+    delta: float
+    sigma: float
+    sensitivity: float
+    noise_multiplier: float
+    method: str
+    n_records: int
+    n_clipped: int
+    sigma_theorem3: float | None
+    sigma_analytic: float
+    noise_source: str
+    ledger_id: str | None
+
+
+def perturb_data(X, epsilon, delta, tau_x, *, method="auto", secure_mode=False, random_state=None, ledger=None,
+                 site: int = 0):
+    """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (``papers/000`` §5.1, Theorem 3).
+
+    Each record appears in one row, so releasing all rows is one Gaussian mechanism per record with
+    ℓ₂ sensitivity ``2τ_X`` (replace-one). Anything computed from the noisy rows — FedDL on them, or the
+    Nyström rows ``D(X̃_p, Y)`` / ``K(X̃_p, Y)`` — is post-processing and costs nothing more.
+
+    Returns
+    -------
+    (X_noisy, DataPerturbationEvent)
+    """
+    sigma, used = data_perturbation_sigma(epsilon, delta, tau_x, method)
+    Xc, nc = clip_records(X, tau_x)
+    sens = data_sensitivity(tau_x)
+    sig_a = analytic_gaussian_sigma(epsilon, delta, sens)
+    sig_c = classical_gaussian_sigma(epsilon, delta, sens) if float(epsilon) < 1.0 else None
+    src = _NoiseSource(secure_mode, random_state)
+    led = ledger if ledger is not None else PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", delta=check_delta(delta))
+    noisy, ev, _ = src.release(led, Xc, site=int(site), round=_DATA_ROUND, step=None, key=(int(site), _DATA_KEY, 0),
+                               sigma=float(sigma), mechanism="gaussian-data", sensitivity=float(sens),
+                               noise_multiplier=float(sigma / sens), sample_rate=1.0, method=used,
+                               n_records=int(len(Xc)), epsilon_requested=float(epsilon))
+    event = DataPerturbationEvent(site=int(site), epsilon=float(epsilon), delta=float(delta), sigma=float(sigma),
+                                  sensitivity=float(sens), noise_multiplier=float(sigma / sens), method=used,
+                                  n_records=int(len(Xc)), n_clipped=nc, sigma_theorem3=sig_c, sigma_analytic=sig_a,
+                                  noise_source="secure" if secure_mode else "seeded",
+                                  ledger_id=ev["id"] if ledger is not None else None)
+    return noisy, event
+
+
+class DataPerturbation:
+    """Sec. 5.1 data perturbation of the rows a site sends for the Nyström stage (``rows_privacy=``).
+
+    Each site clips its records to ``τ_X`` and adds ``N(0, σ²)`` per coordinate
+    (:func:`perturb_data`, corrected Theorem 3 / analytic Gaussian mechanism); the rows
+    ``D(X̃_p, Y)`` or ``K(X̃_p, Y)`` computed from them are post-processing. With a shared ledger the
+    release composes with the site's landmark releases (size the budget for both).
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        (ε, δ) of the one-shot release of each record.
+    tau_x : float
+        Public clip norm.
+    method : {"auto", "theorem3", "analytic"}
+        See :func:`data_perturbation_sigma`.
+    secure_mode : bool
+        CSPRNG noise.
+    ledger : PrivacyLedger, optional
+    random_state : None, int or Generator
+        Seed of the (non-secure) noise; ``None`` uses the ``rng`` the caller passes per site.
+    """
+
+    def __init__(self, epsilon, delta=1e-5, tau_x=None, method="auto", secure_mode=False, ledger=None, random_state=None):
+        self.epsilon = check_epsilon(epsilon)
+        self.delta = check_delta(delta)
+        if tau_x is None:
+            raise ConfigError(bad_value("tau_x", None, "give a public clip norm for the records (see securefed.accounting.default_tau_x)"))
+        self.tau_x = check_bound("tau_x", tau_x)
+        self.sigma, self.method = data_perturbation_sigma(self.epsilon, self.delta, self.tau_x, method)
+        self.secure_mode = bool(secure_mode)
+        if ledger is not None and not isinstance(ledger, PrivacyLedger):
+            raise ConfigError(bad_value("ledger", type(ledger).__name__, "pass a PrivacyLedger or None"))
+        self.ledger = ledger
+        self.random_state = random_state
+        self.events: list[DataPerturbationEvent] = []
+
+    def perturb_site(self, X, *, site, rng=None):
+        """Return site ``site``'s clipped records plus Gaussian noise (ledger event written first)."""
+        rs = self.random_state if self.random_state is not None else rng
+        Xn, ev = perturb_data(X, self.epsilon, self.delta, self.tau_x, method=self.method, secure_mode=self.secure_mode,
+                              random_state=rs, ledger=self.ledger, site=int(site))
+        self.events.append(ev)
+        return Xn
+
+    def report(self) -> dict:
+        """The report block of the rows' data perturbation."""
+        out = {"mechanism": "gaussian-data (papers/000 Sec. 5.1, corrected Theorem 3)", "epsilon": self.epsilon,
+               "delta": self.delta, "method": self.method, "sigma": self.sigma, "sensitivity": data_sensitivity(self.tau_x),
+               "tau_x": self.tau_x, "sites": len(self.events), "clipped_records": int(sum(e.n_clipped for e in self.events)),
+               "noise_source": "secure" if self.secure_mode else "seeded"}
+        if self.ledger is not None:
+            out["epsilon_total_with_ledger"] = self.ledger.spent()[0]
+        return out

@@ -1,0 +1,422 @@
+"""Protocol messages (frozen dataclasses) and their versioned, length-checked byte codec.
+
+Wire format of every message (all integers little-endian)::
+
+    magic  b"SF"      2 bytes
+    version           1 byte   (currently 1; any other value is refused)
+    type              1 byte   (the message class, see ``MESSAGE_TYPES``)
+    session_id        16 bytes
+    round_index       4 bytes  (uint32)
+    body_length       4 bytes  (uint32; must equal the number of bytes that follow)
+    body              fields in declaration order
+
+Field kinds: ``u8``/``u32``/``u64`` integers, ``f64``, fixed-size byte strings (``b32``, ``b64``),
+``int33`` (a Shamir share, 33-byte big-endian), ``bytes`` (uint32 length + data), ``ids`` (uint32
+count + uint32 each, strictly increasing), ``blobs`` (uint32 count + ``bytes`` each) and lists of
+sub-records. Decoding is strict: wrong magic/version/type, a length that does not match, a field that
+runs past the end, trailing bytes, unsorted id lists, or a session id / round other than the expected
+one raise :class:`securefed.errors.DecodeError`. Nothing is ever silently truncated or padded.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from ..errors import DecodeError
+
+__all__ = [
+    "VERSION", "MAGIC", "HEADER", "MESSAGE_TYPES", "encode", "decode", "peek_header",
+    "KeyEntry", "ShareCipher", "ShareValue", "SignatureEntry",
+    "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
+    "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
+    "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
+]
+
+VERSION = 1
+MAGIC = b"SF"
+HEADER = struct.Struct("<2sBB16sII")
+MAX_LIST = 1 << 24
+
+# ----------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """One client's signed key advertisement, as relayed by the server."""
+
+    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("signature", "b64"))
+    sender: int
+    c_pk: bytes
+    s_pk: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class ShareCipher:
+    """An AES-GCM ciphertext for (or from) ``peer``."""
+
+    FIELDS: ClassVar = (("peer", "u32"), ("ciphertext", "bytes"))
+    peer: int
+    ciphertext: bytes
+
+
+@dataclass(frozen=True)
+class ShareValue:
+    """A revealed Shamir share of ``owner``'s secret (x = the revealer's id + 1)."""
+
+    FIELDS: ClassVar = (("owner", "u32"), ("value", "int33"))
+    owner: int
+    value: int
+
+
+@dataclass(frozen=True)
+class SignatureEntry:
+    """``signer``'s Ed25519 signature over the survivor set (consistency check)."""
+
+    FIELDS: ClassVar = (("signer", "u32"), ("signature", "b64"))
+    signer: int
+    signature: bytes
+
+
+# ---------------------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class _Message:
+    TYPE: ClassVar[int] = 0
+    FIELDS: ClassVar = ()
+    session_id: bytes
+    round_index: int
+
+
+@dataclass(frozen=True)
+class AdvertiseKeys(_Message):
+    """Stage 0, client → server: X25519 keys ``c_pk`` (channel) and ``s_pk`` (masks), Ed25519-signed."""
+
+    TYPE: ClassVar[int] = 1
+    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("signature", "b64"))
+    sender: int
+    c_pk: bytes
+    s_pk: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class KeysBroadcast(_Message):
+    """Stage 0, server → client: the signed advertisements of the recipient's live neighbours."""
+
+    TYPE: ClassVar[int] = 2
+    FIELDS: ClassVar = (("recipient", "u32"), ("entries", KeyEntry))
+    recipient: int
+    entries: tuple
+
+
+@dataclass(frozen=True)
+class EncryptedShares(_Message):
+    """Stage 1, client → server: one AES-GCM ciphertext of Shamir shares per live neighbour."""
+
+    TYPE: ClassVar[int] = 3
+    FIELDS: ClassVar = (("sender", "u32"), ("items", ShareCipher))
+    sender: int
+    items: tuple
+
+
+@dataclass(frozen=True)
+class ForwardedShares(_Message):
+    """Stage 1, server → client: the ciphertexts addressed to the recipient (``peer`` = sender)."""
+
+    TYPE: ClassVar[int] = 4
+    FIELDS: ClassVar = (("recipient", "u32"), ("items", ShareCipher))
+    recipient: int
+    items: tuple
+
+
+@dataclass(frozen=True)
+class MaskedInput(_Message):
+    """Stage 2, client → server: the masked, quantised vector (``bits``-bit little-endian words)."""
+
+    TYPE: ClassVar[int] = 5
+    FIELDS: ClassVar = (("sender", "u32"), ("bits", "u8"), ("data", "bytes"))
+    sender: int
+    bits: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ConsistencyRequest(_Message):
+    """Stage 3, server → client: the survivor set U3 (clients whose masked input arrived)."""
+
+    TYPE: ClassVar[int] = 6
+    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"))
+    recipient: int
+    survivors: tuple
+
+
+@dataclass(frozen=True)
+class ConsistencySignature(_Message):
+    """Stage 3, client → server: Ed25519 signature over (session, round, U3)."""
+
+    TYPE: ClassVar[int] = 7
+    FIELDS: ClassVar = (("sender", "u32"), ("signature", "b64"))
+    sender: int
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskRequest(_Message):
+    """Stage 4, server → client: U3 again plus the collected consistency signatures."""
+
+    TYPE: ClassVar[int] = 8
+    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("signatures", SignatureEntry))
+    recipient: int
+    survivors: tuple
+    signatures: tuple
+
+
+@dataclass(frozen=True)
+class UnmaskResponse(_Message):
+    """Stage 4, client → server: self-mask shares of surviving peers, key shares of dropped peers."""
+
+    TYPE: ClassVar[int] = 9
+    FIELDS: ClassVar = (("sender", "u32"), ("self_shares", ShareValue), ("key_shares", ShareValue))
+    sender: int
+    self_shares: tuple
+    key_shares: tuple
+
+
+@dataclass(frozen=True)
+class SharePlaintext(_Message):
+    """The plaintext inside a share ciphertext (never sent in the clear)."""
+
+    TYPE: ClassVar[int] = 10
+    FIELDS: ClassVar = (("sender", "u32"), ("recipient", "u32"), ("self_share", "int33"), ("key_share", "int33"))
+    sender: int
+    recipient: int
+    self_share: int
+    key_share: int
+
+
+@dataclass(frozen=True)
+class ContextHandoff(_Message):
+    """CKKS, key holder → client (relayed by the server): the secret TenSEAL context under AES-GCM."""
+
+    TYPE: ClassVar[int] = 11
+    FIELDS: ClassVar = (("sender", "u32"), ("recipient", "u32"), ("ciphertext", "bytes"))
+    sender: int
+    recipient: int
+    ciphertext: bytes
+
+
+@dataclass(frozen=True)
+class PublicContext(_Message):
+    """CKKS, key holder → server: the public TenSEAL context (no secret key)."""
+
+    TYPE: ClassVar[int] = 12
+    FIELDS: ClassVar = (("sender", "u32"), ("context", "bytes"))
+    sender: int
+    context: bytes
+
+
+@dataclass(frozen=True)
+class EncryptedInput(_Message):
+    """CKKS, client → server: the client's vector as a list of serialised CKKS ciphertexts."""
+
+    TYPE: ClassVar[int] = 13
+    FIELDS: ClassVar = (("sender", "u32"), ("chunks", "blobs"))
+    sender: int
+    chunks: tuple
+
+
+@dataclass(frozen=True)
+class EncryptedSum(_Message):
+    """CKKS, server → key holder: the homomorphic sum, one ciphertext per chunk."""
+
+    TYPE: ClassVar[int] = 14
+    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("chunks", "blobs"))
+    recipient: int
+    survivors: tuple
+    chunks: tuple
+
+
+@dataclass(frozen=True)
+class DecryptedSum(_Message):
+    """CKKS, key holder → server: the decrypted sum, rounded to the stated ``step`` (float64 words)."""
+
+    TYPE: ClassVar[int] = 15
+    FIELDS: ClassVar = (("sender", "u32"), ("step", "f64"), ("data", "bytes"))
+    sender: int
+    step: float
+    data: bytes
+
+
+MESSAGE_TYPES = {cls.TYPE: cls for cls in (
+    AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
+    ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
+    EncryptedInput, EncryptedSum, DecryptedSum)}
+
+_FIXED = {"b32": 32, "b64": 64}
+_INTS = {"u8": struct.Struct("<B"), "u32": struct.Struct("<I"), "u64": struct.Struct("<Q"), "f64": struct.Struct("<d")}
+_U32 = _INTS["u32"]
+
+
+# ------------------------------------------------------------------------------------------ encode
+
+
+def _enc_field(kind, value, out: list, name: str) -> None:
+    if isinstance(kind, type):
+        items = tuple(value)
+        out.append(_U32.pack(len(items)))
+        for item in items:
+            if not isinstance(item, kind):
+                raise DecodeError(f"field {name!r} holds {type(item).__name__}, expected {kind.__name__}")
+            for fname, fkind in kind.FIELDS:
+                _enc_field(fkind, getattr(item, fname), out, f"{name}.{fname}")
+    elif kind in _INTS:
+        try:
+            out.append(_INTS[kind].pack(value))
+        except struct.error:
+            raise DecodeError(f"field {name!r}={value!r} does not fit {kind}") from None
+    elif kind in _FIXED:
+        if not isinstance(value, (bytes, bytearray)) or len(value) != _FIXED[kind]:
+            raise DecodeError(f"field {name!r} must be exactly {_FIXED[kind]} bytes")
+        out.append(bytes(value))
+    elif kind == "int33":
+        if not isinstance(value, int) or not 0 <= value < 1 << 264:
+            raise DecodeError(f"field {name!r} must be an integer share below 2^264")
+        out.append(value.to_bytes(33, "big"))
+    elif kind == "bytes":
+        out.append(_U32.pack(len(value)))
+        out.append(bytes(value))
+    elif kind == "blobs":
+        out.append(_U32.pack(len(value)))
+        for blob in value:
+            out.append(_U32.pack(len(blob)))
+            out.append(bytes(blob))
+    elif kind == "ids":
+        ids = tuple(value)
+        if any(b <= a for a, b in zip(ids, ids[1:])):
+            raise DecodeError(f"field {name!r} must be a strictly increasing id list")
+        out.append(_U32.pack(len(ids)))
+        out.append(struct.pack(f"<{len(ids)}I", *ids))
+    else:  # pragma: no cover - schema error
+        raise DecodeError(f"unknown field kind {kind!r}")
+
+
+def encode(msg) -> bytes:
+    """Encode a message dataclass to bytes (see the module docstring for the format)."""
+    cls = type(msg)
+    if MESSAGE_TYPES.get(getattr(cls, "TYPE", None)) is not cls:
+        raise DecodeError(f"cannot encode {cls.__name__}: not a securefed protocol message")
+    if not isinstance(msg.session_id, (bytes, bytearray)) or len(msg.session_id) != 16:
+        raise DecodeError("session_id must be exactly 16 bytes")
+    parts: list[bytes] = []
+    for name, kind in cls.FIELDS:
+        _enc_field(kind, getattr(msg, name), parts, name)
+    body = b"".join(parts)
+    try:
+        head = HEADER.pack(MAGIC, VERSION, cls.TYPE, bytes(msg.session_id), msg.round_index, len(body))
+    except struct.error:
+        raise DecodeError(f"round_index={msg.round_index!r} does not fit uint32") from None
+    return head + body
+
+
+# ------------------------------------------------------------------------------------------ decode
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: memoryview, pos: int):
+        self.buf, self.pos = buf, pos
+
+    def take(self, n: int, name: str) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.buf):
+            raise DecodeError(f"field {name!r} runs past the end of the message ({n} bytes wanted)")
+        out = self.buf[self.pos:end]
+        self.pos = end
+        return out
+
+    def count(self, name: str) -> int:
+        n = _U32.unpack(self.take(4, name))[0]
+        if n > MAX_LIST:
+            raise DecodeError(f"field {name!r} claims {n} entries; the limit is {MAX_LIST}")
+        return n
+
+
+def _dec_field(kind, r: _Reader, name: str):
+    if isinstance(kind, type):
+        n = r.count(name)
+        items = []
+        for _ in range(n):
+            vals = {fname: _dec_field(fkind, r, f"{name}.{fname}") for fname, fkind in kind.FIELDS}
+            items.append(kind(**vals))
+        return tuple(items)
+    if kind in _INTS:
+        st = _INTS[kind]
+        return st.unpack(r.take(st.size, name))[0]
+    if kind in _FIXED:
+        return bytes(r.take(_FIXED[kind], name))
+    if kind == "int33":
+        return int.from_bytes(r.take(33, name), "big")
+    if kind == "bytes":
+        return bytes(r.take(r.count(name), name))
+    if kind == "blobs":
+        return tuple(bytes(r.take(r.count(name), name)) for _ in range(r.count(name)))
+    if kind == "ids":
+        n = r.count(name)
+        ids = struct.unpack(f"<{n}I", r.take(4 * n, name))
+        if any(b <= a for a, b in zip(ids, ids[1:])):
+            raise DecodeError(f"field {name!r} is not a strictly increasing id list")
+        return tuple(ids)
+    raise DecodeError(f"unknown field kind {kind!r}")  # pragma: no cover
+
+
+def peek_header(data: bytes) -> tuple[type, bytes, int]:
+    """Parse and check only the header; returns (message class, session id, round index)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"expected bytes, got {type(data).__name__}")
+    if len(data) < HEADER.size:
+        raise DecodeError(f"message of {len(data)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, mtype, session, rnd, body_len = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise DecodeError(f"bad magic {magic!r}; not a securefed protocol message")
+    if version != VERSION:
+        raise DecodeError(f"unknown codec version {version}; this build speaks version {VERSION}")
+    cls = MESSAGE_TYPES.get(mtype)
+    if cls is None:
+        raise DecodeError(f"unknown message type {mtype}")
+    if body_len != len(data) - HEADER.size:
+        raise DecodeError(f"body length field says {body_len} bytes but {len(data) - HEADER.size} follow")
+    return cls, bytes(session), rnd
+
+
+def decode(data: bytes, *, session_id: bytes | None = None, round_index: int | None = None, expected=None):
+    """Strictly decode ``data``; check session, round and (optionally) the message class(es).
+
+    Raises
+    ------
+    DecodeError
+        On any malformation, trailing bytes, or a session / round / type other than expected.
+    """
+    cls, session, rnd = peek_header(data)
+    if session_id is not None and session != session_id:
+        raise DecodeError("message belongs to another session; refused")
+    if round_index is not None and rnd != round_index:
+        raise DecodeError(f"message is for round {rnd}, expected round {round_index}; refused")
+    if expected is not None:
+        allowed = expected if isinstance(expected, tuple) else (expected,)
+        if cls not in allowed:
+            raise DecodeError(f"got {cls.__name__}, expected {' or '.join(c.__name__ for c in allowed)}")
+    r = _Reader(memoryview(data), HEADER.size)
+    vals = {name: _dec_field(kind, r, name) for name, kind in cls.FIELDS}
+    if r.pos != len(data):
+        raise DecodeError(f"{len(data) - r.pos} trailing bytes after {cls.__name__}")
+    return cls(session_id=session, round_index=rnd, **vals)
+
+
+def message_fields(msg) -> dict:
+    """The message's own fields (without session and round), for logs and tests."""
+    return {f.name: getattr(msg, f.name) for f in fields(msg) if f.name not in ("session_id", "round_index")}

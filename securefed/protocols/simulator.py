@@ -1,0 +1,142 @@
+"""In-process protocol simulator: the real SecAgg+ / CKKS state machines with dropouts and faults.
+
+``simulate`` draws client inputs uniformly in ``[−clip_range, clip_range]`` from a seeded generator,
+runs one round through :func:`.runner.run_secagg_round` or :func:`.ckks.run_ckks_round` (encoded bytes
+between parties, simulated clock for deadlines), and reports the outcome as a JSON-ready dict.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import ConfigError, bad_value
+from . import crypto
+from .ckks import CKKS_STAGES, choose_ckks_parameters, run_ckks_round
+from .graph import choose_parameters
+from .quantize import dequantize, plan_fixed_point
+from .runner import TAMPER_KINDS, dropout_schedule, run_secagg_round
+from .secagg import DEFAULT_TIMEOUTS, STAGES, RoundSpec
+
+__all__ = ["simulate", "PROTOCOLS"]
+
+PROTOCOLS = ("secagg", "ckks")
+
+
+def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dropout=0.0, drop_stage: str | None = None,
+             tamper: str | None = None, seed: int = 0, *, degree: int | None = None, threshold: int | None = None,
+             clip_range: float = 1.0, modulus_bits: int = 32, fractional_bits: int | None = None,
+             precision: float = 1e-6, dropout_rate: float | None = None, corrupt_fraction: float = 0.1,
+             key_holder: int = 0) -> dict:
+    """Run one round of ``protocol`` among ``clients`` clients on vectors of ``length`` values.
+
+    Parameters
+    ----------
+    protocol : {"secagg", "ckks"}
+    clients, length : int
+    dropout : float or list or dict
+        Per-client drop probability, explicit client indices, or {client: stage}.
+    drop_stage : str or None
+        Stage of the dropouts (SecAgg: ``advertise, share, masked, consistency, unmask``; CKKS:
+        ``advertise, handoff, input, decrypt``); None = a uniformly random stage per dropping client.
+    tamper : str or None
+        One of ``TAMPER_KINDS`` (a fault injected into one server → client message).
+    seed : int
+        Seeds inputs, dropouts and stochastic rounding (never secrets: those use os.urandom).
+    degree, threshold, dropout_rate, corrupt_fraction
+        SecAgg+ graph: explicit, or derived from the threat model (dropout_rate defaults to ``dropout``
+        when it is a probability > 0, else 0.1).
+
+    Returns
+    -------
+    dict
+        ``protocol, clients, survivors, length, max_abs_error, error_bound, aborted, abort_reason,
+        error_type, timings{...}, bytes{client_upload, client_download, server_download, server_upload},
+        dropped, revealed_shares, parameters``.
+    """
+    if protocol not in PROTOCOLS:
+        raise ConfigError(bad_value("protocol", protocol, "use secagg or ckks"))
+    if not isinstance(clients, (int, np.integer)) or clients < 2:
+        raise ConfigError(bad_value("clients", clients, "use at least 2 clients"))
+    if not isinstance(length, (int, np.integer)) or length < 1:
+        raise ConfigError(bad_value("length", length, "use a positive vector length"))
+    if tamper is not None and tamper not in TAMPER_KINDS:
+        raise ConfigError(bad_value("tamper", tamper, f"use one of {', '.join(TAMPER_KINDS)}"))
+    stages = STAGES if protocol == "secagg" else CKKS_STAGES
+    if drop_stage is not None and drop_stage not in stages:
+        raise ConfigError(bad_value("drop_stage", drop_stage, f"for {protocol} use one of {', '.join(stages)}"))
+    rng = np.random.default_rng(seed)
+    inputs = [rng.uniform(-clip_range, clip_range, length) for _ in range(clients)]
+    weights = np.ones(clients)
+    sched = dropout_schedule(clients, dropout, drop_stage, rng, stages)
+    keys = [crypto.ed25519_keypair() for _ in range(clients)]
+    priv, pub = tuple(k for k, _ in keys), tuple(p for _, p in keys)
+    t0 = time.perf_counter()
+    if protocol == "secagg":
+        if dropout_rate is None:
+            dropout_rate = float(dropout) if isinstance(dropout, float) and dropout > 0 else 0.1
+        gp = choose_parameters(clients, degree=degree, threshold=threshold, dropout_rate=dropout_rate,
+                               corrupt_fraction=corrupt_fraction)
+        fp = plan_fixed_point(clip_range, weights, modulus_bits=modulus_bits, fractional_bits=fractional_bits)
+        import os
+
+        sid = os.urandom(16)
+        spec = RoundSpec(sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()))
+        out = run_secagg_round(spec, priv, inputs, weights, rng, drop_at=sched, tamper=tamper)
+        wall = time.perf_counter() - t0
+        err, survivors = out.error, out.survivors
+        total = dequantize(out.words, fp) if err is None else None
+        error_bound = fp.step * clients
+        timings = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
+        timings["clients_total"] = round(sum(d["clients"] for d in out.timings.values()), 6)
+        timings["server_total"] = round(sum(d["server"] for d in out.timings.values()), 6)
+        up, down = out.bytes_up, out.bytes_down
+        params = dict(graph=gp.as_dict(), fixed_point=fp.as_dict())
+        dropped = {k: list(v) for k, v in out.dropped_at.items()}
+        revealed = out.revealed
+        rejected = out.rejected
+    else:
+        params_ckks = choose_ckks_parameters(length, precision, clients * clip_range, clients)
+        out = run_ckks_round(params_ckks, priv, pub, inputs, weights, clip_range, drop_at=sched, key_holder=key_holder,
+                             tamper=tamper)
+        wall = time.perf_counter() - t0
+        err, survivors, total = out["error"], out["survivors"], out["total"]
+        error_bound = params_ckks.step
+        timings = {k: round(v, 6) for k, v in out["timings"].items()}
+        up, down = out["bytes_up"], out["bytes_down"]
+        params = params_ckks.as_dict()
+        dropped = {s: sorted(i for i, st in sched.items() if st == s) for s in CKKS_STAGES}
+        revealed = 0 if err is not None else 1
+        rejected = []
+    timings["total"] = round(wall, 6)
+    t1 = time.perf_counter()
+    exact = np.sum([inputs[i] for i in survivors], axis=0) if survivors else None
+    timings["plain_sum"] = round(time.perf_counter() - t1, 6)
+    max_err = float(np.max(np.abs(total - exact))) if (total is not None and exact is not None) else None
+    senders = [i for i in range(clients) if up[i] > 0]
+    return {
+        "protocol": protocol,
+        "clients": int(clients),
+        "survivors": [int(i) for i in survivors],
+        "length": int(length),
+        "max_abs_error": max_err,
+        "error_bound": error_bound,
+        "aborted": err is not None,
+        "abort_reason": None if err is None else f"{type(err).__name__}: {err}",
+        "error_type": None if err is None else type(err).__name__,
+        "tamper": tamper,
+        "dropped": dropped,
+        "scheduled_dropouts": {str(k): v for k, v in sorted(sched.items())},
+        "revealed_shares": revealed,
+        "rejected": rejected,
+        "timings": timings,
+        "bytes": {
+            "client_upload": int(np.mean([up[i] for i in senders])) if senders else 0,
+            "client_download": int(np.mean([down[i] for i in range(clients)])),
+            "server_download": int(sum(up.values())),
+            "server_upload": int(sum(down.values())),
+        },
+        "parameters": params,
+        "seed": int(seed),
+    }

@@ -1,0 +1,186 @@
+"""Gradient and data perturbation: noise scale, distributed noise rules, secure noise, report, CLI."""
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from securefed.accounting import (
+    GradientPerturbation,
+    PrivacyLedger,
+    analytic_gaussian_sigma,
+    data_perturbation_sigma,
+    perturb_data,
+)
+from securefed.accounting.cli import add_privacy_arguments, privacy_from_args, register
+from securefed.accounting.noise import secure_standard_normal
+from securefed.errors import BudgetExceededError, ConfigError
+
+
+def _sites(P=3, n=40, m=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n + 10 * p, m)) for p in range(P)]
+
+
+def test_noise_scale_local():
+    m = GradientPerturbation(noise_multiplier=2.0, tau_x=1.0, random_state=3, budget=1e6)
+    m.prepare(_sites(), gamma=0.5, n_landmarks=50, rounds=1, local_steps=1, rule="model", n_clients=3)
+    g = np.zeros((50, 40))
+    e = m.perturb(g, site=1, round=0, step=0)
+    assert m.sigma[1] == pytest.approx(2.0 * m.sens[1].value)
+    assert abs(e.std() / m.sigma[1] - 1) < 0.05  # 2000 samples
+    assert m.report()["clipped_records"] > 0
+
+
+def test_distributed_refusals():
+    m = GradientPerturbation(epsilon=1.0, tau_x=1.0, noise="distributed")
+    with pytest.raises(ConfigError, match="local_steps"):
+        m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=3, rule="model", n_clients=3)
+    with pytest.raises(ConfigError, match="secure sum"):
+        m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=3, rule="gradient", n_clients=3, aggregator="plain")
+    with pytest.raises(ConfigError, match="projects"):  # Q = 1 too: each site projects Y_p before upload
+        m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=1, rule="model", n_clients=3)
+    m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=3, rule="gradient", n_clients=3)
+
+
+@pytest.mark.parametrize("weights", [None, [0.2, 0.3, 0.5]])
+def test_distributed_noise_sum_carries_sigma(weights):
+    """With shares and ≥ t survivors every record's μ in the revealed sum is ≤ 1/z; = 1/z at the worst site."""
+    P, t = 3, 2
+    m = GradientPerturbation(epsilon=1.0, tau_x=1.0, noise="distributed", min_survivors=t)
+    m.prepare(_sites(P), gamma=1.0, n_landmarks=4, rounds=2, local_steps=2, rule="gradient", n_clients=P, weights=weights)
+    for surv in ([0, 1, 2], [0, 2], [1, 2]):
+        mus = [m._mu_sum(p, surv) for p in surv]
+        assert max(mus) <= 1 / m.z * (1 + 1e-12)
+    if weights is not None:  # exactly 1/z for the worst site with t survivors
+        w = np.array(weights)
+        worst = int(np.argmax(w * np.array([s.value for s in m.sens])))
+        others = [p for p in range(P) if p != worst]
+        assert m._mu_sum(worst, [worst, others[0]]) <= 1 / m.z * (1 + 1e-12)
+    # empirical: variance of the summed noise of all P matches Σ w² s²
+    assert all(s > 0 for s in m.sigma)
+
+
+def test_distributed_dropout_below_threshold_is_recorded_then_stops():
+    P = 3
+    led = PrivacyLedger(None, "d", budget_epsilon=1.0, delta=1e-5)
+    m = GradientPerturbation(epsilon=1.0, tau_x=1.0, noise="distributed", ledger=led, random_state=0)
+    m.prepare(_sites(P), gamma=1.0, n_landmarks=4, rounds=1, local_steps=1, rule="gradient", n_clients=P)
+    for p in range(P):
+        m.perturb(np.zeros((4, 4)), site=p, round=0, step=0)
+    with pytest.raises(BudgetExceededError, match="survived"):
+        m.after_aggregate(round=0, step=0, survivors=[0])  # only 1 of 3 (t = 3): noise too small
+    assert led.events("settle")  # written before raising
+    assert led.spent(0)[0] > 1.0
+
+
+def test_secure_noise_is_gaussian_and_kat():
+    z = secure_standard_normal((40000,))
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    assert abs(z.mean()) < 0.03 and abs(z.std() - 1) < 0.02
+    a = secure_standard_normal((5,), _key=b"k" * 32, _nonce=b"n" * 16)
+    b = secure_standard_normal((5,), _key=b"k" * 32, _nonce=b"n" * 16)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(secure_standard_normal((5,)), secure_standard_normal((5,)))
+
+
+def test_data_perturbation():
+    sig, method = data_perturbation_sigma(0.5, 1e-5, 2.0)
+    c = math.sqrt(2 * math.log(1.25 / 1e-5))
+    assert method == "theorem3" and sig == pytest.approx(2 * c * 2.0 / 0.5)
+    assert analytic_gaussian_sigma(0.5, 1e-5, 4.0) < sig
+    sig2, method2 = data_perturbation_sigma(2.0, 1e-5, 2.0)
+    assert method2 == "analytic" and sig2 == pytest.approx(analytic_gaussian_sigma(2.0, 1e-5, 4.0))
+    with pytest.raises(ConfigError, match="epsilon < 1"):
+        data_perturbation_sigma(2.0, 1e-5, 2.0, method="theorem3")
+    X = np.random.default_rng(0).normal(size=(400, 10))
+    led = PrivacyLedger(None, "dp", delta=1e-5)
+    Xn, ev = perturb_data(X, 4.0, 1e-5, 3.0, ledger=led, site=2, random_state=1)
+    Xc = X * np.minimum(1, 3.0 / np.linalg.norm(X, axis=1))[:, None]
+    assert abs((Xn - Xc).std() / ev.sigma - 1) < 0.05
+    assert ev.sensitivity == 6.0 and led.spent(2)[0] == pytest.approx(4.0, rel=1e-6)
+
+
+def test_report_block_and_paper_figure():
+    m = GradientPerturbation(epsilon=1.0, tau_x=2.0, random_state=0)
+    m.prepare(_sites(), gamma=0.2, n_landmarks=6, rounds=2, local_steps=2, rule="model", n_clients=3)
+    for r in range(2):
+        for t in range(2):
+            for p in range(3):
+                m.perturb(np.zeros((6, 4)), site=p, round=r, step=t)
+    rep = m.report()
+    for k in ("epsilon", "delta", "accountant", "epsilon_paper_bound", "noise_multiplier", "sensitivity",
+              "sensitivity_rule", "releases", "clipped_records"):
+        assert k in rep
+    assert rep["releases"] == 4 and rep["epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert rep["epsilon_paper_bound"] > 1.5  # Theorem 5 at the same σ is looser
+    json.dumps(rep)
+
+
+def test_bad_mechanism_inputs():
+    with pytest.raises(ConfigError, match="epsilon"):
+        GradientPerturbation(epsilon=-1, tau_x=1.0)
+    with pytest.raises(ConfigError, match="delta"):
+        GradientPerturbation(epsilon=1, delta=1.0, tau_x=1.0)
+    with pytest.raises(ConfigError, match="tau_x"):
+        GradientPerturbation(epsilon=1, tau_x=-2.0)
+    with pytest.raises(ConfigError, match="tau_x"):
+        GradientPerturbation(epsilon=1)
+    with pytest.raises(ConfigError, match="exactly one"):
+        GradientPerturbation(epsilon=1, noise_multiplier=2, tau_x=1.0)
+    with pytest.raises(ConfigError, match="prv"):
+        GradientPerturbation(epsilon=1, tau_x=1.0, sample_rate=0.1)
+
+
+def test_subsampled_batch_and_prv():
+    m = GradientPerturbation(epsilon=2.0, tau_x=1.0, sample_rate=0.2, accountant="rdp", random_state=0)
+    m.prepare(_sites(2, n=200), gamma=1.0, n_landmarks=4, rounds=5, local_steps=2, rule="model", n_clients=2)
+    Xb, n = m.batch(0, 0, 0, np.ones((200, 4)), np.random.default_rng(0))
+    assert n == pytest.approx(40.0) and 20 < len(Xb) < 60
+    assert m.sens[0].adjacency == "add_remove"
+    assert m.z < 2.0  # subsampling amplification
+
+
+def test_cli_budget_and_run_args(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    register(sub)
+    args = parser.parse_args(["budget", "--noise-multiplier", "5", "--releases", "100", "--delta", "1e-5"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"epsilon", "delta", "noise_multiplier", "releases", "accountant", "epsilon_paper_bound"}
+    assert out["epsilon_paper_bound"] > out["epsilon"]
+    args = parser.parse_args(["budget", "--epsilon", str(out["epsilon"]), "--releases", "100", "--delta", "1e-5"])
+    args.func(args)
+    back = json.loads(capsys.readouterr().out)
+    assert back["noise_multiplier"] == pytest.approx(5.0, rel=1e-6)
+    run = argparse.ArgumentParser()
+    add_privacy_arguments(run)
+    assert privacy_from_args(run.parse_args([]), str(tmp_path / "l.jsonl"), "r", 0) is None
+    assert privacy_from_args(run.parse_args(["--epsilon", "inf"]), str(tmp_path / "l.jsonl"), "r", 0) is None
+    with pytest.raises(ConfigError, match="clip-norm"):
+        privacy_from_args(run.parse_args(["--epsilon", "1"]), str(tmp_path / "l.jsonl"), "r", 0)
+    pr = privacy_from_args(run.parse_args(["--epsilon", "1", "--clip-norm", "3", "--noise", "distributed"]),
+                           str(tmp_path / "l.jsonl"), "r", 0)
+    assert pr.noise == "distributed" and pr.ledger.budget_epsilon == 1.0 and (tmp_path / "l.jsonl").exists()
+
+
+def test_rows_privacy_object_composes_in_ledger():
+    from securefed.accounting import DataPerturbation, epsilon_from_noise
+
+    led = PrivacyLedger(None, "rows", delta=1e-5)
+    dp = DataPerturbation(1.0, 1e-5, tau_x=2.0, ledger=led)
+    X = np.random.default_rng(1).normal(size=(50, 3))
+    Xn = dp.perturb_site(X, site=0, rng=np.random.default_rng(2))
+    Xn2 = DataPerturbation(1.0, 1e-5, tau_x=2.0).perturb_site(X, site=0, rng=np.random.default_rng(2))
+    np.testing.assert_array_equal(Xn, Xn2)  # seeded from the caller's rng: reproducible
+    rep = dp.report()
+    assert rep["method"] == "analytic" and rep["sites"] == 1
+    assert rep["epsilon_total_with_ledger"] == pytest.approx(1.0, rel=1e-6)
+    # a second, independent release of the same site composes (μ² add): ε grows beyond 1
+    dp.perturb_site(X, site=0, rng=np.random.default_rng(3))
+    assert led.spent(0)[0] == pytest.approx(epsilon_from_noise(dp.sigma / 4.0, 2, 1e-5), rel=1e-9)
+    assert led.spent(0)[0] > 1.2

@@ -1,0 +1,260 @@
+"""Fed-tSNE / Fed-UMAP / Fed-SpeClust estimators (papers/000 Algorithms 2-3): quality floors, what each
+Nyström mode sends, the audit gate, the scikit-learn parameter protocol and bad input.
+
+(The Nyström algebra itself — kernel form exact when the landmarks are the data, feature-map distances —
+is covered by tests/test_nystrom.py and not repeated here.)"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from securefed.data import load_dataset, partition
+from securefed.errors import AuditFailedError, ConfigError, DataError
+from securefed.estimators import (
+    CentralizedSpectralClustering,
+    CentralizedTSNE,
+    FedSpectralClustering,
+    FedTSNE,
+    FedUMAP,
+)
+from securefed.kernels import gaussian_kernel, sq_dists
+from securefed.metrics import METRIC_KEYS, classification_accuracy, clustering_metrics, embedding_metrics
+
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
+
+
+def _split(name, n_sites, scheme, standardize=False):
+    ds = load_dataset(name)
+    X = ds.X
+    if standardize:
+        X = (X - X.mean(axis=0)) / X.std(axis=0)
+    parts = partition(X, ds.y, n_sites, scheme, random_state=0)
+    return [X[i] for i in parts], np.concatenate([ds.y[i] for i in parts])
+
+
+@pytest.fixture(scope="module")
+def iris_label():
+    return _split("iris", 3, "label")
+
+
+@pytest.fixture(scope="module")
+def wine_label_std():
+    return _split("wine", 3, "label", standardize=True)
+
+
+SMALL = dict(n_landmarks=40, rounds=20, random_state=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# quality floor (issue 2): digits, 10 sites, one class each, default parameters
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fed_tsne_digits_quality_floor():
+    sites, y = _split("digits", 10, "label")
+    est = FedTSNE(random_state=0)
+    E = est.fit_transform(sites)
+    X = np.vstack(sites)
+    assert E.shape == (len(X), 2) and np.all(np.isfinite(E))
+    m = embedding_metrics(X, E, y, random_state=0)
+    assert set(m) == set(METRIC_KEYS)
+    assert m["ca_10nn"] >= 0.90, m
+    # default path is the paper's (rows leave the sites) — stated, not hidden
+    assert est.rows_sent_ == len(X) and est.nystrom == "rows"
+    assert len(est.mmd_history_) == 60 and est.mmd_history_[-1] < est.mmd_history_[0]
+    assert est.landmarks_.shape == (300, 64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fed-UMAP / Fed-SpeClust: smoke + floor, both reconstructions
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reconstruction", ["paper", "features"])
+def test_fed_umap_floor_both_reconstructions(iris_label, reconstruction):
+    sites, y = iris_label
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FedUMAP(reconstruction=reconstruction, **SMALL).fit(sites)
+    assert est.reconstruction_ == reconstruction
+    assert est.embedding_.shape == (150, 2) and np.all(np.isfinite(est.embedding_))
+    ca = classification_accuracy(est.embedding_, y, random_state=0)
+    assert ca[10] >= 0.90, ca
+
+
+@pytest.mark.parametrize("reconstruction", ["paper", "features"])
+def test_fed_spectral_floor_both_reconstructions(wine_label_std, reconstruction):
+    sites, y = wine_label_std
+    est = FedSpectralClustering(n_clusters=3, reconstruction=reconstruction, **SMALL)
+    labels = est.fit_predict(sites)
+    assert est.reconstruction_ == reconstruction
+    assert labels.shape == (len(y),) and set(np.unique(labels)) <= {0, 1, 2}
+    cm = clustering_metrics(labels, y)
+    assert cm["nmi"] >= 0.75 and cm["ari"] >= 0.75, cm
+    # and close to the centralized counterpart on the pooled data
+    central = CentralizedSpectralClustering(3, random_state=0).fit_predict(np.vstack(sites))
+    assert cm["nmi"] >= clustering_metrics(central, y)["nmi"] - 0.1
+
+
+@pytest.mark.parametrize("reconstruction", ["paper", "features"])
+def test_fed_tsne_small_floor_both_reconstructions(iris_label, reconstruction):
+    sites, y = iris_label
+    est = FedTSNE(reconstruction=reconstruction, **SMALL).fit(sites)
+    assert est.reconstruction_ == reconstruction
+    assert classification_accuracy(est.embedding_, y, random_state=0)[10] >= 0.90
+
+
+# ----------------------------------------------------------------------------------------------
+# what leaves the sites
+# ----------------------------------------------------------------------------------------------
+
+
+def test_rows_mode_sends_exactly_the_distance_rows_of_algorithm_2(iris_label):
+    sites, _ = iris_label
+    est = FedTSNE(keep_sent=True, **SMALL).fit(sites)
+    expected = np.vstack([sq_dists(X, est.landmarks_) for X in sites])
+    assert est.rows_sent_ == 150
+    np.testing.assert_allclose(est.sent_rows_, expected, rtol=1e-12, atol=1e-12)
+    assert "squared distances" in est.sent_kind_
+    # without keep_sent the rows are not retained
+    assert FedTSNE(**SMALL).fit(sites).sent_rows_ is None
+
+
+def test_spectral_rows_mode_sends_exactly_the_kernel_rows_of_algorithm_3(wine_label_std):
+    sites, _ = wine_label_std
+    est = FedSpectralClustering(n_clusters=3, keep_sent=True, **SMALL).fit(sites)
+    expected = np.vstack([gaussian_kernel(X, est.landmarks_, est.kernel_gamma_) for X in sites])
+    np.testing.assert_allclose(est.sent_rows_, expected, rtol=1e-12, atol=1e-15)
+    assert est.kernel_gamma_ == est.gamma_ and est.rows_sent_ == len(expected)
+
+
+def _forbid_rows(monkeypatch, cls):
+    calls = []
+    monkeypatch.setattr(cls, "_distance_rows", lambda self, *a, **k: calls.append("distance") or pytest.fail("rows computed"))
+    monkeypatch.setattr(cls, "_kernel_rows", lambda self, *a, **k: calls.append("kernel") or pytest.fail("rows computed"))
+    return calls
+
+
+def test_local_mode_tsne_sends_only_coordinates(iris_label, monkeypatch):
+    sites, y = iris_label
+    calls = _forbid_rows(monkeypatch, FedTSNE)
+    est = FedTSNE(nystrom="local", keep_sent=True, **SMALL).fit(sites)
+    assert calls == []
+    assert est.rows_sent_ == 0 and getattr(est, "sent_rows_", None) is None
+    assert est.reconstruction_ == "local" and "coordinates" in est.sent_kind_
+    assert est.embedding_.shape == (150, 2) and est.landmark_embedding_.shape == (40, 2)
+    assert classification_accuracy(est.embedding_, y, random_state=0)[10] >= 0.80
+
+
+def test_local_mode_spectral_sends_only_labels(wine_label_std, monkeypatch):
+    sites, y = wine_label_std
+    calls = _forbid_rows(monkeypatch, FedSpectralClustering)
+    est = FedSpectralClustering(n_clusters=3, nystrom="local", keep_sent=True, **SMALL).fit(sites)
+    assert calls == [] and est.rows_sent_ == 0 and getattr(est, "sent_rows_", None) is None
+    assert "label" in est.sent_kind_ and est.labels_.shape == (len(y),)
+    assert clustering_metrics(est.labels_, y)["nmi"] >= 0.6
+
+
+@pytest.mark.slow
+def test_local_mode_umap_sends_only_coordinates(iris_label, monkeypatch):
+    sites, y = iris_label
+    calls = _forbid_rows(monkeypatch, FedUMAP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = FedUMAP(nystrom="local", **SMALL).fit(sites)
+    assert calls == [] and est.rows_sent_ == 0
+    assert est.embedding_.shape == (150, 2) and est.landmark_embedding_.shape == (40, 2)
+    assert classification_accuracy(est.embedding_, y, random_state=0)[10] >= 0.80
+
+
+# ----------------------------------------------------------------------------------------------
+# the audit gate stops the fit before any row is computed
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls, extra", [(FedTSNE, {}), (FedSpectralClustering, {"n_clusters": 3})])
+def test_failing_auditor_stops_the_fit_before_any_row(iris_label, monkeypatch, cls, extra):
+    sites, _ = iris_label
+    calls = _forbid_rows(monkeypatch, cls)
+    seen = {}
+
+    def auditor(members, holdout, res):
+        seen["members"] = [len(m) for m in members]
+        seen["holdout"] = [len(h) for h in holdout]
+        seen["landmarks"] = res.landmarks.shape
+        raise AuditFailedError("membership AUC too high")
+
+    est = cls(auditor=auditor, audit_holdout=0.2, keep_sent=True, **extra, **SMALL)
+    with pytest.raises(AuditFailedError):
+        est.fit(sites)
+    assert calls == []  # no Nyström row was computed at any site
+    assert est.rows_sent_ == 0 and getattr(est, "sent_rows_", None) is None
+    assert not hasattr(est, "embedding_") and not hasattr(est, "labels_")
+    assert seen["landmarks"] == (40, 4)
+    # the holdout (non-members) was kept out of FedDL: 20 % of each 50-record site
+    assert seen["holdout"] == [10, 10, 10] and seen["members"] == [40, 40, 40]
+
+
+def test_passing_auditor_result_is_recorded(iris_label):
+    sites, _ = iris_label
+    est = FedTSNE(auditor=lambda m, h, r: {"verdict": "pass"}, audit_holdout=0.2, **SMALL).fit(sites)
+    assert est.audit_ == {"verdict": "pass"} and est.rows_sent_ == 150
+    assert est.embedding_.shape == (150, 2)  # holdout records are still embedded
+    assert [len(i) for i in est.member_index_] == [40, 40, 40]
+
+
+# ----------------------------------------------------------------------------------------------
+# scikit-learn parameter protocol, determinism, bad input
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [FedTSNE, FedUMAP, FedSpectralClustering, CentralizedTSNE])
+def test_get_params_set_params_and_clone(cls):
+    from sklearn.base import clone
+
+    est = cls()
+    params = est.get_params()
+    assert set(params) == set(cls._param_names)
+    assert est.set_params(random_state=7) is est and est.get_params()["random_state"] == 7
+    c = clone(est)
+    assert type(c) is cls and c is not est and c.get_params() == est.get_params()
+    with pytest.raises(ConfigError, match="^no_such_param="):
+        est.set_params(no_such_param=1)
+    assert repr(est).startswith(cls.__name__ + "(")
+
+
+def test_same_random_state_same_embedding(iris_label):
+    sites, _ = iris_label
+    a = FedTSNE(**SMALL).fit_transform(sites)
+    b = FedTSNE(**SMALL).fit_transform(sites)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda s: (FedTSNE(nystrom="all"), s), ConfigError, "^nystrom='all'"),
+        (lambda s: (FedTSNE(audit_holdout=0.95), s), ConfigError, "^audit_holdout="),
+        (lambda s: (FedTSNE(n_landmarks=1), s), ConfigError, "^n_landmarks=1"),
+        (lambda s: (FedTSNE(rule="mean"), s), ConfigError, "^rule="),
+        pytest.param(lambda s: (FedTSNE(aggregation="magic"), s), ConfigError, "^aggregation="),
+        (lambda s: (FedTSNE(reconstruction="dense"), s), ConfigError, "^reconstruction='dense'"),
+        (lambda s: (FedSpectralClustering(n_clusters=1), s), ConfigError, "^n_clusters=1"),
+        (lambda s: (FedTSNE(), [s[0], s[1][:, :2]]), DataError, r"sites\[1\]"),
+        (lambda s: (FedTSNE(), [s[0], s[1][:1]]), DataError, r"sites\[1\]"),
+        (lambda s: (FedUMAP(), [s[0], np.where(s[1] > 6, np.inf, s[1])]), DataError, r"sites\[1\]"),
+        (lambda s: (FedSpectralClustering(n_clusters=3), []), DataError, "^sites="),
+    ],
+    ids=["nystrom", "holdout", "landmarks", "rule", "aggregation", "reconstruction", "n_clusters",
+         "features", "one-record", "inf", "empty"],
+)
+
+def test_estimator_bad_input(iris_label, make, exc, match):
+    sites, _ = iris_label
+    est, data = make(sites)
+    est.set_params(rounds=2, n_landmarks=est.n_landmarks if est.n_landmarks != 300 else 10)
+    with pytest.raises(exc, match=match):
+        est.fit(data)
