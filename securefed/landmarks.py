@@ -476,24 +476,13 @@ def fed_dl(
     released: list[str] = []
 
     if privacy is not None:
-        tau = getattr(privacy, "tau_x", None)
+        tau_x = getattr(privacy, "tau_x", None)
         if gamma is None:
-            if tau is None:
+            if tau_x is None:
                 raise ConfigError(bad_value("gamma", None, "with differential privacy give gamma or a clip norm"))
-        sites = privacy.prepare(
-            sites,
-            gamma=gamma if gamma is not None else 1.0 / float(getattr(privacy, "tau_x")) ** 2,
-            n_landmarks=n_landmarks,
-            rounds=rounds,
-            local_steps=local_steps,
-            rule=rule,
-            n_clients=P,
-            weights=w,
-            aggregator=aggregator,
-        )
-        tau = float(getattr(privacy, "tau_x"))
-        if gamma is None:
-            gamma = 1.0 / tau**2
+            gamma = 1.0 / float(tau_x) ** 2  # public: depends only on the clip norm, so DP covers it
+        sites = privacy.prepare(sites, gamma=gamma, n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps,
+                                rule=rule, n_clients=P, weights=w, aggregator=aggregator)
     if value_bound is None and privacy is not None:
         value_bound = float(getattr(privacy, "tau_x"))
     if value_bound is not None:
@@ -505,7 +494,7 @@ def fed_dl(
                                     "a public range: give a public bound on |feature values| (e.g. 16 for digits, 255 for pixels)"))
     if gamma is None:
         gamma = _federated_gamma(sites, aggregator, rng, release_bounds(value_bound, m, n_landmarks, None).get("gamma"))
-        released.append("one scalar per site: record count × local median squared distance (for γ)")
+        released.append("one scalar per site: its local median squared distance, record-weighted (for γ)")
     gamma = check_gamma(gamma)
     if isinstance(lr, str):
         if lr != "auto":

@@ -416,6 +416,9 @@ def _fit_peer(cfg, sites, reference, metrics):
     opts = {}
     if reference is not None:
         opts["reference"] = reference
+    if cfg.method == "gtm":
+        # each site summarises its records by at most 60 Gaussian components (papers/003), never more than it holds
+        opts["n_components_per_site"] = int(min(60, min(len(s) for s in sites)))
     est = PEER_METHODS[cfg.method](random_state=cfg.seed, **opts)
     emb = est.fit_transform(sites)
     metrics["sent_by_each_site"] = WHAT_LEAVES.get(cfg.method)

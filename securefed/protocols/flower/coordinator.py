@@ -50,7 +50,7 @@ class FlowerRunConfig:
     init: str = "moments"    # "moments" or a path to an (n_landmarks, m) .npy on the server
     weights: str = "records"
     aggregation: str = "secagg"
-    clip_range: float = 0.0  # required for secagg
+    value_bound: float = 0.0  # public bound on |feature values|; required for secagg (fed_dl's value_bound)
     modulus_bits: int = 32
     fractional_bits: int = -1
     degree: int = 0
@@ -60,6 +60,9 @@ class FlowerRunConfig:
     min_sites: int = 2
     wait_sites: float = 120.0
     seed: int = 0
+    embedding: str = "tsne-local"  # "tsne-local" (no rows leave: sites place their records) or "none"
+    perplexity: float = 30.0
+    tsne_seed: int = 0
 
     @classmethod
     def from_run_config(cls, rc: dict) -> "FlowerRunConfig":
@@ -121,17 +124,17 @@ class _SecAggState:
         from ..aggregators import SecAggAggregator
         from ..secagg import STAGES
 
-        if cfg.clip_range <= 0:
-            raise ConfigError(bad_value("clip-range", cfg.clip_range, "SecAgg+ needs a public bound on |update| "
-                                        "coordinates; set clip-range in the run config"))
+        if cfg.value_bound <= 0:
+            raise ConfigError(bad_value("value-bound", cfg.value_bound, "SecAgg+ quantises into a public range: give a "
+                                        "public bound on |feature values| (e.g. 16 for digits, 255 for pixels)"))
         timeouts = {s: cfg.stage_timeout for s in STAGES} if cfg.stage_timeout > 0 else None
-        self.agg = SecAggAggregator(clip_range=cfg.clip_range, modulus_bits=cfg.modulus_bits,
+        self.agg = SecAggAggregator(clip_range=cfg.value_bound, modulus_bits=cfg.modulus_bits,
                                     fractional_bits=None if cfg.fractional_bits < 0 else cfg.fractional_bits,
                                     degree=cfg.degree or None, threshold=cfg.threshold or None, timeouts=timeouts)
         self.counter = 0
 
 
-def _aggregate(ex, cfg, sites: Sites, sec, task: dict, weights, label: str) -> tuple[AggregateResult, dict]:
+def _aggregate(ex, cfg, sites: Sites, sec, task: dict, weights, label: str, clip) -> tuple[AggregateResult, dict]:
     """One federated sum of the sites' ``task`` uploads (plain or SecAgg+); returns (result, stats)."""
     t0 = time.perf_counter()
     n = len(sites.names)
@@ -153,21 +156,22 @@ def _aggregate(ex, cfg, sites: Sites, sec, task: dict, weights, label: str) -> t
         agg = AggregateResult(r.total, tuple(surv), r.weight_sum, "plain", 0, r.bytes_up, r.bytes_down,
                               time.perf_counter() - t0)
     elif cfg.aggregation == "secagg":
-        agg = _secagg(ex, cfg, sites, sec, base, w, label, t0)
+        agg = _secagg(ex, cfg, sites, sec, base, w, label, t0, clip)
     else:
         raise ConfigError(bad_value("aggregation", cfg.aggregation, "use 'plain' or 'secagg' over Flower"))
     stats = {"label": label, "survivors": list(agg.survivors), "seconds": time.perf_counter() - t0,
              "bytes_to_site": {sites.names[i]: ex.bytes_to[i] - before_to[i] for i in range(n)},
-             "bytes_from_site": {sites.names[i]: ex.bytes_from[i] - before_from[i] for i in range(n)}}
+             "bytes_from_site": {sites.names[i]: ex.bytes_from[i] - before_from[i] for i in range(n)},
+             "details": agg.details}
     return agg, stats
 
 
-def _secagg(ex, cfg, sites: Sites, sec: _SecAggState, base: dict, w, label: str, t0: float) -> AggregateResult:
+def _secagg(ex, cfg, sites: Sites, sec: _SecAggState, base: dict, w, label: str, t0: float, clip) -> AggregateResult:
     n = len(sites.names)
     shape = tuple(base.pop("out_shape"))
     length = int(np.prod(shape))
     gp = sec.agg.graph_parameters(n)
-    fp = plan_fixed_point(sec.agg.clip_range, w, modulus_bits=sec.agg.modulus_bits,
+    fp = plan_fixed_point(float(clip), w, modulus_bits=sec.agg.modulus_bits,
                           fractional_bits=sec.agg.fractional_bits)
     spec = RoundSpec(sec.agg.session_id, sec.counter, n, gp.degree, gp.threshold, sec.agg.session_id, length, fp,
                      sites.identities, tuple(sec.agg.timeouts.items()))
@@ -221,7 +225,8 @@ def _secagg(ex, cfg, sites: Sites, sec: _SecAggState, base: dict, w, label: str,
 def run_feddl(ex, cfg: FlowerRunConfig) -> dict:
     """Run FedDL over the sites behind ``ex``; returns the result dict (landmarks as an array)."""
     from ...kernels import check_gamma, median_gamma
-    from ...landmarks import default_lr, init_landmarks, resolve_weights, server_gradient_step, server_model_average
+    from ...landmarks import (default_lr, init_landmarks, release_bounds, resolve_weights, server_gradient_step,
+                              server_model_average)
 
     t_start = time.perf_counter()
     if cfg.rule not in ("model", "gradient"):
@@ -235,43 +240,87 @@ def run_feddl(ex, cfg: FlowerRunConfig) -> dict:
     steps: list = []
     released: list = []
 
-    def agg(task, weights, label):
-        a, st = _aggregate(ex, cfg, sites, sec, task, weights, label)
+    bound = cfg.value_bound if cfg.value_bound > 0 else None
+    n_total = float(sum(sites.sizes))
+    size_w = [n / n_total for n in sites.sizes]
+
+    def agg(task, weights, label, clip):
+        a, st = _aggregate(ex, cfg, sites, sec, task, weights, label, clip)
         steps.append(st)
         return a
 
+    # the same releases, scalings and bounds as landmarks._federated_gamma / _federated_moments
     if cfg.gamma > 0:
         gamma = cfg.gamma
     else:
-        a = agg({"task": "gamma", "out_shape": [2]}, None, "gamma")
-        gamma = median_gamma([a.total[0] / a.total[1]])
-        released.append("one scalar per site: record count × local median squared distance (for γ)")
+        scale = 1.0 if bound is None else 4.0 * m * bound
+        a = agg({"task": "gamma", "scale": scale, "out_shape": [1]}, size_w, "gamma",
+                release_bounds(bound, m, cfg.landmarks, None).get("gamma"))
+        gamma = median_gamma([a.total[0] * scale / a.weight_sum])
+        released.append("one scalar per site: local median squared distance (for γ)")
     gamma = check_gamma(gamma)
     lr = float(cfg.lr) if cfg.lr > 0 else default_lr(cfg.landmarks, gamma)
     if cfg.init == "moments":
-        a = agg({"task": "moments", "out_shape": [2 * m + 1]}, None, "moments")
-        tot = a.total
-        mean = tot[:m] / tot[-1]
-        std = np.sqrt(np.maximum(tot[m:2 * m] / tot[-1] - mean ** 2, 0.0))
+        scale = 1.0 if bound is None else bound
+        a = agg({"task": "moments", "scale": scale, "out_shape": [2 * m]}, size_w, "moments",
+                release_bounds(bound, m, cfg.landmarks, None).get("moments"))
+        tot = a.total / a.weight_sum
+        mean = tot[:m]
+        std = np.sqrt(np.maximum(tot[m:] * scale - mean ** 2, 0.0))
         Y = init_landmarks(cfg.landmarks, m, mean=mean, std=std, rng=rng)
-        released.append("per-feature sums, sums of squares and record counts (one secure sum, for the initial landmarks)")
+        released.append("per-feature means and mean squares (one secure sum, for the initial landmarks)")
     else:
         Y = np.load(cfg.init)
         if Y.shape != (cfg.landmarks, m) or not np.all(np.isfinite(Y)):
             raise ConfigError(bad_value("init", cfg.init, f"give a finite ({cfg.landmarks}, {m}) array"))
+    clip = release_bounds(bound, m, cfg.landmarks, gamma).get(cfg.rule)
     for s in range(cfg.rounds):
         if cfg.rule == "model":
             task = {"task": "model", "Y": array_to_bytes(Y), "shape": list(Y.shape), "gamma": gamma, "lr": lr,
                     "local_steps": cfg.local_steps, "out_shape": list(Y.shape)}
-            Y = server_model_average(agg(task, w, f"round {s + 1}"))
+            Y = server_model_average(agg(task, w, f"round {s + 1}", clip))
         else:
             for t in range(cfg.local_steps):
                 task = {"task": "gradient", "Y": array_to_bytes(Y), "shape": list(Y.shape), "gamma": gamma,
                         "out_shape": list(Y.shape)}
-                Y = server_gradient_step(Y, agg(task, w, f"round {s + 1} step {t + 1}"), lr)
+                Y = server_gradient_step(Y, agg(task, w, f"round {s + 1} step {t + 1}", clip), lr)
         if not np.all(np.isfinite(Y)):
             raise ConfigError(bad_value("lr", lr, f"landmarks diverged in round {s + 1}; use a smaller step"))
         _log(cfg, "round", round=s + 1)
-    return {"landmarks": Y, "gamma": gamma, "lr": lr, "rounds_done": cfg.rounds, "sites": sites.names,
+    emb = None
+    if cfg.embedding == "tsne-local":
+        emb = embed_local(ex, cfg, sites, Y)
+    elif cfg.embedding != "none":
+        raise ConfigError(bad_value("embedding", cfg.embedding, "use 'tsne-local' (no rows leave the sites) or 'none'"))
+    return {"landmarks": Y, "embedding": emb, "gamma": gamma, "lr": lr, "rounds_done": cfg.rounds, "sites": sites.names,
             "site_sizes": sites.sizes, "survivors": sorted(sites.live), "steps": steps, "released": released,
             "seconds": time.perf_counter() - t_start, "flower_messages": ex.messages}
+
+
+def embed_local(ex, cfg: FlowerRunConfig, sites: Sites, Y: np.ndarray) -> dict:
+    """No-rows t-SNE (``FedTSNE(nystrom="local")``): the server embeds the landmarks, every live site
+    places its own records against that model and returns only their coordinates.
+
+    Returns ``{"landmark_embedding", "coordinates": {site name: array}, "sites": [names]}``; a site
+    that fails or stays silent is reported in ``missing``.
+    """
+    from .embedding import fit_landmark_tsne
+
+    t0 = time.perf_counter()
+    E = np.asarray(fit_landmark_tsne(Y, cfg.perplexity, cfg.tsne_seed))
+    _log(cfg, "embedding", landmarks=len(Y))
+    before_to, before_from = dict(ex.bytes_to), dict(ex.bytes_from)
+    req = {"op": "embed", "Y": array_to_bytes(Y), "shape": list(Y.shape), "perplexity": float(cfg.perplexity),
+           "tsne_seed": int(cfg.tsne_seed), "landmark_embedding": array_to_bytes(E), "embedding_shape": list(E.shape)}
+    live = sorted(sites.live)
+    replies = ex.request({i: dict(req) for i in live}, ex.now() + cfg.plain_timeout)
+    coords, missing = {}, {}
+    for i in live:
+        r = replies.get(i)
+        if r is None or "error" in r:
+            missing[sites.names[i]] = (r or {}).get("error") or ex.silent.get(i, "no reply")
+            continue
+        coords[sites.names[i]] = array_from_bytes(r["embedding"], r["embedding_shape"])
+    return {"landmark_embedding": E, "coordinates": coords, "missing": missing, "seconds": time.perf_counter() - t0,
+            "bytes_to_site": {sites.names[i]: ex.bytes_to[i] - before_to[i] for i in live},
+            "bytes_from_site": {sites.names[i]: ex.bytes_from[i] - before_from[i] for i in live}}

@@ -29,8 +29,9 @@ FLOWER_REQUIREMENT = "flwr==1.41.0"
 APP_CONFIG_DEFAULTS = {
     "out-dir": "securefed-flower-run", "landmarks": 50, "rounds": 10, "local-steps": 5, "rule": "model",
     "lr": 0.0, "gamma": 0.0, "init": "moments", "weights": "records", "aggregation": "secagg",
-    "clip-range": 0.0, "modulus-bits": 32, "fractional-bits": -1, "degree": 0, "threshold": 0,
+    "value-bound": 0.0, "modulus-bits": 32, "fractional-bits": -1, "degree": 0, "threshold": 0,
     "stage-timeout": 0.0, "plain-timeout": 120.0, "min-sites": 2, "wait-sites": 120.0, "seed": 0,
+    "embedding": "tsne-local", "perplexity": 30.0, "tsne-seed": 0,
 }
 
 

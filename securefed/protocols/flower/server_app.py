@@ -1,8 +1,9 @@
-"""The Flower ``ServerApp`` of securefed: FedDL landmarks with plain or SecAgg+ aggregation.
+"""The Flower ``ServerApp`` of securefed: FedDL landmarks (plain or SecAgg+), then no-rows Fed-tSNE.
 
 It waits for ``min-sites`` SuperNodes, runs :func:`securefed.protocols.flower.coordinator.run_feddl` and
 writes ``<out-dir>/result.json`` (status, figures, bytes per site per step) and
-``<out-dir>/landmarks.npy``. A run that cannot complete (too few sites, a SecAgg+ round the protocol
+``<out-dir>/landmarks.npy`` — and, with ``embedding = "tsne-local"`` (default), the landmark t-SNE
+``landmark_embedding.npy`` and ``embedding.npz`` (one array of coordinates per site name). A run that cannot complete (too few sites, a SecAgg+ round the protocol
 cannot finish, a timeout) writes ``status: "aborted"`` with the typed error's class and message.
 """
 
@@ -50,7 +51,14 @@ def main(grid: Grid, context: Context) -> None:
             time.sleep(0.2)
         ex = Exchange(grid, dict(enumerate(nodes)))
         res = run_feddl(ex, cfg)
+        os.makedirs(cfg.out_dir, exist_ok=True)
         np.save(os.path.join(cfg.out_dir, "landmarks.npy"), res.pop("landmarks"))
+        emb = res.pop("embedding")
+        if emb is not None:
+            np.save(os.path.join(cfg.out_dir, "landmark_embedding.npy"), emb.pop("landmark_embedding"))
+            coords = emb.pop("coordinates")
+            np.savez(os.path.join(cfg.out_dir, "embedding.npz"), **coords)
+            res["embedding"] = dict(emb, sites=list(coords), rows={k: len(v) for k, v in coords.items()})
         _write(cfg.out_dir, {"status": "completed", **res})
     except SecureFedError as exc:
         _write(cfg.out_dir, {"status": "aborted", "error_type": type(exc).__name__, "reason": str(exc)})

@@ -10,6 +10,8 @@ A site answers four operations, each one Flower message in and one out:
 ``secagg-start``   compute the update, build the SecAgg+ client state machine for the announced
                    :class:`~securefed.protocols.secagg.RoundSpec` and return its ``AdvertiseKeys``.
 ``secagg``         feed the server's securefed messages to the stored state machine, return its replies.
+``embed``          no-rows t-SNE stage: place the site's records against the landmark model
+                   (:mod:`.embedding`); only the final coordinates are returned.
 
 The updates are the ones :func:`securefed.landmarks.fed_dl` computes in process, with the same
 functions: ``client_update`` (model averaging, Eq. 15), ``mmd_grad`` (gradient averaging, Eq. 16),
@@ -46,8 +48,9 @@ def compute_update(task: dict, X: np.ndarray, rng: np.random.Generator) -> np.nd
     """The upload the server asked for, exactly as :func:`securefed.landmarks.fed_dl` computes it.
 
     ``task["task"]``: ``"model"`` — ``client_update`` (Q local steps, papers/000 Alg. 1 lines 5–10);
-    ``"gradient"`` — ``mmd_grad`` at the broadcast Y (Eq. 13); ``"gamma"`` — ``[n_p · median_p, n_p]``
-    (median heuristic); ``"moments"`` — ``[Σx, Σx², n_p]``.
+    ``"gradient"`` — ``mmd_grad`` at the broadcast Y (Eq. 13); ``"gamma"`` — ``[median_p / scale]``
+    (median heuristic); ``"moments"`` — ``[mean_p(x), mean_p(x²) / scale]``. The last two must stay
+    identical to ``landmarks._federated_gamma`` / ``_federated_moments`` (the tests compare the results).
     """
     from ...kernels import local_median_sq_dist
     from ...landmarks import client_update, mmd_grad
@@ -60,10 +63,10 @@ def compute_update(task: dict, X: np.ndarray, rng: np.random.Generator) -> np.nd
         if kind == "model":
             return client_update(X, Y, float(task["gamma"]), float(task["lr"]), int(task["local_steps"]))
         return mmd_grad(X, Y, float(task["gamma"]))
-    if kind == "gamma":
-        return np.array([len(X) * local_median_sq_dist(X, random_state=rng), len(X)], dtype=np.float64)
-    if kind == "moments":
-        return np.concatenate([X.sum(axis=0), (X * X).sum(axis=0), [len(X)]])
+    if kind == "gamma":  # landmarks._federated_gamma: local median squared distance / scale
+        return np.array([local_median_sq_dist(X, random_state=rng) / float(task["scale"])], dtype=np.float64)
+    if kind == "moments":  # landmarks._federated_moments: [mean_p, mean_p(x²) / scale]
+        return np.concatenate([X.mean(axis=0), (X * X).mean(axis=0) / float(task["scale"])])
     raise ProtocolError(f"unknown task {kind!r}; expected one of {TASKS}")
 
 
@@ -130,6 +133,14 @@ def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
             state.data.update(spec=bytes(fields["spec"]), client=dump_client(client))
             state.save_rng(client._rng)
             return {"msgs": msgs}
+        if op == "embed":
+            from .embedding import place_records
+
+            X = load_site_data(node_config)
+            Y = array_from_bytes(fields["Y"], fields["shape"])
+            E = array_from_bytes(fields["landmark_embedding"], fields["embedding_shape"])
+            Z = place_records(Y, X, float(fields["perplexity"]), int(fields["tsne_seed"]), E, E.shape[1])
+            return {"embedding": array_to_bytes(Z), "embedding_shape": list(Z.shape)}
         if op == "secagg":
             if "client" not in state.data:
                 raise ProtocolError("no SecAgg+ round in progress on this site (restarted SuperNode?)")
