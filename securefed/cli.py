@@ -1,4 +1,4 @@
-"""The ``securefed`` command: ``run``, ``audit``, ``simulate``, ``budget``.
+"""The ``securefed`` command: ``run``, ``audit``, ``simulate``, ``budget``, ``flower-app``.
 
 Every deliberate error (:class:`~securefed.errors.SecureFedError`) is printed on one line and the
 command exits with status 2; no traceback. ``SECUREFED_DEBUG=1`` shows tracebacks of unexpected errors.
@@ -104,7 +104,7 @@ def _run_command(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="securefed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="securefed", description="Federated t-SNE, UMAP and spectral clustering with secure aggregation, differential privacy and privacy audits.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_audit(sub)
     register_simulate(sub)
     register_budget(sub)
+    from .protocols.flower.cli import register as register_flower
+
+    register_flower(sub)
     return parser
 
 

@@ -6,7 +6,8 @@ runs exactly the securefed version its IT team installed) and whose ``[tool.flwr
 the run configuration (:class:`~securefed.protocols.flower.coordinator.FlowerRunConfig`).
 
 :class:`LocalDeployment` starts a SuperLink and SuperNodes as real subprocesses on 127.0.0.1 with free
-ports (optionally with TLS certificates from ``scripts/make_certs.sh``), launches a run with
+ports (optionally with TLS certificates from ``scripts/make_certs.sh`` and Flower's SuperNode
+authentication), launches a run with
 ``flwr run``, waits for ``result.json`` and kills every process group it started.
 """
 
@@ -86,10 +87,17 @@ class LocalDeployment:
         Directory with ``ca.crt``, ``server.pem``, ``server.key`` (``scripts/make_certs.sh``): TLS on.
     bin_dir : str, optional
         Where ``flower-superlink``, ``flower-supernode`` and ``flwr`` live (default: next to this Python).
+    node_auth : bool
+        Flower SuperNode authentication (needs ``certs``): the SuperLink admits only SuperNodes whose
+        public key was registered with ``flwr supernode register``; each site gets an ECDSA P-384 key
+        pair from ``ssh-keygen``.
     """
 
-    def __init__(self, workdir: str, certs: str | None = None, bin_dir: str | None = None):
+    def __init__(self, workdir: str, certs: str | None = None, bin_dir: str | None = None, node_auth: bool = False):
         self.workdir = os.path.abspath(workdir)
+        if node_auth and certs is None:
+            raise ConfigError(bad_value("node_auth", True, "Flower's SuperNode authentication needs TLS; pass certs"))
+        self.node_auth = node_auth
         self.certs = certs
         self.bin = bin_dir or os.path.dirname(sys.executable)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -121,16 +129,44 @@ class LocalDeployment:
 
     def start_superlink(self) -> None:
         """Start the SuperLink (Fleet, Control and Runtime APIs on one free port)."""
+        auth = ["--enable-supernode-auth"] if self.node_auth else []
         self._start("superlink", [os.path.join(self.bin, "flower-superlink"), *self._tls_server(), "--host", "127.0.0.1",
-                                  "--port", str(self.port), "--disable-runtime-dependency-installation"])
+                                  "--port", str(self.port), "--disable-runtime-dependency-installation", *auth])
+        self._write_cli_config()
         self._wait_port(self.port, 60.0)
 
-    def start_supernode(self, site_name: str, data_path: str) -> None:
-        """Start one SuperNode for ``site_name`` reading its records from ``data_path``."""
+    def _write_cli_config(self) -> dict:
+        """The ``flwr`` CLI's connection ``local`` to this SuperLink; returns the CLI's environment."""
+        env = self._env("cli")
+        conn = [f'address = "127.0.0.1:{self.port}"']
+        conn += ["insecure = true"] if self.certs is None else [f'root-certificates = "{os.path.join(self.certs, "ca.crt")}"']
+        with open(os.path.join(env["FLWR_HOME"], "config.toml"), "w") as fh:
+            fh.write('[superlink]\ndefault = "local"\n\n[superlink.local]\n' + "\n".join(conn) + "\n")
+        return env
+
+    def start_supernode(self, site_name: str, data_path: str, register: bool = True) -> None:
+        """Start one SuperNode for ``site_name`` reading its records from ``data_path``.
+
+        With ``node_auth`` the site's key pair is made with ``ssh-keygen`` and, if ``register``, its public
+        key registered with the SuperLink (an unregistered SuperNode is refused by the SuperLink).
+        """
         tls = ["--insecure"] if self.certs is None else ["--root-certificates", os.path.join(self.certs, "ca.crt")]
+        auth = []
+        if self.node_auth:
+            key = os.path.join(self.workdir, "auth-" + site_name)
+            subprocess.run(["ssh-keygen", "-t", "ecdsa", "-b", "384", "-N", "", "-q", "-f", key], check=True,
+                           capture_output=True, timeout=30)
+            if register:
+                r = subprocess.run([os.path.join(self.bin, "flwr"), "supernode", "register", key + ".pub", "local"],
+                                   env=self._write_cli_config(), cwd=self.workdir, capture_output=True, text=True,
+                                   timeout=60)
+                if r.returncode != 0:
+                    raise ConfigError(f"flwr supernode register failed for {site_name}: {r.stdout[-1000:]} {r.stderr[-1000:]}")
+            auth = ["--auth-supernode-private-key", key]
         cfg = f'data-path="{os.path.abspath(data_path)}" site-name="{site_name}"'
         self._start("site-" + site_name, [os.path.join(self.bin, "flower-supernode"), *tls, "--superlink",
-                                          f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", cfg])
+                                          f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", cfg,
+                                          *auth])
 
     def kill_site(self, site_name: str) -> None:
         """SIGKILL a SuperNode's process group (a site crashing)."""
@@ -154,11 +190,7 @@ class LocalDeployment:
         config = dict(config)
         config.setdefault("out-dir", out)
         app = write_app(os.path.join(self.workdir, "app-" + name), config)
-        env = self._env("cli")
-        conn = [f'address = "127.0.0.1:{self.port}"']
-        conn += ["insecure = true"] if self.certs is None else [f'root-certificates = "{os.path.join(self.certs, "ca.crt")}"']
-        with open(os.path.join(env["FLWR_HOME"], "config.toml"), "w") as fh:
-            fh.write('[superlink]\ndefault = "local"\n\n[superlink.local]\n' + "\n".join(conn) + "\n")
+        env = self._write_cli_config()
         r = subprocess.run([os.path.join(self.bin, "flwr"), "run", app, "local"], env=env, cwd=self.workdir,
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0 or "Successfully started run" not in r.stdout:

@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import DecodeError, ProtocolError
 from .. import crypto
 from ..quantize import FixedPoint
-from ..secagg import STAGES, RoundSpec, SecAggClient
+from ..secagg import RoundSpec, SecAggClient
 
 __all__ = ["RECORD", "MESSAGE_TYPE", "make_content", "read_content", "encode_spec", "decode_spec", "dump_client",
            "load_client", "Exchange", "array_to_bytes", "array_from_bytes"]

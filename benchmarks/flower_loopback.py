@@ -1,0 +1,86 @@
+"""Flower loopback deployment vs the in-process simulation of the same FedDL work.
+
+Starts a SuperLink and 3 SuperNodes on 127.0.0.1 (subprocesses), runs FedDL on the built-in
+``digits`` data split into 3 sites (plain and SecAgg+), and the same ``fed_dl`` in process. Both include the
+no-rows t-SNE stage (landmark model on the server, placement on each site). Prints wall times and
+securefed payload bytes per site per aggregation (both directions) as JSON.
+
+    /tmp/flwr-venv/bin/python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg]
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from securefed.data import load_dataset
+from securefed.landmarks import fed_dl
+from securefed.protocols import SecAggAggregator
+from securefed.protocols.flower import LocalDeployment
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--landmarks", type=int, default=50)
+    ap.add_argument("--local-steps", type=int, default=5)
+    ap.add_argument("--aggregation", nargs="+", default=["plain", "secagg"])
+    a = ap.parse_args()
+    X = load_dataset("digits").X
+    sites = np.array_split(X, 3)
+    bound = float(np.max(np.abs(X)))
+    out = {"sites": [len(s) for s in sites], "features": X.shape[1], "landmarks": a.landmarks, "rounds": a.rounds,
+           "local_steps": a.local_steps, "value_bound": bound, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, S in enumerate(sites):
+            p = os.path.join(tmp, f"site{i}.npy")
+            np.save(p, S)
+            paths.append(p)
+        for agg in a.aggregation:
+            kw = dict(rounds=a.rounds, local_steps=a.local_steps, random_state=0)
+            t0 = time.perf_counter()
+            if agg == "secagg":
+                ref = fed_dl(sites, a.landmarks, value_bound=bound, **kw,
+                             aggregator=SecAggAggregator(clip_range=1.0, degree=2, threshold=2, random_state=0))
+            else:
+                ref = fed_dl(sites, a.landmarks, **kw)
+            # the no-rows t-SNE stage in process: landmark model + every site's placement
+            from securefed.protocols.flower.embedding import fit_landmark_tsne, landmark_perplexity
+
+            model = fit_landmark_tsne(ref.landmarks, 30.0, 0)
+            for S in sites:
+                model.transform(S, perplexity=landmark_perplexity(30.0, a.landmarks))
+            t_inproc = time.perf_counter() - t0
+            cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
+                   "min-sites": 3, "seed": 0}
+            if agg == "secagg":
+                cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
+            t0 = time.perf_counter()
+            with LocalDeployment(os.path.join(tmp, "dep-" + agg)) as dep:
+                dep.start_superlink()
+                for i, p in enumerate(paths):
+                    dep.start_supernode(f"site{i}", p)
+                t_up = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                run_dir = dep.run(cfg)
+                res = dep.wait_result(run_dir, 1800)
+                t_run = time.perf_counter() - t1
+                Y = np.load(os.path.join(run_dir, "landmarks.npy")) if res["status"] == "completed" else None
+            per = [{"step": st["label"], "to_site_bytes": st["bytes_to_site"], "from_site_bytes": st["bytes_from_site"],
+                    "seconds": round(st["seconds"], 2)} for st in res.get("steps", [])]
+            out["runs"][agg] = {
+                "status": res["status"], "in_process_seconds": round(t_inproc, 2),
+                "flower_startup_seconds": round(t_up, 2), "flower_run_seconds": round(t_run, 2),
+                "server_app_seconds": round(res.get("seconds", float("nan")), 2),
+                "flower_messages": res.get("flower_messages"), "aggregations": len(per),
+                "max_abs_diff_vs_in_process": None if Y is None else float(np.max(np.abs(Y - ref.landmarks))),
+                "per_aggregation": per, "embedding": res.get("embedding")}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

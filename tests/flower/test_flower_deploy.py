@@ -1,0 +1,141 @@
+"""Real Flower deployment on 127.0.0.1: a SuperLink and 3 SuperNodes as subprocesses (free ports).
+
+Skipped when ``flwr`` (securefed[flower]) is not importable. Every process group is killed in
+``finally`` (LocalDeployment.__exit__). To stay within the time budget on 2 cores, the killed-site TLS
+scenario runs in a background thread (its own SuperLink and SuperNodes) while the main test runs;
+the second test collects its outcome.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="flwr not installed: pip install 'securefed[flower]' (flwr==1.41.0)")
+
+from securefed.landmarks import fed_dl  # noqa: E402
+from securefed.protocols import SecAggAggregator  # noqa: E402
+from securefed.protocols.flower import LocalDeployment  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _data(tmp_path):
+    rng = np.random.default_rng(11)
+    arrays = [rng.normal(size=(40, 3)) * 0.4 + 0.3 * i for i in range(3)]
+    paths = []
+    for i, X in enumerate(arrays):
+        p = tmp_path / f"site{i}.npy"
+        np.save(p, X)
+        paths.append(str(p))
+    Y0 = rng.normal(size=(8, 3)) * 0.4
+    np.save(tmp_path / "init.npy", Y0)
+    return arrays, paths, Y0
+
+
+def _killed_site_scenario(tmp_path) -> tuple[dict, float]:
+    """TLS + node authentication; an unregistered SuperNode tries to join; SIGKILL one registered
+    SuperNode once the run is past hello. Returns (result, seconds waited, sites that said hello)."""
+    _, paths, _ = _data(tmp_path)
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_certs.sh"), str(certs)], check=True, capture_output=True)
+    cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": "moments",
+           "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
+           "stage-timeout": 3.0, "seed": 0, "embedding": "none"}
+    with LocalDeployment(str(tmp_path / "dep"), certs=str(certs), node_auth=True) as dep:
+        dep.start_superlink()
+        for i, p in enumerate(paths):
+            dep.start_supernode(f"site{i}", p)
+        dep.start_supernode("intruder", paths[0], register=False)
+        out = dep.run(cfg)
+        prog = os.path.join(out, "progress.jsonl")
+        t0 = time.monotonic()
+        while not (os.path.exists(prog) and '"hello"' in open(prog).read()):
+            if time.monotonic() - t0 > 90:
+                raise AssertionError("run never got past hello")
+            time.sleep(0.1)
+        dep.kill_site("site2")               # crash one hospital after the run started
+        t1 = time.monotonic()
+        res = dep.wait_result(out, 60)
+        waited = time.monotonic() - t1
+        hello = [json.loads(line) for line in open(prog) if '"hello"' in line][0]
+        return res, waited, hello["sites"]
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """Start the killed-site scenario in the background; yields a function returning its outcome."""
+    if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
+        yield None
+        return
+    box: dict = {}
+
+    def work():
+        try:
+            box["out"] = _killed_site_scenario(tmp_path_factory.mktemp("killed"))
+        except BaseException as exc:  # handed to the test that reports it
+            box["exc"] = exc
+
+    th = threading.Thread(target=work, daemon=True)
+    th.start()
+
+    def outcome():
+        th.join(timeout=240)
+        assert not th.is_alive(), "killed-site scenario still running after 240 s"
+        if "exc" in box:
+            raise box["exc"]
+        return box["out"]
+
+    yield outcome
+    th.join(timeout=240)
+
+
+def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed_run):
+    arrays, paths, Y0 = _data(tmp_path)
+    cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": str(tmp_path / "init.npy"),
+           "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
+           "stage-timeout": 30.0, "seed": 0, "embedding": "tsne-local", "perplexity": 30.0, "tsne-seed": 4}
+    with LocalDeployment(str(tmp_path / "dep")) as dep:
+        dep.start_superlink()
+        for i, p in enumerate(paths):
+            dep.start_supernode(f"site{i}", p)
+        out = dep.run(cfg)
+        res = dep.wait_result(out, 150)
+    assert res["status"] == "completed", res
+    assert res["sites"] == ["site0", "site1", "site2"] and res["survivors"] == [0, 1, 2]
+    Y = np.load(os.path.join(out, "landmarks.npy"))
+    ref = fed_dl(arrays, 8, rounds=1, local_steps=2, gamma=1.0, init=Y0, value_bound=3.0, random_state=0,
+                 aggregator=SecAggAggregator(clip_range=1.0, degree=2, threshold=2, random_state=0))
+    f = res["steps"][0]["details"]["fixed_point"]["fractional_bits"]
+    err = float(np.max(np.abs(Y - ref.landmarks)))
+    assert err <= 3 * 2.0 ** -f, (err, f)          # one round: each of 3 sites rounds once, weights sum to 1
+    assert not np.allclose(Y, Y0)
+    st = res["steps"][0]
+    assert all(v > 0 for v in st["bytes_from_site"].values())
+    # no-rows Fed-tSNE: each site placed its records against the landmark model; only coordinates came back
+    from openTSNE import TSNE
+
+    perp = min(30.0, (len(Y) - 1) / 3.0)
+    model = TSNE(perplexity=perp, random_state=4, n_jobs=1).fit(Y)
+    np.testing.assert_array_equal(np.load(os.path.join(out, "landmark_embedding.npy")), np.asarray(model))
+    with np.load(os.path.join(out, "embedding.npz")) as z:
+        for i, X in enumerate(arrays):
+            np.testing.assert_allclose(z[f"site{i}"], model.transform(X, perplexity=perp), rtol=0, atol=1e-9)
+
+
+
+
+def test_killed_supernode_with_tls_and_node_auth_aborts_with_typed_reason(killed_run):
+    if killed_run is None:
+        pytest.skip("openssl / ssh-keygen not installed (needed for TLS certificates and node keys)")
+    res, waited, hello_sites = killed_run()
+    assert hello_sites == ["site0", "site1", "site2"]    # the unregistered SuperNode never joined
+    assert res["status"] == "aborted", res
+    assert res["error_type"] in ("ProtocolTimeoutError", "ProtocolAbortedError"), res
+    assert "nothing revealed" in res["reason"] or "answered" in res["reason"]
+    assert waited < 3.0 * 5 + 15              # bounded by the stage deadlines, never hangs
