@@ -64,6 +64,10 @@ def _add_run(subparsers) -> None:
     p.add_argument("--reference-size", type=int, default=300, help="dSNE: size of the public reference split")
     p.add_argument("--value-bound", type=float, default=None,
                    help="public bound on |feature values| (secagg/ckks quantise into it; default for built-in data: their public range)")
+    p.add_argument("--refine-rounds", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help="federated Lloyd rounds after FedDL (default auto: 10 with --nystrom local and no DP, else 0)")
+    p.add_argument("--refine-min-cluster", type=int, default=10,
+                   help="a landmark moves only to the mean of at least this many records (default 10)")
     p.add_argument("--n-jobs", type=int, default=1)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     try:
@@ -85,7 +89,8 @@ def _run_command(args) -> int:
         aggregation=args.aggregation, nystrom=args.nystrom, reconstruction=args.reconstruction, audit=args.audit,
         audit_holdout=args.audit_holdout, allow_audit_failure=args.allow_audit_failure, max_auc=args.max_auc,
         max_empirical_epsilon=args.max_empirical_epsilon, rows_epsilon=args.rows_epsilon, n_clusters=args.n_clusters,
-        reference_size=args.reference_size, value_bound=args.value_bound, n_jobs=args.n_jobs, quiet=args.quiet, privacy_args=args,
+        reference_size=args.reference_size, value_bound=args.value_bound,
+        refine_rounds=args.refine_rounds, refine_min_cluster=args.refine_min_cluster, n_jobs=args.n_jobs, quiet=args.quiet, privacy_args=args,
     )
     metrics = run(cfg)
     out = os.path.abspath(args.out)

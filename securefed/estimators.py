@@ -82,13 +82,14 @@ class _FederatedEmbedding(_Params):
         "n_landmarks", "rounds", "local_steps", "rule", "lr", "gamma", "weights", "aggregation",
         "aggregation_options", "privacy", "nystrom", "reconstruction", "rows_privacy", "auditor",
         "audit_holdout", "checkpoint", "random_state", "callback", "n_jobs", "keep_sent", "value_bound",
-        "refine_rounds",
+        "refine_rounds", "refine_min_cluster",
     )
 
     def _init_common(self, n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                      aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
                      audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
-                     refine_rounds):
+                     refine_rounds, refine_min_cluster):
+        self.refine_min_cluster = refine_min_cluster
         self.keep_sent = keep_sent
         self.value_bound = value_bound
         self.refine_rounds = refine_rounds
@@ -183,6 +184,7 @@ class _FederatedEmbedding(_Params):
         if refine:
             vb = self.value_bound if self.value_bound is not None else None
             res.landmarks, self.refinement_ = lloyd_refine(members, res.landmarks, refine, aggregator=self.aggregator_,
+                                                           min_cluster_size=self.refine_min_cluster,
                                                            value_bound=vb, random_state=rng)
             res.released.append(f"{refine} Lloyd rounds: per-landmark record-weighted sums and counts (one secure sum each)")
         self.timings_ = {"landmarks": time.perf_counter() - t0}
@@ -303,6 +305,9 @@ _COMMON_PARAMS_DOC = """
     refine_rounds : int or "auto"
         Federated Lloyd refinement rounds after FedDL (:func:`securefed.landmarks.lloyd_refine`,
         beyond the paper). ``"auto"``: 10 with ``nystrom="local"`` and no DP, else 0.
+    refine_min_cluster : int, default 10
+        A landmark moves only to the mean of at least this many records (privacy/utility trade-off,
+        measured by the membership audit).
     keep_sent : bool, default False
         Keep what the sites sent in the Nyström stage as ``sent_rows_`` (for the reconstruction audit).
 """
@@ -330,14 +335,15 @@ class FedTSNE(_FederatedEmbedding):
                  rule="model", lr="auto", gamma=None, weights="records", aggregation="plain",
                  aggregation_options=None, privacy=None, nystrom="rows", reconstruction="auto",
                  rows_privacy=None, auditor=None, audit_holdout=0.0, checkpoint=None, random_state=None,
-                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto"):
+                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto",
+                 refine_min_cluster=10):
         self.n_components = n_components
         self.perplexity = perplexity
         self.n_iter = n_iter
         self._init_common(n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                           aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
                           audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
-                          refine_rounds)
+                          refine_rounds, refine_min_cluster)
 
     def fit(self, sites, y=None):
         from openTSNE import TSNE, TSNEEmbedding, affinity, initialization
@@ -390,14 +396,15 @@ class FedUMAP(_FederatedEmbedding):
                  rule="model", lr="auto", gamma=None, weights="records", aggregation="plain",
                  aggregation_options=None, privacy=None, nystrom="rows", reconstruction="auto",
                  rows_privacy=None, auditor=None, audit_holdout=0.0, checkpoint=None, random_state=None,
-                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto"):
+                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto",
+                 refine_min_cluster=10):
         self.n_components = n_components
         self.n_neighbors = n_neighbors
         self.min_dist = min_dist
         self._init_common(n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                           aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
                           audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
-                          refine_rounds)
+                          refine_rounds, refine_min_cluster)
 
     def fit(self, sites, y=None):
         import warnings
@@ -457,14 +464,15 @@ class FedSpectralClustering(_FederatedEmbedding):
                  rule="model", lr="auto", gamma=None, weights="records", aggregation="plain",
                  aggregation_options=None, privacy=None, nystrom="rows", reconstruction="auto",
                  rows_privacy=None, auditor=None, audit_holdout=0.0, checkpoint=None, random_state=None,
-                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto"):
+                 callback=None, n_jobs=1, keep_sent=False, value_bound=None, refine_rounds="auto",
+                 refine_min_cluster=10):
         self.n_clusters = n_clusters
         self.kernel_gamma = kernel_gamma
         self.n_neighbors = n_neighbors
         self._init_common(n_landmarks, rounds, local_steps, rule, lr, gamma, weights, aggregation,
                           aggregation_options, privacy, nystrom, reconstruction, rows_privacy, auditor,
                           audit_holdout, checkpoint, random_state, callback, n_jobs, keep_sent, value_bound,
-                          refine_rounds)
+                          refine_rounds, refine_min_cluster)
 
     def fit(self, sites, y=None):
         from sklearn.cluster import SpectralClustering

@@ -59,6 +59,8 @@ class RunConfig:
     n_clusters: int | None = None
     reference_size: int = 300
     value_bound: float | None = None
+    refine_rounds: int | str = "auto"
+    refine_min_cluster: int = 10
     n_jobs: int = 1
     quiet: bool = False
     privacy_args: object = None  # argparse namespace with the accounting flags (or None)
@@ -362,7 +364,8 @@ def _fit_federated(cfg, sites, y, privacy, rows_privacy, nystrom, progress, out,
                   auditor=_make_auditor(cfg, privacy, out, metrics) if cfg.audit else None,
                   audit_holdout=cfg.audit_holdout if cfg.audit else 0.0,
                   checkpoint=_checkpoint_path(cfg, out), random_state=cfg.seed, callback=progress,
-                  n_jobs=cfg.n_jobs, keep_sent=True, value_bound=cfg.extra.get("value_bound"))
+                  n_jobs=cfg.n_jobs, keep_sent=True, value_bound=cfg.extra.get("value_bound"),
+                  refine_rounds=cfg.refine_rounds, refine_min_cluster=cfg.refine_min_cluster)
     _log(cfg, f"[landmarks] FedDL: {len(sites)} sites, {cfg.landmarks} landmarks, {cfg.rounds} rounds × {cfg.local_steps} "
               f"local steps, {cfg.rule} averaging, {cfg.aggregation} aggregation"
               + (", differential privacy on" if privacy is not None else ""))
