@@ -656,9 +656,9 @@ def lloyd_refine(
     landmark stays stranded between the records; one still below the floor after the last round goes
     back to its FedDL position (no near-duplicate landmarks are left). What remains of the leak (means
     of ≥ ``min_cluster_size`` records) is what the membership audit measures: on digits (10 sites, one
-    class each, 300 landmarks, 10 rounds) a floor of 5 gives CA-10NN 0.94 but attack AUC 0.65 (the
-    default gate fails it); 10 gives CA-10NN 0.92 at AUC 0.55, empirical ε 0 (the default); 20 gives
-    0.80 at AUC 0.52 (``BENCHMARKS.md`` §1). Not covered by DP: with a
+    class each, 300 landmarks, 10 rounds) a floor of 5 gives CA-10NN 0.92 at attack AUC 0.60 and
+    empirical ε 0.47; 10 (the default) gives 0.85 at AUC 0.52, empirical ε 0; 20 gives 0.68 at AUC 0.51
+    (``BENCHMARKS.md`` §5, ``benchmarks/audits_refine_tradeoff.py``). Not covered by DP: with a
     privacy hook, refinement is refused.
 
     Returns
