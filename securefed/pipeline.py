@@ -163,7 +163,10 @@ def run(cfg: RunConfig) -> dict:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
         raise ConfigError(bad_value("--out", cfg.out, f"cannot create the folder ({exc.strerror}); pick a writable path")) from None
-    ds = load_dataset(cfg.dataset, cfg.label_column)
+    try:
+        ds = load_dataset(cfg.dataset, cfg.label_column)
+    except ConfigError as exc:  # name the flag the user typed
+        raise type(exc)(f"--dataset/--label-column: {exc}") from None
     X_all, y_all = ds.X, ds.y
     rng = np.random.default_rng(cfg.seed)
     reference = None
@@ -177,7 +180,10 @@ def run(cfg: RunConfig) -> dict:
         keep = np.sort(perm[n_ref:])
         X_all = X_all[keep]
         y_all = None if y_all is None else y_all[keep]
-    parts = partition(X_all if y_all is None else X_all, y_all, cfg.clients, cfg.partition, random_state=rng)
+    try:
+        parts = partition(X_all, y_all, cfg.clients, cfg.partition, random_state=rng)
+    except ConfigError as exc:
+        raise type(exc)(f"--partition/--clients: {exc}") from None
     sites = [X_all[i] for i in parts]
     X_pooled = np.vstack(sites)
     y_pooled = None if y_all is None else np.concatenate([y_all[i] for i in parts])
@@ -271,7 +277,8 @@ def run(cfg: RunConfig) -> dict:
         metrics["federated"] = embedding_metrics(X_pooled, emb, y_pooled, random_state=cfg.seed)
         fed_emb = emb
     metrics["timings"]["federated_total"] = time.perf_counter() - t0
-    history["mmd"] = [v for v in history["mmd"]] if any(v is not None for v in history["mmd"]) else []
+    if not any(v is not None for v in history["mmd"]):
+        history["mmd"] = []  # not monitored (DP runs): the MMD would be an unaccounted release
     _write_json(os.path.join(out, "history.json"), _clean(history))
 
     central = None
