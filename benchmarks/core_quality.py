@@ -91,10 +91,43 @@ def summarize(rows):
         print(f"| {d} | {p} | {m} | {v} | {k} | {np.mean(vals):.4f} | {len(vals)} | {delta} |")
 
 
+def table(path):
+    """The BENCHMARKS.md layout: centralized | paper (Δ) | features (Δ) per dataset/partition/method."""
+    import collections
+
+    rows = [json.loads(line) for line in open(path)]
+    agg = collections.defaultdict(list)
+    for r in rows:
+        agg[(r["dataset"], r["partition"], r["method"], r["variant"])].append(r["value"])
+    print("| dataset | partition | method (metric) | centralized | paper (Δ) | features (Δ) | seeds (central / paper / features) |")
+    print("|---|---|---|---|---|---|---|")
+    names = {"tsne": "t-SNE (CA-10NN)", "umap": "UMAP (CA-10NN)", "spectral": "spectral (NMI)"}
+    for m in ("tsne", "umap", "spectral"):
+        for d in ("digits", "mnist5k"):
+            for p in ("iid", "label"):
+                c = agg.get((d, p, m, "central"))
+                if not c:
+                    continue
+                cm = np.mean(c)
+                cells = []
+                for v in ("paper", "features"):
+                    x = agg.get((d, p, m, v))
+                    if not x:
+                        cells.append("–")
+                    elif m == "spectral":
+                        cells.append(f"{np.mean(x):.4f} ({np.mean(x) - cm:+.3f})")
+                    else:
+                        cells.append(f"{np.mean(x):.4f} ({100 * (np.mean(x) - cm):+.2f})")
+                n = " / ".join(str(len(agg.get((d, p, m, v), []))) for v in ("central", "paper", "features"))
+                print(f"| {d} | {p} | {names[m]} | {cm:.4f} | {cells[0]} | {cells[1]} | {n} |")
+
+
 if __name__ == "__main__":
     import sys
 
     if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
         summarize([json.loads(line) for line in open(sys.argv[2])])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--table":
+        table(sys.argv[2])
     else:
         main()
