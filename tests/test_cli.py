@@ -200,3 +200,21 @@ def test_subprocess_bad_input_has_no_traceback(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_dp_run_writes_privacy_block_and_ledger(tmp_path):
+    """Issue 4: a DP run's metrics.json carries the privacy block and the ledger is on disk."""
+    out = tmp_path / "dp"
+    code = main(["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "10",
+                 "--rounds", "3", "--local-steps", "2", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "10",
+                 "--no-compare-centralized", "--no-audit", "--quiet", "--out", str(out)])
+    assert code == 0
+    m = json.loads((out / "metrics.json").read_text())
+    priv = m["privacy"]
+    for key in ("epsilon", "delta", "accountant", "epsilon_paper_bound", "noise_multiplier", "sensitivity",
+                "sensitivity_rule", "releases", "clipped_records"):
+        assert key in priv, key
+    assert 0 < priv["epsilon"] <= 2.0 + 1e-9 and priv["epsilon_paper_bound"] > priv["epsilon"]
+    assert m["mode"]["nystrom"] == "local"  # with DP no per-record rows leave a site by default
+    lines = (out / "ledger.jsonl").read_text().splitlines()
+    assert len(lines) > 1 and json.loads(lines[0])["type"] == "header"
