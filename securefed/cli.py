@@ -143,6 +143,12 @@ def main(argv=None) -> int:
     except SecureFedError as exc:
         print(f"securefed {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into e.g. `head`: not an error of ours
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except KeyboardInterrupt:
         print(f"securefed {args.command}: interrupted", file=sys.stderr)
         return 130
