@@ -7,6 +7,7 @@ command exits with status 2; no traceback. ``SECUREFED_DEBUG=1`` shows traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -144,10 +145,8 @@ def main(argv=None) -> int:
         print(f"securefed {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`: not an error of ours
-        try:
+        with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
         return 0
     except KeyboardInterrupt:
         print(f"securefed {args.command}: interrupted", file=sys.stderr)
