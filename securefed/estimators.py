@@ -24,7 +24,6 @@ Centralized counterparts (:class:`CentralizedTSNE`, :class:`CentralizedUMAP`,
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import numpy as np
 

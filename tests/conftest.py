@@ -4,6 +4,12 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Property tests: no per-example deadline (a loaded 2-core CI machine is slow, not wrong) and derandomized
+# example generation, so a failure reproduces on the next run.
+settings.register_profile("securefed", deadline=None, derandomize=True, print_blob=True)
+settings.load_profile("securefed")
 
 # headless plotting for every test that writes embedding.png
 os.environ.setdefault("MPLBACKEND", "Agg")

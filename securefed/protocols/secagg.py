@@ -455,7 +455,7 @@ class SecAggServer:
 
     def _needed_ok(self, holders: set, now, timed_out, what: str) -> None:
         """Every client whose secret the unmasking needs keeps ≥ t share holders in ``holders``."""
-        t, nb = self.spec.threshold, self.spec.neighbours
+        t = self.spec.threshold
         for u in sorted(self._u2):
             if u not in self._u3 and not (self._peers[u] & set(self._u3)):
                 continue  # dropped and nobody masked with it: nothing to recover

@@ -1,7 +1,6 @@
 """SecAggAggregator / fixed point / neighbour graph: agreement with plain sums, overflow refusal, clipping."""
 
 import math
-import warnings
 
 import numpy as np
 import pytest

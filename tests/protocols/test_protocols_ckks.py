@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tenseal as ts
 
-from securefed.errors import ConfigError, OverflowRiskError, ProtocolAbortedError
+from securefed.errors import ConfigError, OverflowRiskError
 from securefed.protocols import CKKSAggregator, simulate
 from securefed.protocols import ckks
 

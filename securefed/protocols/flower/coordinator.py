@@ -233,7 +233,7 @@ def run_feddl(ex, cfg: FlowerRunConfig) -> dict:
         raise ConfigError(bad_value("rule", cfg.rule, "use 'model' (Eq. 15) or 'gradient' (Eq. 16)"))
     sites = hello(ex, cfg)
     _log(cfg, "hello", sites=sites.names, sizes=sites.sizes)
-    P, m = len(sites.names), sites.n_features
+    m = sites.n_features
     sec = _SecAggState(cfg) if cfg.aggregation == "secagg" else None
     rng = np.random.default_rng(cfg.seed)
     w = resolve_weights(cfg.weights, sites.sizes)
