@@ -29,6 +29,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .aggregation import AggregateResult, Aggregator, PlainAggregator
+from .data import check_sites
 from .errors import ConfigError, DataError, bad_value
 from threadpoolctl import threadpool_limits
 
@@ -233,13 +234,6 @@ def server_gradient_step(Y: np.ndarray, agg: AggregateResult, lr: float) -> np.n
 # ----------------------------------------------------------------------------------------------
 # Validation, weights, initialisation
 # ----------------------------------------------------------------------------------------------
-
-
-def check_sites(sites, min_records: int = 2) -> list[np.ndarray]:
-    """Validate per-site arrays; delegates to :func:`securefed.data.check_sites`."""
-    from .data import check_sites as _check
-
-    return _check(sites, min_records=min_records)
 
 
 def resolve_weights(weights, sizes: Sequence[int]) -> np.ndarray:

@@ -13,6 +13,7 @@ authentication), launches a run with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -211,10 +212,8 @@ class LocalDeployment:
     # -- cleanup
     @staticmethod
     def _killpg(p: subprocess.Popen, sig) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # already gone
             os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def close(self) -> None:
         """Terminate every process group this deployment started (SIGTERM, then SIGKILL after 5 s)."""
@@ -223,16 +222,12 @@ class LocalDeployment:
                 self._killpg(p, signal.SIGTERM)
         t0 = time.monotonic()
         for p in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # escalated to SIGKILL below
                 p.wait(timeout=max(0.1, 5.0 - (time.monotonic() - t0)))
-            except subprocess.TimeoutExpired:
-                pass
         for p in self.procs.values():
             self._killpg(p, signal.SIGKILL)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass
 
     def __enter__(self):
         return self
