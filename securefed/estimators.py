@@ -41,9 +41,176 @@ __all__ = [
     "CentralizedUMAP",
     "CentralizedSpectralClustering",
     "NYSTROM_MODES",
+    "knn_from_distance_rows",
+    "tsne_from_distance_rows",
+    "umap_from_distance_rows",
+    "spectral_from_kernel_rows",
+    "tsne_landmark_model",
+    "umap_landmark_model",
+    "spectral_landmark_labels",
+    "spectral_assign",
 ]
 
 NYSTROM_MODES = ("rows", "local")
+
+
+# -------------------------------------------------------------------------------- server-side stages
+# The server's "rows → result" step of each estimator (rows mode) and the landmark-model steps of the
+# local mode, as plain functions: the estimators call them, and so does the Flower coordinator
+# (securefed.protocols.flower), so both give the same result for the same rows, landmarks and Generator.
+
+
+def knn_from_distance_rows(B, landmarks, k, *, reconstruction="auto", noisy_landmarks=False, n_jobs=1, rng):
+    """k-NN graph (each point itself first) from the sites' squared-distance rows ``B = D²(X, Y)``.
+
+    ``"paper"``: Eq. (21) of ``papers/000`` (:func:`securefed.nystrom.nystrom_distance`, dense n × n);
+    ``"features"``: the landmark-MDS feature map + approximate k-NN (no n × n). The path is chosen by
+    :func:`securefed.nystrom.choose_reconstruction`.
+
+    Returns
+    -------
+    (idx, dist, D_or_Z, path)
+    """
+    n = len(B)
+    path = _ny.choose_reconstruction(n, reconstruction, noisy_landmarks=noisy_landmarks)
+    W = sq_dists(landmarks)
+    if path == "paper":
+        D = _ny.nystrom_distance(B, W)  # Eq. (21)
+        idx = np.argpartition(D, k - 1, axis=1)[:, :k]
+        idx = np.take_along_axis(idx, np.argsort(np.take_along_axis(D, idx, axis=1), axis=1), axis=1)
+        # the point itself first (ties with duplicates never displace it)
+        rows = np.arange(n)
+        idx = np.where(idx[:, :1] == rows[:, None], idx, np.hstack([rows[:, None], idx[:, :-1]]))
+        dist = np.take_along_axis(D, idx, axis=1)
+        return idx, dist, D, path
+    Z = _ny.distance_feature_map(B, W)
+    idx, dist = _ny.knn_graph(Z, k, random_state=_seed(rng), n_jobs=n_jobs)
+    return idx, dist, Z, path
+
+
+def tsne_from_distance_rows(B, landmarks, *, perplexity=30.0, n_components=2, n_iter=750, reconstruction="auto",
+                            noisy_landmarks=False, n_jobs=1, rng):
+    """Fed-tSNE's server step (``papers/000`` Algorithm 2, rows mode): the t-SNE embedding of all records
+    from their distance rows ``B`` (k-NN by :func:`knn_from_distance_rows`, then openTSNE).
+
+    Returns
+    -------
+    (embedding (n, n_components), reconstruction path)
+    """
+    from openTSNE import TSNEEmbedding, affinity, initialization
+    from openTSNE.nearest_neighbors import PrecomputedNeighbors
+
+    n = len(B)
+    k = int(min(n - 1, max(3 * perplexity + 1, 10)))
+    idx, dist, _, path = knn_from_distance_rows(B, landmarks, k + 1, reconstruction=reconstruction,
+                                                noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng)
+    nn = PrecomputedNeighbors(idx[:, 1:], dist[:, 1:])
+    P = affinity.PerplexityBasedNN(knn_index=nn, perplexity=float(min(perplexity, (k) / 3.0)),
+                                   n_jobs=n_jobs, random_state=_seed(rng))
+    init = initialization.spectral(P.P, n_components=n_components, random_state=_seed(rng))
+    E = TSNEEmbedding(init, P, n_jobs=n_jobs, random_state=_seed(rng))
+    E = E.optimize(250, exaggeration=12, momentum=0.5)
+    E = E.optimize(max(n_iter - 250, 1), momentum=0.8)
+    return np.asarray(E), path
+
+
+def umap_from_distance_rows(B, landmarks, *, n_neighbors=15, min_dist=0.1, n_components=2, reconstruction="auto",
+                            noisy_landmarks=False, n_jobs=1, rng):
+    """Fed-UMAP's server step (``papers/000`` Algorithm 2, rows mode): UMAP of all records from ``B``.
+
+    Returns
+    -------
+    (embedding (n, n_components), reconstruction path)
+    """
+    import warnings
+
+    import umap
+
+    n = len(B)
+    k = int(min(n_neighbors, n - 1))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*n_jobs value.*")
+        warnings.filterwarnings("ignore", message=".*precomputed_knn.*")
+        idx, dist, Z, path = knn_from_distance_rows(B, landmarks, k, reconstruction=reconstruction,
+                                                    noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng)
+        if path == "paper":
+            model = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=min_dist,
+                              metric="precomputed", random_state=_seed(rng))
+        else:
+            model = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=min_dist,
+                              precomputed_knn=(idx, dist, None), random_state=_seed(rng))
+        return model.fit_transform(Z), path
+
+
+def spectral_from_kernel_rows(C, landmarks, gamma, *, n_clusters=8, n_neighbors=15, reconstruction="auto", n_jobs=1,
+                              rng):
+    """Fed-SpeClust's server step (``papers/000`` Algorithm 3, rows mode): cluster labels of all records
+    from their kernel rows ``C = K(X, Y)`` — dense ``C W^† Cᵀ`` (``"paper"``) or the kernel feature map +
+    a sparse k-NN affinity graph (``"features"``).
+
+    Returns
+    -------
+    (labels (n,), reconstruction path)
+    """
+    from sklearn.cluster import SpectralClustering
+
+    n = len(C)
+    W = gaussian_kernel(landmarks, None, gamma)
+    path = _ny.choose_reconstruction(n, reconstruction)
+    if path == "paper":
+        K = _ny.nystrom_kernel(C, W)  # Algorithm 3: C W^† Cᵀ
+        np.maximum(K, 0.0, out=K)
+        labels = SpectralClustering(n_clusters, affinity="precomputed", random_state=_seed(rng)).fit_predict(K)
+        return labels, path
+    Phi = _ny.kernel_feature_map(C, W)
+    k = int(min(n_neighbors, n - 1))
+    idx, dist = _ny.knn_graph(Phi, k + 1, random_state=_seed(rng), n_jobs=n_jobs)
+    from scipy.sparse import csr_matrix
+
+    G = csr_matrix((dist[:, 1:].ravel(), idx[:, 1:].ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
+    labels = SpectralClustering(n_clusters, affinity="precomputed_nearest_neighbors",
+                                n_neighbors=k, random_state=_seed(rng)).fit_predict(G)
+    return labels, path
+
+
+def tsne_landmark_model(landmarks, *, perplexity=30.0, n_components=2, seed=0, n_jobs=1):
+    """Local mode, server: openTSNE model of the landmarks alone, perplexity ``min(perplexity, (n_y − 1)/3)``.
+
+    Returns
+    -------
+    (model, perplexity used) — sites place their records with ``model.transform(X, perplexity=...)``.
+    """
+    from openTSNE import TSNE
+
+    perp = float(min(perplexity, (len(landmarks) - 1) / 3.0))
+    return TSNE(n_components=n_components, perplexity=perp, random_state=int(seed), n_jobs=n_jobs).fit(landmarks), perp
+
+
+def umap_landmark_model(landmarks, *, n_neighbors=15, min_dist=0.1, n_components=2, seed=0):
+    """Local mode, server: UMAP model of the landmarks alone (sites place records with ``model.transform``)."""
+    import warnings
+
+    import umap
+
+    nn = int(min(n_neighbors, len(landmarks) - 1))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*n_jobs value.*")
+        return umap.UMAP(n_components=n_components, n_neighbors=nn, min_dist=min_dist, random_state=int(seed)).fit(landmarks)
+
+
+def spectral_landmark_labels(landmarks, gamma, *, n_clusters=8, seed=0):
+    """Local mode, server: spectral clustering of the landmarks with the Gaussian kernel ``K(Y, Y)``."""
+    from sklearn.cluster import SpectralClustering
+
+    W = gaussian_kernel(landmarks, None, gamma)
+    return SpectralClustering(n_clusters, affinity="precomputed", random_state=int(seed)).fit_predict(W)
+
+
+def spectral_assign(X, landmarks, gamma, landmark_labels, n_clusters):
+    """Local mode, site: each record goes to the cluster of highest mean kernel affinity to its landmarks."""
+    onehot = np.eye(n_clusters)[landmark_labels]
+    onehot /= np.maximum(onehot.sum(axis=0), 1)
+    return np.argmax(gaussian_kernel(X, landmarks, gamma) @ onehot, axis=1)
 
 
 class _Params:
@@ -235,22 +402,10 @@ class _FederatedEmbedding(_Params):
 
     def _knn_from_rows(self, B, k, rng):
         """k-NN graph (self first) from distance rows, by the chosen reconstruction path."""
-        n = len(B)
-        path = _ny.choose_reconstruction(n, self.reconstruction)
-        self.reconstruction_ = path
-        W = sq_dists(self.landmarks_)
-        if path == "paper":
-            D = _ny.nystrom_distance(B, W)  # Eq. (21)
-            idx = np.argpartition(D, k - 1, axis=1)[:, :k]
-            idx = np.take_along_axis(idx, np.argsort(np.take_along_axis(D, idx, axis=1), axis=1), axis=1)
-            # the point itself first (ties with duplicates never displace it)
-            rows = np.arange(n)
-            idx = np.where(idx[:, :1] == rows[:, None], idx, np.hstack([rows[:, None], idx[:, :-1]]))
-            dist = np.take_along_axis(D, idx, axis=1)
-            return idx, dist, D
-        Z = _ny.distance_feature_map(B, W)
-        idx, dist = _ny.knn_graph(Z, k, random_state=_seed(rng), n_jobs=self.n_jobs)
-        return idx, dist, Z
+        idx, dist, DZ, self.reconstruction_ = knn_from_distance_rows(
+            B, self.landmarks_, k, reconstruction=self.reconstruction, noisy_landmarks=self.privacy is not None,
+            n_jobs=self.n_jobs, rng=rng)
+        return idx, dist, DZ
 
     def _site_slices(self):
         bounds = np.cumsum([0] + list(self.site_sizes_))
@@ -283,6 +438,9 @@ _COMMON_PARAMS_DOC = """
         ``"local"``: only final coordinates / labels leave.
     reconstruction : {"auto", "paper", "features"}
         Server-side path for ``nystrom="rows"``: dense Eq. (21) or feature map + k-NN (no n × n).
+        ``"auto"``: Eq. (21) up to 10 000 records, the feature map above — and the feature map whenever
+        ``privacy`` is set, because Eq. (21) breaks down on noisy landmarks
+        (:func:`securefed.nystrom.choose_reconstruction`).
     rows_privacy : object, optional
         Data perturbation of the rows (Sec. 5.1): an object with ``perturb_site(X, site, rng)`` and
         ``report()`` (:class:`securefed.accounting.DataPerturbation`).
@@ -345,17 +503,12 @@ class FedTSNE(_FederatedEmbedding):
                           refine_rounds, refine_min_cluster)
 
     def fit(self, sites, y=None):
-        from openTSNE import TSNE, TSNEEmbedding, affinity, initialization
-        from openTSNE.nearest_neighbors import PrecomputedNeighbors
-
         sites, rng = self._stages(sites)
         t0 = time.perf_counter()
-        n = sum(self.site_sizes_)
         if self.nystrom == "local":
             Y = self.landmarks_
-            perp = float(min(self.perplexity, (len(Y) - 1) / 3.0))
-            model = TSNE(n_components=self.n_components, perplexity=perp, random_state=_seed(rng),
-                         n_jobs=self.n_jobs).fit(Y)
+            model, perp = tsne_landmark_model(Y, perplexity=self.perplexity, n_components=self.n_components,
+                                              seed=_seed(rng), n_jobs=self.n_jobs)
             self.landmark_embedding_ = np.asarray(model)
             # what crosses: the server sends the landmark embedding (public to all sites); each site
             # places its own records locally and returns only their coordinates.
@@ -364,17 +517,11 @@ class FedTSNE(_FederatedEmbedding):
             self.sent_kind_ = f"final {self.n_components}-D coordinates, one per record"
             self.reconstruction_ = "local"
         else:
-            k = int(min(n - 1, max(3 * self.perplexity + 1, 10)))
             B = self._distance_rows(sites, rng)
-            idx, dist, _ = self._knn_from_rows(B, k + 1, rng)
-            nn = PrecomputedNeighbors(idx[:, 1:], dist[:, 1:])
-            P = affinity.PerplexityBasedNN(knn_index=nn, perplexity=float(min(self.perplexity, (k) / 3.0)),
-                                           n_jobs=self.n_jobs, random_state=_seed(rng))
-            init = initialization.spectral(P.P, n_components=self.n_components, random_state=_seed(rng))
-            E = TSNEEmbedding(init, P, n_jobs=self.n_jobs, random_state=_seed(rng))
-            E = E.optimize(250, exaggeration=12, momentum=0.5)
-            E = E.optimize(max(self.n_iter - 250, 1), momentum=0.8)
-            self.embedding_ = np.asarray(E)
+            self.embedding_, self.reconstruction_ = tsne_from_distance_rows(
+                B, self.landmarks_, perplexity=self.perplexity, n_components=self.n_components, n_iter=self.n_iter,
+                reconstruction=self.reconstruction, noisy_landmarks=self.privacy is not None, n_jobs=self.n_jobs,
+                rng=rng)
         self.timings_["embedding"] = time.perf_counter() - t0
         return self
 
@@ -408,35 +555,25 @@ class FedUMAP(_FederatedEmbedding):
     def fit(self, sites, y=None):
         import warnings
 
-        import umap
-
         sites, rng = self._stages(sites)
         t0 = time.perf_counter()
-        n = sum(self.site_sizes_)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*n_jobs value.*")
             warnings.filterwarnings("ignore", message=".*precomputed_knn.*")
             if self.nystrom == "local":
                 Y = self.landmarks_
-                nn = int(min(self.n_neighbors, len(Y) - 1))
-                model = umap.UMAP(n_components=self.n_components, n_neighbors=nn, min_dist=self.min_dist,
-                                  random_state=_seed(rng)).fit(Y)
+                model = umap_landmark_model(Y, n_neighbors=self.n_neighbors, min_dist=self.min_dist,
+                                            n_components=self.n_components, seed=_seed(rng))
                 self.landmark_embedding_ = model.embedding_
                 self.embedding_ = np.vstack([model.transform(X) for X in sites])
                 self.sent_kind_ = f"final {self.n_components}-D coordinates, one per record"
                 self.reconstruction_ = "local"
             else:
-                k = int(min(self.n_neighbors, n - 1))
                 B = self._distance_rows(sites, rng)
-                idx, dist, Z = self._knn_from_rows(B, k, rng)
-                if self.reconstruction_ == "paper":
-                    model = umap.UMAP(n_components=self.n_components, n_neighbors=k, min_dist=self.min_dist,
-                                      metric="precomputed", random_state=_seed(rng))
-                    self.embedding_ = model.fit_transform(Z)
-                else:
-                    model = umap.UMAP(n_components=self.n_components, n_neighbors=k, min_dist=self.min_dist,
-                                      precomputed_knn=(idx, dist, None), random_state=_seed(rng))
-                    self.embedding_ = model.fit_transform(Z)
+                self.embedding_, self.reconstruction_ = umap_from_distance_rows(
+                    B, self.landmarks_, n_neighbors=self.n_neighbors, min_dist=self.min_dist,
+                    n_components=self.n_components, reconstruction=self.reconstruction,
+                    noisy_landmarks=self.privacy is not None, n_jobs=self.n_jobs, rng=rng)
         self.timings_["embedding"] = time.perf_counter() - t0
         return self
 
@@ -474,44 +611,24 @@ class FedSpectralClustering(_FederatedEmbedding):
                           refine_rounds, refine_min_cluster)
 
     def fit(self, sites, y=None):
-        from sklearn.cluster import SpectralClustering
-
         if isinstance(self.n_clusters, bool) or not isinstance(self.n_clusters, (int, np.integer)) or self.n_clusters < 2:
             raise ConfigError(bad_value("n_clusters", self.n_clusters, "use an integer ≥ 2"))
         sites, rng = self._stages(sites)
         t0 = time.perf_counter()
         g = self.gamma_ if self.kernel_gamma is None else float(self.kernel_gamma)
         self.kernel_gamma_ = g
-        n = sum(self.site_sizes_)
         if self.nystrom == "local":
-            W = gaussian_kernel(self.landmarks_, None, g)
-            lab_y = SpectralClustering(self.n_clusters, affinity="precomputed", random_state=_seed(rng)).fit_predict(W)
+            lab_y = spectral_landmark_labels(self.landmarks_, g, n_clusters=self.n_clusters, seed=_seed(rng))
             self.landmark_labels_ = lab_y
             # each site assigns its records to the cluster of highest mean kernel affinity (out-of-sample)
-            onehot = np.eye(self.n_clusters)[lab_y]
-            onehot /= np.maximum(onehot.sum(axis=0), 1)
-            self.labels_ = np.concatenate([np.argmax(gaussian_kernel(X, self.landmarks_, g) @ onehot, axis=1) for X in sites])
+            self.labels_ = np.concatenate([spectral_assign(X, self.landmarks_, g, lab_y, self.n_clusters) for X in sites])
             self.sent_kind_ = "one cluster label per record"
             self.reconstruction_ = "local"
         else:
             C = self._kernel_rows(sites, rng, g)
-            W = gaussian_kernel(self.landmarks_, None, g)
-            path = _ny.choose_reconstruction(n, self.reconstruction)
-            self.reconstruction_ = path
-            if path == "paper":
-                K = _ny.nystrom_kernel(C, W)  # Algorithm 3: C W^† Cᵀ
-                np.maximum(K, 0.0, out=K)
-                self.labels_ = SpectralClustering(self.n_clusters, affinity="precomputed",
-                                                  random_state=_seed(rng)).fit_predict(K)
-            else:
-                Phi = _ny.kernel_feature_map(C, W)
-                k = int(min(self.n_neighbors, n - 1))
-                idx, dist = _ny.knn_graph(Phi, k + 1, random_state=_seed(rng), n_jobs=self.n_jobs)
-                from scipy.sparse import csr_matrix
-
-                G = csr_matrix((dist[:, 1:].ravel(), idx[:, 1:].ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
-                self.labels_ = SpectralClustering(self.n_clusters, affinity="precomputed_nearest_neighbors",
-                                                  n_neighbors=k, random_state=_seed(rng)).fit_predict(G)
+            self.labels_, self.reconstruction_ = spectral_from_kernel_rows(
+                C, self.landmarks_, g, n_clusters=self.n_clusters, n_neighbors=self.n_neighbors,
+                reconstruction=self.reconstruction, n_jobs=self.n_jobs, rng=rng)
         self.embedding_ = None
         self.timings_["embedding"] = time.perf_counter() - t0
         return self

@@ -352,13 +352,20 @@ def knn_graph(Phi, k: int, random_state=None, method: str = "auto", include_self
     return np.ascontiguousarray(ind), np.ascontiguousarray(dist)
 
 
-def choose_reconstruction(n: int, reconstruction: str = "auto", dense_limit: int = DEFAULT_DENSE_LIMIT) -> str:
-    """Pick the server's reconstruction path by data size.
+def choose_reconstruction(n: int, reconstruction: str = "auto", dense_limit: int = DEFAULT_DENSE_LIMIT, *,
+                          noisy_landmarks: bool = False) -> str:
+    """Pick the server's reconstruction path by data size and landmark kind.
 
     ``"paper"`` — the dense n × n forms of Algorithms 2–3 (:func:`nystrom_distance`,
     :func:`nystrom_kernel`; 8 n² bytes). ``"features"`` — the feature maps + :func:`knn_graph`
     (memory O(n · n_y + n · k)). ``"auto"`` takes ``"paper"`` for ``n ≤ dense_limit`` (10 000 records
-    = 0.8 GB per n × n matrix) and ``"features"`` above. Forcing ``"paper"`` above ``dense_limit``
+    = 0.8 GB per n × n matrix) and ``"features"`` above — and always ``"features"`` when
+    ``noisy_landmarks`` (landmarks learned with differential-privacy noise). Eq. (21) is a Nyström
+    approximation of the squared-distance matrix that is accurate only when the landmarks lie among the
+    data; DP noise pushes them far outside (MNIST-5k, ε = 1: landmark norms ≈ 135 against record norms
+    ≈ 9), and there Eq. (21)'s 10-NN accuracy falls to 0.50 while the landmark-MDS feature map — the
+    records' projection onto the landmarks' affine hull — keeps 0.93 (BENCHMARKS, accounting section;
+    ``benchmarks/accounting_reconstruction.py``). Forcing ``"paper"`` above ``dense_limit``
     raises :class:`ConfigError` stating the memory it would need; raise ``dense_limit`` deliberately
     to allow it.
     """
@@ -369,7 +376,7 @@ def choose_reconstruction(n: int, reconstruction: str = "auto", dense_limit: int
     if reconstruction not in ("auto", "paper", "features"):
         raise ConfigError(bad_value("reconstruction", reconstruction, "use 'auto', 'paper' (dense n×n, Alg. 2–3) or 'features' (scalable)"))
     if reconstruction == "auto":
-        return "paper" if n <= dense_limit else "features"
+        return "paper" if (n <= dense_limit and not noisy_landmarks) else "features"
     if reconstruction == "paper" and n > dense_limit:
         raise ConfigError(
             bad_value("reconstruction", "paper", f"n={n} records need {8.0 * n * n / 1e9:.1f} GB per n×n matrix, above "
