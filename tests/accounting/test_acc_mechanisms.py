@@ -184,3 +184,29 @@ def test_rows_privacy_object_composes_in_ledger():
     dp.perturb_site(X, site=0, rng=np.random.default_rng(3))
     assert led.spent(0)[0] == pytest.approx(epsilon_from_noise(dp.sigma / 4.0, 2, 1e-5), rel=1e-9)
     assert led.spent(0)[0] > 1.2
+
+
+def test_landmark_radius_projection_is_sound_post_processing():
+    """project(): every landmark row ends in the τ_X ball, the spectral bound τ_Y still holds, and no
+    landmark ends farther from any record inside the ball than before (projection onto a convex set)."""
+    rng = np.random.default_rng(3)
+    m = GradientPerturbation(epsilon=1.0, tau_x=2.0, random_state=0)
+    sites = _sites()
+    clipped = m.prepare(sites, gamma=0.5, n_landmarks=20, rounds=1, local_steps=1, rule="model", n_clients=3)
+    X = np.vstack(clipped)
+    assert np.all(np.linalg.norm(X, axis=1) <= 2.0)
+    Y = rng.normal(size=(20, 4)) * 5.0
+    P = m.project(Y)
+    assert np.all(np.linalg.norm(P, axis=1) <= 2.0 + 1e-12)
+    assert np.linalg.norm(P, 2) <= m.tau_y
+    before = np.linalg.norm(Y[:, None, :] - X[None, :, :], axis=2)
+    after = np.linalg.norm(P[:, None, :] - X[None, :, :], axis=2)
+    assert np.all(after <= before + 1e-12)
+    assert np.sum(after < before - 1e-9) > 0.5 * after.size   # it actually moves landmarks closer
+    assert m.report()["landmark_radius"] == 2.0
+    # disabled: only the spectral ball (the paper)
+    m2 = GradientPerturbation(epsilon=1.0, tau_x=2.0, random_state=0, landmark_radius=None)
+    m2.prepare(sites, gamma=0.5, n_landmarks=20, rounds=1, local_steps=1, rule="model", n_clients=3)
+    assert np.max(np.linalg.norm(m2.project(Y), axis=1)) > 2.0
+    with pytest.raises(ConfigError, match="^landmark_radius="):
+        GradientPerturbation(epsilon=1.0, tau_x=2.0, landmark_radius=-1.0)
