@@ -163,7 +163,9 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
         {"stage": "landmarks", "mode": "with differential privacy",
          "server_learns": "the sum plus Gaussian noise: " + (
              f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record over all {releases if releases is not None else 'S·Q'} noisy releases"
-             if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) else "(ε, δ) per record, tracked over all S·Q releases"),
+             if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) else "(ε, δ) per record, tracked over all S·Q releases") +
+             (". This ε covers the landmarks only: the rows sent in the Nyström stage below are not covered by it"
+              if nys in ("rows", "kernel_rows") else ""),
          "applies": dp},
         {"stage": "Nyström", "mode": "distance rows sent in the clear (paper mode)",
          "server_learns": f"one row of {ny} distances per record. With n_y > m the rows give every record back exactly "

@@ -130,6 +130,11 @@ def test_what_leaves_modes():
     assert set(applies) == {"SecAgg+ or CKKS aggregation", "with differential privacy", "no rows (local placement)"}
     assert "secret key never reaches" in applies["SecAgg+ or CKKS aggregation"]
     assert "(ε, δ) = (1, 1e-05)" in applies["with differential privacy"] and "300" in applies["with differential privacy"]
+    assert "landmarks only" not in applies["with differential privacy"]
+    # DP landmarks + rows in the clear: the report must say the ε does not cover the rows
+    rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "rows"}, privacy={"epsilon": 1.0, "delta": 1e-5})
+    dp_row = next(r for r in rows if r["mode"] == "with differential privacy")
+    assert "covers the landmarks only" in dp_row["server_learns"]
 
 
 def test_html_report_renders_in_headless_chromium(run_dir, tmp_path):
