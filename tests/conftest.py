@@ -19,6 +19,14 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes several seconds (numba JIT, full digits fit, subprocess)")
+    # CI (.ci/run sets SECUREFED_CI=1) must run the Flower subprocess tests, not skip them: flwr is in the
+    # [test] extra, so a missing flwr there means the install went wrong.
+    if os.environ.get("SECUREFED_CI") == "1":
+        import importlib.util
+
+        if importlib.util.find_spec("flwr") is None:
+            raise pytest.UsageError("SECUREFED_CI=1 but flwr is not importable: install the test extra "
+                                    "(pip install '.[test]'), which pins flwr==1.41.0")
 
 
 @pytest.fixture(scope="module")
