@@ -32,6 +32,7 @@ __all__ = [
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
     "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
+    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest",
 ]
 
 VERSION = 1
@@ -251,10 +252,56 @@ class DecryptedSum(_Message):
     data: bytes
 
 
+@dataclass(frozen=True)
+class InputDigest:
+    """CKKS: ``sender``'s Ed25519 signature over the SHA-256 digest of its ciphertext upload."""
+
+    FIELDS: ClassVar = (("sender", "u32"), ("digest", "b32"), ("signature", "b64"))
+    sender: int
+    digest: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class InputEntry:
+    """CKKS: one client's uploaded ciphertext chunks, relayed to the decryptor for re-summation."""
+
+    FIELDS: ClassVar = (("sender", "u32"), ("chunks", "blobs"))
+    sender: int
+    chunks: tuple
+
+
+@dataclass(frozen=True)
+class SignedInput(_Message):
+    """CKKS, client → server: serialised CKKS ciphertext chunks, Ed25519-signed (over their digest)."""
+
+    TYPE: ClassVar[int] = 16
+    FIELDS: ClassVar = (("sender", "u32"), ("chunks", "blobs"), ("signature", "b64"))
+    sender: int
+    chunks: tuple
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class DecryptRequest(_Message):
+    """CKKS, server → decryptor: the survivors, their signatures over the survivor set, their signed
+    upload digests, (optionally) the uploads themselves and the server's homomorphic sum."""
+
+    TYPE: ClassVar[int] = 17
+    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("signatures", SignatureEntry),
+                        ("digests", InputDigest), ("uploads", InputEntry), ("chunks", "blobs"))
+    recipient: int
+    survivors: tuple
+    signatures: tuple
+    digests: tuple
+    uploads: tuple
+    chunks: tuple
+
+
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (
     AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
     ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
-    EncryptedInput, EncryptedSum, DecryptedSum)}
+    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest)}
 
 _FIXED = {"b32": 32, "b64": 64}
 _INTS = {"u8": struct.Struct("<B"), "u32": struct.Struct("<I"), "u64": struct.Struct("<Q"), "f64": struct.Struct("<d")}

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError, bad_value
 from . import crypto
-from .ckks import CKKS_STAGES, choose_ckks_parameters, run_ckks_round
+from .ckks import CKKS_STAGES, choose_ckks_parameters, release_error_bound, run_ckks_round
 from .graph import choose_parameters
 from .quantize import dequantize, plan_fixed_point
 from .runner import TAMPER_KINDS, dropout_schedule, run_secagg_round
@@ -102,7 +102,7 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
                              tamper=tamper)
         wall = time.perf_counter() - t0
         err, survivors, total = out["error"], out["survivors"], out["total"]
-        error_bound = params_ckks.step
+        error_bound = release_error_bound(params_ckks.step)
         timings = {k: round(v, 6) for k, v in out["timings"].items()}
         up, down = out["bytes_up"], out["bytes_down"]
         params = params_ckks.as_dict()
