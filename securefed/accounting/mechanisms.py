@@ -206,11 +206,31 @@ class GradientPerturbation:
 
     def prepare(self, sites, *, gamma, n_landmarks, rounds, local_steps, rule, n_clients, weights=None, aggregator=None):
         """Clip, derive Δ per site and σ, check the configuration and the budget; return the clipped sites."""
+        if len(sites) != int(n_clients):
+            raise ConfigError(bad_value("n_clients", n_clients, f"must equal the number of sites ({len(sites)})"))
+        clipped, counts = [], []
+        for X in sites:
+            Xc, nc = clip_records(X, self.tau_x)
+            clipped.append(Xc)
+            counts.append(nc)
+        self.calibrate([len(X) for X in clipped], gamma=gamma, n_landmarks=n_landmarks, rounds=rounds,
+                       local_steps=local_steps, rule=rule, weights=weights, aggregator=aggregator)
+        self.clipped_per_site = counts
+        self.clipped_records = int(sum(counts))
+        return clipped
+
+    def calibrate(self, sizes, *, gamma, n_landmarks, rounds, local_steps, rule, weights=None, aggregator=None):
+        """Everything :meth:`prepare` derives from **public numbers** only — Δ per site, z, σ per site, the
+        plan in the ledger — given the site sizes instead of the sites (no clipping; the clipping counts
+        stay unknown, ``None``, until a site reports them). Over Flower the server and every site call this
+        with the announced sizes and so compute the same σ as ``fed_dl`` in process."""
+        sizes = [int(n) for n in sizes]
+        n_clients = len(sizes)
+        if n_clients < 1 or min(sizes) < 1:
+            raise ConfigError(bad_value("sizes", sizes, "give one positive record count per site"))
         if rule not in ("model", "gradient"):
             raise ConfigError(bad_value("rule", rule, "use 'model' or 'gradient'"))
-        P = int(n_clients)
-        if P != len(sites) or P < 1:
-            raise ConfigError(bad_value("n_clients", n_clients, f"must equal the number of sites ({len(sites)})"))
+        P = n_clients
         if self.noise == "distributed":
             if rule == "model":
                 why = (f"with local_steps={local_steps} each site's hidden local trajectory carries only its noise share"
@@ -230,18 +250,13 @@ class GradientPerturbation:
         self.n_landmarks = int(n_landmarks)
         self.rounds, self.local_steps, self.rule, self.n_clients = int(rounds), int(local_steps), rule, P
         self.releases_planned = self.rounds * self.local_steps
-        clipped = []
-        self.clipped_per_site = []
-        for X in sites:
-            Xc, nc = clip_records(X, self.tau_x)
-            clipped.append(Xc)
-            self.clipped_per_site.append(nc)
-        self.clipped_records = int(sum(self.clipped_per_site))
+        self.clipped_per_site = [None] * P
+        self.clipped_records = None
         self.tau_y = self.tau_y_given if self.tau_y_given is not None else default_tau_y(self.tau_x, self.n_landmarks)
         self.upsilon = enforced_upsilon(self.tau_x, self.tau_y)
         q = self.sample_rate
         self.adjacency = "replace" if q == 1.0 else "add_remove"
-        self.sizes = [len(X) for X in clipped]
+        self.sizes = list(sizes)
         self.n_norm = [n if q == 1.0 else q * n for n in self.sizes]
         self.sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon,
                                           rule=self.sensitivity_rule, adjacency=self.adjacency) for n in self.n_norm]
@@ -276,7 +291,6 @@ class GradientPerturbation:
                 self.sigma = [float(self.z * deltas.max() / math.sqrt(t))] * P
         self.plan_epsilon = [self.ledger.set_plan(p, self.z, q, R) for p in range(P)]
         self._prepared = True
-        return clipped
 
     def _need_prepared(self):
         if not self._prepared:
@@ -327,6 +341,14 @@ class GradientPerturbation:
             var = float(np.sum((w[K] * sig[K]) ** 2))
             mus.append(w[site] * deltas[site] / math.sqrt(var))
         return max(mus)
+
+    def settle(self, *, round, step, survivors, release_ids) -> None:
+        """Settle one aggregation whose releases were made elsewhere (each site's own mechanism, over Flower):
+        register ``release_ids = {site: ledger release id}`` as that aggregation's releases, then
+        :meth:`after_aggregate` with the actual survivors — the same settlement ``fed_dl`` makes in process."""
+        self._need_prepared()
+        self._pending[(int(round), int(step))] = {int(p): str(r) for p, r in dict(release_ids).items()}
+        self.after_aggregate(round=int(round), step=int(step), survivors=[int(k) for k in survivors])
 
     def after_aggregate(self, *, round, step, survivors):
         """Settle distributed-noise releases with the actual survivors (server-side accounting)."""

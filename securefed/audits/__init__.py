@@ -9,7 +9,7 @@ The pipeline calls these as pure functions on arrays:
 """
 
 from .gate import OVERRIDE_FLAG, AuditPolicy, GateDecision, audit_gate
-from .mia import SCORES, MIAResult, ShadowConfig, membership_audit
+from .mia import SCORES, MIAResult, ShadowConfig, membership_audit, mia_from_counts
 from .reconstruction import (
     reconstruct_from_coordinates,
     reconstruct_from_distance_rows,
@@ -25,6 +25,7 @@ __all__ = [
     "MIAResult",
     "ShadowConfig",
     "membership_audit",
+    "mia_from_counts",
     "AuditPolicy",
     "GateDecision",
     "audit_gate",

@@ -61,6 +61,7 @@ __all__ = [
     "site_roc_counts",
     "shadow_landmarks",
     "membership_audit",
+    "mia_from_counts",
 ]
 
 SCORES = ("nearest", "kde", "lira")
@@ -395,6 +396,37 @@ def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=
     else:
         res = aggregator.aggregate(site_counts)
         total, agg_name, n_sites = np.asarray(res.total, dtype=np.float64), res.protocol, len(res.survivors)
+    return mia_from_counts(total, scores, n_sites=n_sites, aggregation=agg_name, delta=delta, confidence=confidence,
+                           grid_size=grid_size, shadow_info=shadow_info)
+
+
+def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: float = 0.0, confidence: float = 0.95,
+                    grid_size: int = GRID_SIZE, shadow_info: dict | None = None) -> MIAResult:
+    """The server half of :func:`membership_audit`: ROC, AUC and the empirical ε / μ lower bounds from the
+    **summed** per-threshold counts (:func:`site_roc_counts` of every site, added by any secure sum).
+
+    Used in process by :func:`membership_audit` and over Flower by the coordinator, which receives only
+    the summed counts.
+
+    Parameters
+    ----------
+    total : array
+        The sum over sites of ``site_roc_counts`` vectors (``len(scores) · (4·grid_size + 4)`` entries).
+    scores : tuple of str
+        The score kinds, in the order the sites computed them.
+    n_sites, aggregation : int, str
+        How many sites' counts are in the sum and by which protocol (reported).
+    delta, confidence, grid_size, shadow_info
+        As in :func:`membership_audit`.
+    """
+    scores = tuple(scores)
+    if not scores or any(s not in SCORES for s in scores) or len(set(scores)) != len(scores):
+        raise ConfigError(bad_value("scores", scores, f"choose distinct scores from {', '.join(SCORES)}"))
+    total = np.asarray(total, dtype=np.float64)
+    if total.shape != (len(scores) * (4 * grid_size + 4),) or not np.all(np.isfinite(total)):
+        raise DataError(bad_value("total", f"array{total.shape}", f"pass the summed count vector of length "
+                                  f"{len(scores) * (4 * grid_size + 4)} (site_roc_counts per score)"))
+    agg_name = aggregation
     counts = np.rint(total)
     if np.max(np.abs(counts - total), initial=0.0) > 0.05:
         raise ProtocolError(bad_value("aggregated counts", "non-integer sum", "the aggregator must sum integer counts exactly; "
