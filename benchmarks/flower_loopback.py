@@ -6,6 +6,12 @@ no-rows t-SNE stage (landmark model on the server, placement on each site). Prin
 securefed payload bytes per site per aggregation (both directions) as JSON.
 
     /tmp/flwr-venv/bin/python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg]
+        [--epsilon 2 --rows-epsilon 1 --embedding spectral-rows]
+
+With ``--epsilon``: differential privacy (seeded noise, local mode, τ_X = 128 = √64·16, the public
+domain bound of digits), each site with its own ledger; the in-process reference is ``fed_dl`` with
+``GradientPerturbation(random_state=0)`` (the landmarks must be equal). ``--embedding`` picks the
+embedding stage (a ``-rows`` one under DP needs ``--rows-epsilon``).
 """
 
 import argparse
@@ -28,7 +34,11 @@ def main():
     ap.add_argument("--landmarks", type=int, default=50)
     ap.add_argument("--local-steps", type=int, default=5)
     ap.add_argument("--aggregation", nargs="+", default=["plain", "secagg"])
+    ap.add_argument("--epsilon", type=float, default=0.0)
+    ap.add_argument("--rows-epsilon", type=float, default=0.0)
+    ap.add_argument("--embedding", default="tsne-local")
     a = ap.parse_args()
+    tau_x = 128.0
     X = load_dataset("digits").X
     sites = np.array_split(X, 3)
     bound = float(np.max(np.abs(X)))
@@ -42,6 +52,10 @@ def main():
             paths.append(p)
         for agg in a.aggregation:
             kw = dict(rounds=a.rounds, local_steps=a.local_steps, random_state=0)
+            if a.epsilon > 0:
+                from securefed.accounting import GradientPerturbation
+
+                kw["privacy"] = GradientPerturbation(epsilon=a.epsilon, tau_x=tau_x, random_state=0)
             t0 = time.perf_counter()
             if agg == "secagg":
                 ref = fed_dl(sites, a.landmarks, value_bound=bound, **kw,
@@ -56,14 +70,19 @@ def main():
                 model.transform(S, perplexity=landmark_perplexity(30.0, a.landmarks))
             t_inproc = time.perf_counter() - t0
             cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
-                   "min-sites": 3, "seed": 0}
+                   "min-sites": 3, "seed": 0, "embedding": a.embedding}
+            nodes = {}
+            if a.epsilon > 0:
+                cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon})
+                nodes = {"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True}
             if agg == "secagg":
                 cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
             t0 = time.perf_counter()
             with LocalDeployment(os.path.join(tmp, "dep-" + agg)) as dep:
                 dep.start_superlink()
                 for i, p in enumerate(paths):
-                    dep.start_supernode(f"site{i}", p)
+                    dep.start_supernode(f"site{i}", p, node_config=dict(nodes, **{"ledger-path": os.path.join(tmp, f"ledgers{i}")})
+                                        if nodes else None)
                 t_up = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 run_dir = dep.run(cfg)
@@ -78,7 +97,9 @@ def main():
                 "server_app_seconds": round(res.get("seconds", float("nan")), 2),
                 "flower_messages": res.get("flower_messages"), "aggregations": len(per),
                 "max_abs_diff_vs_in_process": None if Y is None else float(np.max(np.abs(Y - ref.landmarks))),
-                "per_aggregation": per, "embedding": res.get("embedding")}
+                "per_aggregation": per, "embedding": res.get("embedding"), "privacy_epsilon":
+                (res.get("privacy") or {}).get("epsilon"), "in_process_epsilon": (ref.privacy or {}).get("epsilon"),
+                "warnings": res.get("warnings")}
     print(json.dumps(out, indent=1))
 
 

@@ -2,8 +2,9 @@
 
 Skipped when ``flwr`` (securefed[flower]) is not importable. Every process group is killed in
 ``finally`` (LocalDeployment.__exit__). To stay within the time budget on 2 cores, the killed-site TLS
-scenario runs in a background thread (its own SuperLink and SuperNodes) while the main test runs;
-the second test collects its outcome.
+scenario and the DP + rows scenario run in background threads (each with its own SuperLink and
+SuperNodes) while the main test runs; the later tests collect their outcomes. Flower's cost is its
+per-message latency (a fresh ClientApp process per message, 3 s polling), not CPU, so they overlap well.
 """
 
 import json
@@ -67,17 +68,14 @@ def _killed_site_scenario(tmp_path) -> tuple[dict, float]:
         return res, waited, hello["sites"]
 
 
-@pytest.fixture(scope="module")
-def killed_run(tmp_path_factory):
-    """Start the killed-site scenario in the background; yields a function returning its outcome."""
-    if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
-        yield None
-        return
+def _in_background(scenario, tmp_dir, what: str):
+    """Run ``scenario(tmp_dir)`` in a daemon thread; returns (thread, outcome) — ``outcome()`` waits at most
+    240 s and returns the scenario's value or raises its exception."""
     box: dict = {}
 
     def work():
         try:
-            box["out"] = _killed_site_scenario(tmp_path_factory.mktemp("killed"))
+            box["out"] = scenario(tmp_dir)
         except BaseException as exc:  # handed to the test that reports it
             box["exc"] = exc
 
@@ -86,26 +84,60 @@ def killed_run(tmp_path_factory):
 
     def outcome():
         th.join(timeout=240)
-        assert not th.is_alive(), "killed-site scenario still running after 240 s"
+        assert not th.is_alive(), f"{what} still running after 240 s"
         if "exc" in box:
             raise box["exc"]
         return box["out"]
 
+    return th, outcome
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """Start the killed-site scenario in the background; yields a function returning its outcome."""
+    if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
+        yield None
+        return
+    th, outcome = _in_background(_killed_site_scenario, tmp_path_factory.mktemp("killed"), "killed-site scenario")
     yield outcome
     th.join(timeout=240)
 
 
-def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed_run):
+def _dp_rows_scenario(tmp_path) -> tuple:
+    """DP (seeded noise, local mode, plain sum) + the spectral rows stage with data-perturbed rows; each site
+    keeps its own ledger (node config). Returns (result, out_dir, arrays, ledger dirs)."""
+    arrays, paths, _ = _data(tmp_path)
+    cfg = {"landmarks": 6, "rounds": 1, "local-steps": 2, "aggregation": "plain", "min-sites": 3, "seed": 5,
+           "epsilon": 2.0, "clip-norm": 2.0, "rows-epsilon": 1.0, "embedding": "spectral-rows", "n-clusters": 3}
+    ledgers = [str(tmp_path / f"ledgers-site{i}") for i in range(3)]
+    with LocalDeployment(str(tmp_path / "dep")) as dep:
+        dep.start_superlink()
+        for i, p in enumerate(paths):
+            dep.start_supernode(f"site{i}", p, node_config={"epsilon-budget": 3.5, "allow-seeded-noise": True,
+                                                            "ledger-path": ledgers[i]})
+        out = dep.run(cfg)
+        return dep.wait_result(out, 150), out, arrays, ledgers
+
+
+@pytest.fixture(scope="module")
+def dp_rows_run(tmp_path_factory):
+    """Start the DP + rows scenario in the background (it waits on Flower's message latency, not the CPU)."""
+    th, outcome = _in_background(_dp_rows_scenario, tmp_path_factory.mktemp("dprows"), "DP + rows scenario")
+    yield outcome
+    th.join(timeout=240)
+
+
+def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed_run, dp_rows_run):
     arrays, paths, Y0 = _data(tmp_path)
     cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": str(tmp_path / "init.npy"),
            "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
-           "stage-timeout": 30.0, "seed": 0, "embedding": "tsne-local", "perplexity": 30.0, "tsne-seed": 4}
+           "stage-timeout": 60.0, "seed": 0, "embedding": "tsne-local", "perplexity": 30.0, "tsne-seed": 4}
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
             dep.start_supernode(f"site{i}", p)
         out = dep.run(cfg)
-        res = dep.wait_result(out, 150)
+        res = dep.wait_result(out, 200)
     assert res["status"] == "completed", res
     assert res["sites"] == ["site0", "site1", "site2"] and res["survivors"] == [0, 1, 2]
     Y = np.load(os.path.join(out, "landmarks.npy"))
@@ -139,3 +171,25 @@ def test_killed_supernode_with_tls_and_node_auth_aborts_with_typed_reason(killed
     assert res["error_type"] in ("ProtocolTimeoutError", "ProtocolAbortedError"), res
     assert "nothing revealed" in res["reason"] or "answered" in res["reason"]
     assert waited < 3.0 * 5 + 15              # bounded by the stage deadlines, never hangs
+
+
+def test_dp_and_rows_over_flower_match_in_process_with_site_ledgers(dp_rows_run):
+    from securefed.accounting import GradientPerturbation, PrivacyLedger
+
+    res, out, arrays, ledgers = dp_rows_run()
+    assert res["status"] == "completed", res
+    gp = GradientPerturbation(epsilon=2.0, tau_x=2.0, random_state=5)
+    ref = fed_dl(arrays, 6, rounds=1, local_steps=2, privacy=gp, random_state=5)
+    np.testing.assert_array_equal(np.load(os.path.join(out, "landmarks.npy")), ref.landmarks)  # same noise streams
+    assert res["privacy"]["epsilon"] == pytest.approx(ref.privacy["epsilon"], rel=1e-12)
+    assert res["privacy"]["rows"]["epsilon"] == 1.0 and res["privacy"]["epsilon_total"] > res["privacy"]["epsilon"]
+    assert any("give every record back" in w for w in res["warnings"])
+    with np.load(os.path.join(out, "labels.npz")) as z:
+        assert [len(z[f"site{i}"]) for i in range(3)] == [len(X) for X in arrays]
+    run_id = res["run_id"]
+    for i, d in enumerate(ledgers):  # each site's own ledger: 2 gradient releases + 1 data release, its site only
+        led = PrivacyLedger(os.path.join(d, run_id + ".jsonl"), run_id, accountant="exact")
+        kinds = sorted(e["mechanism"] for e in led.events("release"))
+        assert kinds == ["gaussian-data", "gaussian-gradient", "gaussian-gradient"] and led.sites() == [i]
+    server = PrivacyLedger(os.path.join(out, "ledger.jsonl"), run_id, accountant="exact")
+    assert len(server.events("release")) == 9

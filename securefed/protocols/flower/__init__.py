@@ -1,4 +1,5 @@
-"""securefed on Flower: SuperLink / SuperNode deployment of FedDL with securefed's own SecAgg+.
+"""securefed on Flower: SuperLink / SuperNode deployment of FedDL (plain / securefed's own SecAgg+ / CKKS),
+differential privacy with a ledger on every site, the membership-audit gate and the embedding stage.
 
 Flower (``flwr``, pinned ``FLOWER_REQUIREMENT``) carries securefed's encoded protocol messages as
 message payloads; the state machines and byte codec are those of :mod:`securefed.protocols`.
@@ -7,6 +8,8 @@ message payloads; the state machines and byte codec are those of :mod:`securefed
 * :mod:`.client_app` — the ``ClientApp`` (``securefed.protocols.flower.client_app:app``); the site's
   data path comes from the SuperNode's node config (``data-path``, ``site-name``, ``label-column``)
 * :mod:`.coordinator`, :mod:`.site`, :mod:`.transport` — the Flower-free logic
+* :mod:`.privacy` — DP over Flower (server plan + aggregate ledger, site mechanism + own ledger)
+* :mod:`.embedding` — the sites' side of the no-rows embeddings
 * :mod:`.launch` — write the Flower App directory and run a local (loopback) deployment
 
 ``flwr`` is optional: importing this package does not import it.
@@ -16,9 +19,11 @@ from __future__ import annotations
 
 import importlib.util
 
+from .coordinator import EMBEDDINGS, FlowerRunConfig, run_feddl
 from .launch import FLOWER_REQUIREMENT, APP_CONFIG_DEFAULTS, LocalDeployment, write_app
 
-__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "LocalDeployment", "write_app", "flower_available"]
+__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "LocalDeployment", "write_app", "flower_available",
+           "FlowerRunConfig", "run_feddl", "EMBEDDINGS"]
 
 
 def flower_available() -> bool:

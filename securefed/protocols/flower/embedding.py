@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import ConfigError, ProtocolError, bad_value
 
-__all__ = ["landmark_perplexity", "fit_landmark_tsne", "place_records"]
+__all__ = ["landmark_perplexity", "fit_landmark_tsne", "place_records", "place_records_umap"]
 
 
 def landmark_perplexity(perplexity: float, n_landmarks: int) -> float:
@@ -28,11 +28,12 @@ def landmark_perplexity(perplexity: float, n_landmarks: int) -> float:
 
 
 def fit_landmark_tsne(Y: np.ndarray, perplexity: float, seed: int, n_components: int = 2):
-    """openTSNE model of the landmarks (deterministic for a given seed with ``n_jobs=1``)."""
-    from openTSNE import TSNE
+    """openTSNE model of the landmarks (deterministic for a given seed with ``n_jobs=1``): the estimator's
+    own step, :func:`securefed.estimators.tsne_landmark_model`."""
+    from ...estimators import tsne_landmark_model
 
-    perp = landmark_perplexity(perplexity, len(Y))
-    return TSNE(n_components=n_components, perplexity=perp, random_state=int(seed), n_jobs=1).fit(Y)
+    landmark_perplexity(perplexity, len(Y))
+    return tsne_landmark_model(Y, perplexity=perplexity, n_components=n_components, seed=int(seed), n_jobs=1)[0]
 
 
 def place_records(Y: np.ndarray, X: np.ndarray, perplexity: float, seed: int, expected: np.ndarray | None = None,
@@ -45,3 +46,25 @@ def place_records(Y: np.ndarray, X: np.ndarray, perplexity: float, seed: int, ex
             raise ProtocolError("the landmark t-SNE model rebuilt on this site differs from the server's "
                                 "(different openTSNE version?); refusing to place records")
     return np.asarray(model.transform(X, perplexity=landmark_perplexity(perplexity, len(Y))))
+
+
+def _same(mine: np.ndarray, expected: np.ndarray, what: str) -> None:
+    if mine.shape != expected.shape or not np.allclose(mine, expected, rtol=0, atol=1e-9):
+        raise ProtocolError(f"the landmark {what} model rebuilt on this site differs from the server's "
+                            "(different library version?); refusing to place records")
+
+
+def place_records_umap(Y: np.ndarray, X: np.ndarray, n_neighbors: int, min_dist: float, seed: int,
+                       expected: np.ndarray | None = None, n_components: int = 2) -> np.ndarray:
+    """Site side of ``umap-local``: refit the server's landmark UMAP (same seed; checked against the server's
+    landmark embedding) and place ``X`` with ``transform``, as ``FedUMAP(nystrom="local")``."""
+    import warnings
+
+    from ...estimators import umap_landmark_model
+
+    model = umap_landmark_model(Y, n_neighbors=n_neighbors, min_dist=min_dist, n_components=n_components, seed=seed)
+    if expected is not None:
+        _same(np.asarray(model.embedding_, dtype=np.float64), expected, "UMAP")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*n_jobs value.*")
+        return np.asarray(model.transform(X), dtype=np.float64)

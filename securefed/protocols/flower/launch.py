@@ -23,18 +23,13 @@ import sys
 import time
 
 from ...errors import ConfigError, ProtocolTimeoutError, bad_value
+from .coordinator import FlowerRunConfig, _cast
 
 __all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment"]
 
 FLOWER_REQUIREMENT = "flwr==1.41.0"
 
-APP_CONFIG_DEFAULTS = {
-    "out-dir": "securefed-flower-run", "landmarks": 50, "rounds": 10, "local-steps": 5, "rule": "model",
-    "lr": 0.0, "gamma": 0.0, "init": "moments", "weights": "records", "aggregation": "secagg",
-    "value-bound": 0.0, "modulus-bits": 32, "fractional-bits": -1, "degree": 0, "threshold": 0,
-    "stage-timeout": 0.0, "plain-timeout": 120.0, "min-sites": 2, "wait-sites": 120.0, "seed": 0,
-    "embedding": "tsne-local", "perplexity": 30.0, "tsne-seed": 0,
-}
+APP_CONFIG_DEFAULTS = FlowerRunConfig.defaults()
 
 
 def _toml_value(v) -> str:
@@ -54,7 +49,7 @@ def write_app(directory: str, config: dict | None = None) -> str:
     for k, v in (config or {}).items():
         if k not in cfg:
             raise ConfigError(bad_value("run config key", k, f"use one of {', '.join(sorted(cfg))}"))
-        cfg[k] = type(cfg[k])(v)
+        cfg[k] = _cast(v, cfg[k])
     os.makedirs(directory, exist_ok=True)
     lines = [
         "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
@@ -114,7 +109,9 @@ class LocalDeployment:
         return env
 
     def _start(self, name: str, argv: list) -> subprocess.Popen:
-        log = open(os.path.join(self.workdir, name + ".log"), "wb")
+        if name in self.procs:  # a restarted site: keep the old process in the cleanup list
+            self.procs[f"{name}#{len(self.procs)}"] = self.procs.pop(name)
+        log = open(os.path.join(self.workdir, name + ".log"), "ab")
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(name), cwd=self.workdir,
                              start_new_session=True)
         log.close()
@@ -145,8 +142,10 @@ class LocalDeployment:
             fh.write('[superlink]\ndefault = "local"\n\n[superlink.local]\n' + "\n".join(conn) + "\n")
         return env
 
-    def start_supernode(self, site_name: str, data_path: str, register: bool = True) -> None:
+    def start_supernode(self, site_name: str, data_path: str, register: bool = True, node_config: dict | None = None) -> None:
         """Start one SuperNode for ``site_name`` reading its records from ``data_path``.
+
+        ``node_config`` adds node-config keys (e.g. ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``).
 
         With ``node_auth`` the site's key pair is made with ``ssh-keygen`` and, if ``register``, its public
         key registered with the SuperLink (an unregistered SuperNode is refused by the SuperLink).
@@ -165,6 +164,8 @@ class LocalDeployment:
                     raise ConfigError(f"flwr supernode register failed for {site_name}: {r.stdout[-1000:]} {r.stderr[-1000:]}")
             auth = ["--auth-supernode-private-key", key]
         cfg = f'data-path="{os.path.abspath(data_path)}" site-name="{site_name}"'
+        for k, v in (node_config or {}).items():
+            cfg += f" {k}={_toml_value(v)}"
         self._start("site-" + site_name, [os.path.join(self.bin, "flower-supernode"), *tls, "--superlink",
                                           f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", cfg,
                                           *auth])

@@ -1,9 +1,10 @@
-"""The Flower ``ServerApp`` of securefed: FedDL landmarks (plain or SecAgg+), then no-rows Fed-tSNE.
+"""The Flower ``ServerApp`` of securefed: FedDL landmarks (plain / SecAgg+ / CKKS, optional DP), the
+membership-audit gate, then the embedding (no-rows local placement or the paper's rows mode).
 
 It waits for ``min-sites`` SuperNodes, runs :func:`securefed.protocols.flower.coordinator.run_feddl` and
-writes ``<out-dir>/result.json`` (status, figures, bytes per site per step) and
-``<out-dir>/landmarks.npy`` — and, with ``embedding = "tsne-local"`` (default), the landmark t-SNE
-``landmark_embedding.npy`` and ``embedding.npz`` (one array of coordinates per site name). A run that cannot complete (too few sites, a SecAgg+ round the protocol
+writes ``<out-dir>/result.json`` (status, figures, bytes per site per step, privacy, audit, what was
+released) and ``<out-dir>/landmarks.npy``, the embedding files (:func:`save_outputs`) and, under DP,
+the aggregate ledger ``<out-dir>/ledger.jsonl``. A run that cannot complete (too few sites, a SecAgg+ round the protocol
 cannot finish, a timeout) writes ``status: "aborted"`` with the typed error's class and message.
 """
 
@@ -14,12 +15,11 @@ import os
 import time
 import traceback
 
-import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ...errors import ProtocolTimeoutError, SecureFedError
-from .coordinator import FlowerRunConfig, run_feddl
+from .coordinator import FlowerRunConfig, run_feddl, save_outputs
 from .transport import Exchange
 
 __all__ = ["app", "main"]
@@ -49,17 +49,11 @@ def main(grid: Grid, context: Context) -> None:
                 raise ProtocolTimeoutError(f"only {len(nodes)} SuperNodes connected within {cfg.wait_sites:g} s "
                                            f"(min-sites = {cfg.min_sites})")
             time.sleep(0.2)
+        if not cfg.run_id:
+            cfg.run_id = f"flower-run-{context.run_id}"  # ledger run id: one ledger file per Flower run
         ex = Exchange(grid, dict(enumerate(nodes)))
         res = run_feddl(ex, cfg)
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        np.save(os.path.join(cfg.out_dir, "landmarks.npy"), res.pop("landmarks"))
-        emb = res.pop("embedding")
-        if emb is not None:
-            np.save(os.path.join(cfg.out_dir, "landmark_embedding.npy"), emb.pop("landmark_embedding"))
-            coords = emb.pop("coordinates")
-            np.savez(os.path.join(cfg.out_dir, "embedding.npz"), **coords)
-            res["embedding"] = dict(emb, sites=list(coords), rows={k: len(v) for k, v in coords.items()})
-        _write(cfg.out_dir, {"status": "completed", **res})
+        _write(cfg.out_dir, {"status": "completed", **save_outputs(cfg.out_dir, res)})
     except SecureFedError as exc:
         _write(cfg.out_dir, {"status": "aborted", "error_type": type(exc).__name__, "reason": str(exc)})
     except Exception as exc:  # an unexpected failure is still reported, with its traceback

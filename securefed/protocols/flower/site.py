@@ -12,6 +12,17 @@ A site answers four operations, each one Flower message in and one out:
 ``secagg``         feed the server's securefed messages to the stored state machine, return its replies.
 ``embed``          no-rows t-SNE stage: place the site's records against the landmark model
                    (:mod:`.embedding`); only the final coordinates are returned.
+``embed-umap``     ``umap-local``: the same with the landmark UMAP model.
+``embed-spectral`` ``spectral-local``: one cluster label per record from the landmarks' labels.
+``rows``           Nyström "rows" stage (the paper): one row per record, ``D²(X, Y)`` or ``K(X, Y)``,
+                   optionally from data-perturbed records (these rows give the records back).
+``ckks``, ``ckks-*`` CKKS aggregation messages (:mod:`.ckks_flow`).
+
+Uploads (``plain`` / ``secagg-start`` / ``ckks-*``) carry a ``task``: the FedDL updates below, or
+``audit`` (the membership-audit ROC counts of :func:`securefed.audits.mia.site_roc_counts`). With a DP
+plan (``dp``) the update is clipped, noised and written to the site's own ledger before the reply
+(:mod:`.privacy`); a refusal (over budget, seeded noise not allowed, σ below the site's own
+calibration) comes back as a typed error.
 
 The updates are the ones :func:`securefed.landmarks.fed_dl` computes in process, with the same
 functions: ``client_update`` (model averaging, Eq. 15), ``mmd_grad`` (gradient averaging, Eq. 16),
@@ -27,7 +38,7 @@ from .. import crypto
 from ..secagg import SecAggClient
 from .transport import array_from_bytes, array_to_bytes, decode_spec, dump_client, load_client
 
-__all__ = ["TASKS", "compute_update", "load_site_data", "SiteState", "handle"]
+__all__ = ["TASKS", "compute_update", "load_site_data", "site_records", "SiteState", "handle"]
 
 TASKS = ("model", "gradient", "gamma", "moments")
 
@@ -102,6 +113,138 @@ class SiteState:
         self.data["rng"] = json.dumps(g.bit_generator.state).encode()
 
 
+def site_records(fields: dict, node_config: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(all records, FedDL members, audit hold-out or None)`` of this site.
+
+    With ``audit_holdout = f > 0`` in the request, the site keeps ``round(f·n)`` records (at least 1, at
+    most ``n − 2``) out of every FedDL computation, chosen with its own Generator seeded by the run seed
+    and its site name (the same split for every message of the run, also after a restart) — the split
+    of ``FedTSNE(audit_holdout=f)``. They are scored as non-members by the audit and embedded afterwards.
+    """
+    import zlib
+
+    X = load_site_data(node_config)
+    f = float(fields.get("audit_holdout", 0.0) or 0.0)
+    if not f:
+        return X, X, None
+    if not 0.0 < f < 0.9:
+        raise ConfigError(bad_value("audit-holdout", f, "use a fraction in [0, 0.9), e.g. 0.2"))
+    name = str(node_config.get("site-name") or node_config.get("data-path"))
+    g = np.random.default_rng([int(fields.get("seed", 0)), zlib.crc32(name.encode()), 0xA0D17])
+    n_out = min(max(int(round(f * len(X))), 1), len(X) - 2)
+    perm = g.permutation(len(X))
+    return X, X[np.sort(perm[n_out:])], X[np.sort(perm[:n_out])]
+
+
+def _dp_update(fields: dict, X: np.ndarray, g: np.random.Generator, node_config: dict, op: str,
+               state: SiteState) -> tuple[np.ndarray, dict]:
+    """A differentially private upload: the site's own mechanism, clipped records, noise, ledger first."""
+    import json
+
+    from ...accounting import clip_records
+    from ...landmarks import client_update, mmd_grad
+    from .privacy import release_events, site_mechanism, site_settle
+
+    plan = json.loads(fields["dp"])
+    site = int(fields["site"])
+    if plan["noise"] == "distributed" and op == "plain":
+        raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the noise (distributed): it "
+                                    "sends that upload only into a secure sum (secagg / ckks)"))
+    kind = fields.get("task")
+    if kind not in ("model", "gradient"):
+        raise ProtocolError(f"under differential privacy this site releases only noisy landmark updates, not {kind!r}")
+    cache = json.loads(bytes(state.data["dp_cache"]).decode()) if "dp_cache" in state.data else {}
+    gp = site_mechanism(plan, node_config, site, cache)
+    state.data["dp_cache"] = json.dumps(cache).encode()  # this site's own calibration, reused by later messages
+    site_settle(gp, site, json.loads(fields.get("dp_settle") or "[]"))
+    Xc, n_clipped = clip_records(X, gp.tau_x)
+    Y = array_from_bytes(fields["Y"], fields["shape"])
+    if Y.shape[1] != X.shape[1]:
+        raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
+    rnd = int(fields["round"])
+    if kind == "model":
+        u = client_update(Xc, Y, float(fields["gamma"]), float(fields["lr"]), int(fields["local_steps"]), privacy=gp,
+                          site=site, round=rnd, rng=g)
+        steps = range(int(fields["local_steps"]))
+    else:
+        t = int(fields["step"])
+        Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
+        u = gp.perturb(mmd_grad(Xb, Y, float(fields["gamma"]), n_norm=n_norm), site=site, round=rnd, step=t)
+        steps = [t]
+    # the ledger events are on disk (fsync'd) before this function returns, i.e. before the reply leaves
+    return u, {"dp_events": release_events(gp, site, rnd, steps), "clipped": int(n_clipped)}
+
+
+def _upload(fields: dict, node_config: dict, state: SiteState, op: str, g=None) -> tuple[np.ndarray, dict, np.random.Generator]:
+    """The vector this site contributes to a federated sum, plus reply extras (ledger events); ``g`` is the
+    site's Generator (default: restored from ``state``; the caller saves it)."""
+    _, members, holdout = site_records(fields, node_config)
+    if g is None:
+        g = state.rng(int(fields.get("seed", 0)), int(fields["site"]))
+    if fields.get("task") == "audit":
+        from ...audits.mia import site_roc_counts
+
+        if holdout is None:
+            raise ConfigError(bad_value("audit-holdout", 0, "the audit needs held-out records; set audit-holdout > 0"))
+        Y = array_from_bytes(fields["Y"], fields["shape"])
+        u = site_roc_counts(members, holdout, Y, float(fields["gamma"]), scores=tuple(fields.get("scores", ["nearest", "kde"])),
+                            rng=g)
+        return u, {}, g
+    if "dp" in fields:
+        u, extra = _dp_update(fields, members, g, node_config, op, state)
+        return u, extra, g
+    _refuse_without_dp(node_config, f"a non-private {fields.get('task')!r} upload")
+    return compute_update(fields, members, g), {}, g
+
+
+def _refuse_without_dp(node_config: dict, what: str) -> None:
+    """A site whose operator set ``require-dp = true`` releases nothing about its records without DP."""
+    if str(node_config.get("require-dp", False)).strip().lower() in ("1", "true", "yes", "on"):
+        raise ConfigError(bad_value("differential privacy", "off", f"this site requires DP (node config require-dp) and "
+                                    f"refuses {what}; run with epsilon and clip-norm (and rows-epsilon for rows)"))
+
+
+def _rows(fields: dict, node_config: dict, state: SiteState) -> dict:
+    """Nyström "rows" stage: one row per record (all records, file order) — D²(X, Y) or K(X, Y).
+
+    With ``rows_dp`` the rows are computed from the records clipped to ``τ_X`` plus Gaussian noise
+    (``papers/000`` §5.1, :class:`~securefed.accounting.DataPerturbation`), the release written to the
+    site's ledger first.
+    """
+    import json
+
+    from ...kernels import gaussian_kernel, sq_dists
+
+    X, _, _ = site_records(fields, node_config)
+    site = int(fields["site"])
+    Y = array_from_bytes(fields["Y"], fields["shape"])
+    if Y.shape[1] != X.shape[1]:
+        raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
+    extra: dict = {}
+    if not fields.get("rows_dp"):
+        _refuse_without_dp(node_config, "rows from raw records")
+    if fields.get("rows_dp"):
+        from ...accounting import DataPerturbation
+        from .privacy import open_site_ledger
+
+        rp = json.loads(fields["rows_dp"])
+        cache = json.loads(bytes(state.data["dp_cache"]).decode()) if "dp_cache" in state.data else {}
+        ledger = open_site_ledger(rp, node_config, cache)
+        state.data["dp_cache"] = json.dumps(cache).encode()
+        dp = DataPerturbation(rp["epsilon"], delta=rp["delta"], tau_x=rp["tau_x"], secure_mode=rp["secure_noise"],
+                              ledger=ledger, random_state=None if rp["secure_noise"] else int(rp["noise_seed"]) + site)
+        X = dp.perturb_site(X, site=site)
+        extra = {"rows_dp_event": json.dumps(ledger.releases_at(site, None, None)[-1], sort_keys=True),
+                 "rows_dp_report": json.dumps(dp.report(), sort_keys=True)}
+    if fields.get("kind") == "kernel":
+        R = gaussian_kernel(X, Y, float(fields["gamma"]))
+    elif fields.get("kind") == "distance":
+        R = sq_dists(X, Y)
+    else:
+        raise ProtocolError(f"unknown rows kind {fields.get('kind')!r}; expected 'distance' or 'kernel'")
+    return {"rows": array_to_bytes(R), "rows_shape": list(R.shape), **extra}
+
+
 def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
     """Answer one server request (``fields`` of the ``securefed`` record); returns the reply fields.
 
@@ -111,28 +254,38 @@ def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
     op = fields.get("op")
     try:
         if op == "hello":
-            X = load_site_data(node_config)
+            X, members, holdout = site_records(fields, node_config)
             sk = state.identity()
             return {"site_name": str(node_config.get("site-name") or node_config.get("data-path")),
-                    "n_records": int(X.shape[0]), "n_features": int(X.shape[1]),
-                    "identity": crypto.ed25519_public_bytes(sk)}
+                    "n_records": int(members.shape[0]), "n_holdout": 0 if holdout is None else int(len(holdout)),
+                    "n_features": int(X.shape[1]), "identity": crypto.ed25519_public_bytes(sk)}
         if op == "plain":
-            X = load_site_data(node_config)
-            g = state.rng(int(fields.get("seed", 0)), int(fields["site"]))
-            u = compute_update(fields, X, g)
+            u, extra, g = _upload(fields, node_config, state, op)
             state.save_rng(g)
-            return {"update": array_to_bytes(u), "shape": list(np.shape(u))}
+            return {"update": array_to_bytes(u), "shape": list(np.shape(u)), **extra}
         if op == "secagg-start":
-            X = load_site_data(node_config)
             spec = decode_spec(fields["spec"])
             site = int(fields["site"])
-            g = state.rng(int(fields.get("seed", 0)), site)
-            u = compute_update(fields, X, g)
+            u, extra, g = _upload(fields, node_config, state, op)
             client = SecAggClient(spec, site, state.identity(), np.ravel(u), float(fields["weight"]), g)
             msgs = client.start()
             state.data.update(spec=bytes(fields["spec"]), client=dump_client(client))
             state.save_rng(client._rng)
-            return {"msgs": msgs}
+            return {"msgs": msgs, **extra}
+        if isinstance(op, str) and (op == "ckks" or op.startswith("ckks-")):
+            from .ckks_flow import site_handle_ckks
+
+            extras: dict = {}
+
+            def upload(f, _X, g):  # site_handle_ckks restores and saves the Generator around this call
+                u, extra, _ = _upload(f, node_config, state, op, g)
+                extras.update(extra)
+                return u
+
+            reply = site_handle_ckks(fields, None, state, upload)
+            return {**reply, **extras} if "error" not in reply else reply
+        if op == "rows":
+            return _rows(fields, node_config, state)
         if op == "embed":
             from .embedding import place_records
 
@@ -141,6 +294,26 @@ def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
             E = array_from_bytes(fields["landmark_embedding"], fields["embedding_shape"])
             Z = place_records(Y, X, float(fields["perplexity"]), int(fields["tsne_seed"]), E, E.shape[1])
             return {"embedding": array_to_bytes(Z), "embedding_shape": list(Z.shape)}
+        if op == "embed-umap":
+            from .embedding import place_records_umap
+
+            X = load_site_data(node_config)
+            Y = array_from_bytes(fields["Y"], fields["shape"])
+            E = array_from_bytes(fields["landmark_embedding"], fields["embedding_shape"])
+            Z = place_records_umap(Y, X, int(fields["n_neighbors"]), float(fields["min_dist"]), int(fields["model_seed"]),
+                                   E, E.shape[1])
+            return {"embedding": array_to_bytes(Z), "embedding_shape": list(Z.shape)}
+        if op == "embed-spectral":
+            from ...estimators import spectral_assign
+
+            X = load_site_data(node_config)
+            Y = array_from_bytes(fields["Y"], fields["shape"])
+            lab_y = np.asarray(fields["landmark_labels"], dtype=np.int64)
+            k = int(fields["n_clusters"])
+            if lab_y.shape != (len(Y),) or lab_y.min(initial=0) < 0 or lab_y.max(initial=0) >= k:
+                raise ProtocolError("landmark labels do not match the landmarks / n_clusters")
+            lab = spectral_assign(X, Y, float(fields["kernel_gamma"]), lab_y, k)
+            return {"labels": [int(v) for v in lab]}
         if op == "secagg":
             if "client" not in state.data:
                 raise ProtocolError("no SecAgg+ round in progress on this site (restarted SuperNode?)")

@@ -225,6 +225,10 @@ class Exchange:
         """Seconds since the exchange started (the clock the state machines are driven with)."""
         return time.monotonic() - self.t0
 
+    def available_nodes(self) -> list:
+        """Flower node ids currently connected to the SuperLink (for re-admitting restarted sites)."""
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
     def request(self, payloads: dict, deadline: float, on_reply=None) -> dict:
         """Send ``payloads[client] = fields`` and collect replies until all arrive or ``deadline`` (``now()``).
 
