@@ -136,8 +136,9 @@ def _apply_tamper(kind: str, stage: str, outgoing: list, spec: RoundSpec, state:
 
 
 def run_secagg_round(spec: RoundSpec, identity_private, updates, weights, rng: np.random.Generator,
-                     drop_at: dict | None = None, tamper: str | None = None) -> RoundOutcome:
-    """Run one SecAgg+ round in-process over the real state machines and the byte codec."""
+                     drop_at: dict | None = None, tamper: str | None = None, min_survivors: int = 1) -> RoundOutcome:
+    """Run one SecAgg+ round in-process over the real state machines and the byte codec
+    (``min_survivors``: every client's :class:`SecAggClient` floor on the survivor set it signs)."""
     if tamper is not None and tamper not in TAMPER_KINDS:
         raise ConfigError(bad_value("tamper", tamper, f"use one of {', '.join(TAMPER_KINDS)} or None"))
     drop_at = dict(drop_at or {})
@@ -157,7 +158,8 @@ def run_secagg_round(spec: RoundSpec, identity_private, updates, weights, rng: n
     t0 = time.perf_counter()
     server = SecAggServer(spec, now)
     timings["advertise"]["server"] += time.perf_counter() - t0
-    clients = [SecAggClient(spec, i, identity_private[i], updates[i], weights[i], rng) for i in range(n)]
+    clients = [SecAggClient(spec, i, identity_private[i], updates[i], weights[i], rng, min_survivors=min_survivors)
+               for i in range(n)]
     outgoing: list = []
     error = None
     try:

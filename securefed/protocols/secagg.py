@@ -152,16 +152,25 @@ class SecAggClient:
         Public weight, folded in before quantisation (see :mod:`.quantize`).
     random_state : None | int | Generator
         Generator for stochastic rounding only (statistics, not secrets).
+    min_survivors : int
+        The client refuses to sign a survivor set smaller than this (so it never helps unmask a sum over
+        fewer clients). Differential privacy with distributed noise sets it to the plan's t: a sum over
+        fewer survivors would carry less noise than the site's ε was accounted for.
     """
 
-    def __init__(self, spec: RoundSpec, client_id: int, identity_key, update, weight: float = 1.0, random_state=None):
+    def __init__(self, spec: RoundSpec, client_id: int, identity_key, update, weight: float = 1.0, random_state=None,
+                 min_survivors: int = 1):
         from .quantize import check_random_state
 
         if not 0 <= client_id < spec.n_clients:
             raise ConfigError(bad_value("client_id", client_id, f"use 0 <= client_id < {spec.n_clients}"))
         if np.size(update) != spec.length:
             raise ConfigError(bad_value("update.size", np.size(update), f"expected {spec.length} values"))
+        if isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or \
+                not 1 <= min_survivors <= spec.n_clients:
+            raise ConfigError(bad_value("min_survivors", min_survivors, f"use an integer in [1, {spec.n_clients}]"))
         self.spec, self.id = spec, client_id
+        self.min_survivors = int(min_survivors)
         self._identity = identity_key
         self._update = update
         self._weight = float(weight)
@@ -294,6 +303,9 @@ class SecAggClient:
             raise ProtocolAbortedError(f"client {self.id} is declared dropped; it will not take part in unmasking")
         if any(not 0 <= s < spec.n_clients for s in msg.survivors):
             raise ProtocolError(f"client {self.id}: survivor list names unknown clients")
+        if len(set(msg.survivors)) < self.min_survivors:
+            raise ProtocolAbortedError(f"client {self.id} refuses to sign a survivor set of {len(set(msg.survivors))} "
+                                       f"clients: it unmasks only sums over at least {self.min_survivors}")
         self._survivors = tuple(msg.survivors)
         sig = crypto.sign(self._identity, consistency_payload(spec.session_id, spec.round_index, self._survivors))
         self.state = "signed"

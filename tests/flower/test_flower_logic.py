@@ -592,3 +592,53 @@ def test_restarted_site_rejoins_secagg_with_its_new_identity_key(tmp_path):
     assert rounds[0]["survivors"] == [0, 1, 2] and rounds[1]["survivors"] == [0, 1, 2, 3]
     assert res["readmitted"] == [{"site": "s3", "at": "before round 2"}]
     assert ex.states[ex.nodes[3]]["identity"] != ex.states[1003]["identity"]
+
+
+@pytest.mark.parametrize("lie", ["size", "gamma", "landmarks"])
+def test_site_refuses_a_request_that_disagrees_with_its_dp_plan(sites, tmp_path, lie):
+    """A server that announces numbers in the DP plan other than those it uses (100× a site's record
+    count, a small γ in the plan and a large one in the request, other landmarks) would shrink the site's
+    noise: the site checks and refuses before any release reaches its ledger."""
+    import json
+
+    _, paths = sites
+
+    class Lying(MemoryExchange):
+        def request(self, payloads, deadline, on_reply=None):
+            out = {}
+            for cid, f in payloads.items():
+                f = dict(f)
+                if "dp" in f and cid == 0:
+                    plan = json.loads(f["dp"])
+                    if lie == "size":
+                        plan["sizes"][0] *= 100
+                        f["dp"] = json.dumps(plan)
+                    elif lie == "gamma":
+                        f["gamma"] = float(f["gamma"]) * 10
+                    else:
+                        from securefed.protocols.flower.transport import array_from_bytes, array_to_bytes
+
+                        Y = array_from_bytes(f["Y"], f["shape"])[:-1]
+                        f["Y"], f["shape"] = array_to_bytes(Y), list(Y.shape)
+                out[cid] = f
+            return MemoryExchange.request(self, out, deadline, on_reply)
+
+    res = run_feddl(Lying(paths, node_config=_dp_nodes(tmp_path)),
+                    _cfg(tmp_path, aggregation="plain", epsilon=2.0, clip_norm=2.0, rounds=2, run_id="lie"))
+    assert res["survivors"] == [1, 2]
+    assert res["site_errors"]["s0"].startswith("ProtocolError") and "refusing" in res["site_errors"]["s0"]
+    assert _site_ledger(tmp_path, 0, "lie").events("release") == []
+
+
+def test_distributed_noise_sets_the_secagg_clients_survivor_floor():
+    """Under distributed noise a site's SecAgg+ client signs only survivor sets of at least the plan's t
+    (the SecAgg+ unit test shows the refusal); without DP or with local noise the floor is 1."""
+    import json
+
+    from securefed.protocols.flower.site import _dp_min_survivors
+
+    plan = {"noise": "distributed", "min_survivors": None, "sizes": [30, 35, 40]}
+    assert _dp_min_survivors({"dp": json.dumps(plan)}, 3) == 3
+    assert _dp_min_survivors({"dp": json.dumps(dict(plan, min_survivors=2))}, 3) == 2
+    assert _dp_min_survivors({"dp": json.dumps(dict(plan, noise="local"))}, 3) == 1
+    assert _dp_min_survivors({}, 3) == 1

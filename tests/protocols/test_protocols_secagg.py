@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from securefed.errors import (AuthenticationError, DecodeError, ProtocolAbortedError, ProtocolError,
+from securefed.errors import (AuthenticationError, ConfigError, DecodeError, ProtocolAbortedError, ProtocolError,
                               ProtocolTimeoutError)
 from securefed.protocols import crypto
 from securefed.protocols.messages import (ConsistencyRequest, MaskedInput, UnmaskRequest, decode, encode,
@@ -215,3 +215,19 @@ def test_keys_are_fresh_each_round_and_round_binding():
     c2 = SecAggClient(spec0, 0, identities(n)[0][0], np.ones(d), 1.0, 0)
     b = decode(c2.start()[0])
     assert a.c_pk != b.c_pk and a.s_pk != b.s_pk
+
+
+def test_clients_refuse_to_unmask_a_sum_over_fewer_than_min_survivors():
+    """DP with distributed noise: a sum over fewer than t clients carries less noise than accounted, so
+    clients with min_survivors = t refuse to sign a smaller survivor set and nothing is revealed."""
+    rng = np.random.default_rng(7)
+    n = 5
+    spec = make_spec(n, 4, 2, 3, clip=1000.0)
+    xs = [rng.integers(-1000, 1001, 3).astype(float) for _ in range(n)]
+    sched = {4: "masked"}  # client 4 drops before sending its masked input: 4 survivors
+    out = run_secagg_round(spec, identities(n)[0], xs, np.ones(n), rng, drop_at=sched, min_survivors=5)
+    assert out.words is None and isinstance(out.error, ProtocolAbortedError)
+    out = run_secagg_round(spec, identities(n)[0], xs, np.ones(n), rng, drop_at=sched, min_survivors=4)
+    assert out.error is None and out.survivors == (0, 1, 2, 3)
+    with pytest.raises(ConfigError, match="^min_survivors="):
+        SecAggClient(spec, 0, identities(n)[0][0], xs[0], 1.0, rng, min_survivors=6)

@@ -124,6 +124,9 @@ class FlowerRunConfig:
     # CKKS (securefed.protocols.flower.ckks_flow)
     ckks_precision: float = 1e-6
     key_holder: int = 0
+    ckks_min_survivors: int = 0    # 0 → 2; raised to the DP t under distributed noise
+    ckks_quorum: int = 0           # 0 → a majority of all sites
+    ckks_verify: str = "recompute"  # or "signatures" (honest-but-curious server only)
 
     @classmethod
     def from_run_config(cls, rc: dict) -> "FlowerRunConfig":
@@ -409,6 +412,9 @@ def run_feddl(ex, cfg: FlowerRunConfig) -> dict:
                                         "record norms, e.g. clip-norm=10"))
         gamma0 = cfg.gamma if cfg.gamma > 0 else 1.0 / float(cfg.clip_norm) ** 2  # public, as in fed_dl
         privacy = ServerPrivacy(cfg, run_id, sites.sizes, w, check_gamma(gamma0))
+        if cfg.aggregation == "ckks" and privacy.gp.noise == "distributed":
+            # a CKKS sum over fewer than t survivors would carry less noise than the plan: refuse to decrypt it
+            cfg.ckks_min_survivors = max(int(cfg.ckks_min_survivors), int(privacy.gp.t))
     # public bound on |feature values|: value-bound, or τ_X under DP (records are clipped to it), as fed_dl
     bound = cfg.value_bound if cfg.value_bound > 0 else (float(cfg.clip_norm) if dp else None)
     sec = _SecAggState(cfg, bound) if cfg.aggregation == "secagg" else None

@@ -161,18 +161,57 @@ def _dp_update(fields: dict, X: np.ndarray, g: np.random.Generator, node_config:
     Y = array_from_bytes(fields["Y"], fields["shape"])
     if Y.shape[1] != X.shape[1]:
         raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
+    _check_request_against_plan(fields, plan, gp, site, len(X), Y, kind)
     rnd = int(fields["round"])
     if kind == "model":
-        u = client_update(Xc, Y, float(fields["gamma"]), float(fields["lr"]), int(fields["local_steps"]), privacy=gp,
-                          site=site, round=rnd, rng=g)
-        steps = range(int(fields["local_steps"]))
+        u = client_update(Xc, Y, gp.gamma, float(fields["lr"]), gp.local_steps, privacy=gp, site=site, round=rnd, rng=g)
+        steps = range(gp.local_steps)
     else:
         t = int(fields["step"])
         Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
-        u = gp.perturb(mmd_grad(Xb, Y, float(fields["gamma"]), n_norm=n_norm), site=site, round=rnd, step=t)
+        u = gp.perturb(mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, round=rnd, step=t)
         steps = [t]
     # the ledger events are on disk (fsync'd) before this function returns, i.e. before the reply leaves
     return u, {"dp_events": release_events(gp, site, rnd, steps), "clipped": int(n_clipped)}
+
+
+def _dp_min_survivors(fields: dict, n_clients: int) -> int:
+    """Under distributed noise a site helps unmask only sums over at least the plan's t sites (else 1)."""
+    import json
+
+    if "dp" not in fields:
+        return 1
+    plan = json.loads(fields["dp"])
+    if plan.get("noise") != "distributed":
+        return 1
+    return min(int(plan.get("min_survivors") or len(plan["sizes"])), int(n_clients))
+
+
+def _check_request_against_plan(fields: dict, plan: dict, gp, site: int, n_records: int, Y: np.ndarray, kind: str) -> None:
+    """Refuse a DP request whose numbers disagree with what the site's noise was calibrated for.
+
+    The site's σ comes from the public plan (its record count, γ, n_y, S, Q, the rule); a server that
+    announced other numbers in the plan than it uses in the request — e.g. 100× this site's record count,
+    or a small γ in the plan and a large one in the request — would shrink the site's noise below what its
+    data needs. So the site checks its own record count, and computes with the plan's γ and Q itself.
+    """
+    if int(plan["sizes"][site]) != int(n_records):
+        raise ProtocolError(f"the DP plan announces {plan['sizes'][site]} records for this site, which holds {n_records} "
+                            "(its noise would be calibrated for the wrong count); refusing")
+    if not np.isclose(float(fields["gamma"]), gp.gamma, rtol=1e-12, atol=0.0):
+        raise ProtocolError(f"the request's gamma={fields['gamma']} differs from the DP plan's {gp.gamma}; refusing")
+    if Y.shape[0] != gp.n_landmarks:
+        raise ProtocolError(f"the request carries {Y.shape[0]} landmarks, the DP plan {gp.n_landmarks}; refusing")
+    if kind != gp.rule:
+        raise ProtocolError(f"the request asks for a {kind!r} upload, the DP plan for rule {gp.rule!r}; refusing")
+    if kind == "model" and int(fields["local_steps"]) != gp.local_steps:
+        raise ProtocolError(f"the request asks for {fields['local_steps']} local steps, the DP plan for {gp.local_steps}; "
+                            "refusing")
+    rnd = int(fields["round"])
+    step = int(fields.get("step", 0))
+    if not (0 <= rnd < gp.rounds and 0 <= step < gp.local_steps):
+        raise ProtocolError(f"release (round {rnd}, step {step}) is outside the DP plan's {gp.rounds} rounds × "
+                            f"{gp.local_steps} steps; refusing")
 
 
 def _upload(fields: dict, node_config: dict, state: SiteState, op: str, g=None) -> tuple[np.ndarray, dict, np.random.Generator]:
@@ -267,7 +306,8 @@ def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
             spec = decode_spec(fields["spec"])
             site = int(fields["site"])
             u, extra, g = _upload(fields, node_config, state, op)
-            client = SecAggClient(spec, site, state.identity(), np.ravel(u), float(fields["weight"]), g)
+            client = SecAggClient(spec, site, state.identity(), np.ravel(u), float(fields["weight"]), g,
+                                  min_survivors=_dp_min_survivors(fields, spec.n_clients))
             msgs = client.start()
             state.data.update(spec=bytes(fields["spec"]), client=dump_client(client))
             state.save_rng(client._rng)
