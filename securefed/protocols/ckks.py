@@ -71,6 +71,19 @@ honest-but-curious server. The majority quorum also means a round needs more tha
 clients alive through the confirmation; lower ``quorum`` explicitly to trade this protection for
 dropout tolerance.
 
+**Identity keys are an assumption, not something this protocol establishes.** Every check above is
+an Ed25519 signature check against ``CKKSRoundSpec.identity_keys``. Over Flower
+(:mod:`.flower.ckks_flow`) the **server relays those keys**: it collects each site's public key at
+``hello`` and sends the list inside the round spec, i.e. the server is the key directory, exactly as
+for SecAgg+ over Flower. A malicious server that substitutes keys (or invents sites) can sign for the
+clients it invented and defeat every malicious-server protection of this section — case (iv). The
+protections therefore hold only if the identity keys are authentic, which is the operator's job:
+Flower node authentication plus out-of-band pinning / comparison of the sites' public keys. A site
+additionally refuses (over Flower) any round spec weaker than its own node-config floors
+(``ckks-min-survivors``, a majority quorum, ``verify="recompute"``, the DP ``t`` under distributed
+noise; :func:`.flower.ckks_flow.site_handle_ckks`), so a server cannot simply *announce* weak
+parameters — but it can still lie about who the other n − 1 clients are.
+
 Parameters (:func:`choose_ckks_parameters`) target 128-bit security using the
 HomomorphicEncryption.org standard's maximal coefficient-modulus sizes for ternary secrets:
 N = 4096 → 109 bits, 8192 → 218, 16384 → 438, 32768 → 881. The scale 2^s gives ``s = f + guard``
@@ -104,12 +117,35 @@ from .secagg import advert_payload, channel_key, share_aad
 
 __all__ = ["CKKS_STAGES", "CKKS_TIMEOUTS", "VERIFY_MODES", "CKKSParams", "CKKSRoundSpec", "CKKSClient", "CKKSServer",
            "choose_ckks_parameters", "CKKSAggregator", "run_ckks_round", "randomized_round", "encode_ckks_spec",
-           "decode_ckks_spec", "upload_digest", "input_payload", "CKKS_TAMPER_KINDS", "release_error_bound"]
+           "decode_ckks_spec", "upload_digest", "input_payload", "CKKS_TAMPER_KINDS", "release_error_bound",
+           "UnexpectedMessageError"]
 
 CKKS_STAGES = ("advertise", "handoff", "input", "decrypt")
 CKKS_TIMEOUTS = {"advertise": 30.0, "handoff": 60.0, "input": 120.0, "decrypt": 120.0}
 VERIFY_MODES = ("recompute", "signatures")
 MAX_COEFF_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+
+class UnexpectedMessageError(ProtocolError):
+    """A well-formed message of this session and round, but of a type the machine does not expect now.
+
+    What a replayed or reordered message looks like (e.g. a second ContextHandoff after the upload, a
+    DecryptRequest before the key handoff). Malformed bytes, another session or another round stay
+    :class:`DecodeError`.
+    """
+
+
+def _decode_expected(data, spec, expected: tuple, where: str, why: str):
+    """``messages.decode`` for ``spec``'s session and round, raising :class:`UnexpectedMessageError` (not a
+    :class:`DecodeError`) for a well-formed message of this session and round whose type is not in ``expected``.
+
+    The same precedence as ``decode``: a wrong session or round is reported first (DecodeError).
+    """
+    cls, session, rnd = peek_header(data)
+    if session == spec.session_id and rnd == spec.round_index and cls not in expected:
+        raise UnexpectedMessageError(f"{where}: got {cls.__name__}, expected "
+                                     f"{' or '.join(c.__name__ for c in expected)} ({why})")
+    return decode(data, session_id=spec.session_id, round_index=spec.round_index, expected=expected)
 
 
 @dataclass(frozen=True)
@@ -397,6 +433,7 @@ def decode_ckks_spec(data: bytes) -> CKKSRoundSpec:
 
 _STATE_MAGIC = b"SFCKKS"
 _STATE_VERSION = 1
+_CLIENT_STATES = ("init", "advertised", "keyed", "uploaded", "confirmed", "done", "aborted")
 
 
 class CKKSClient:
@@ -449,9 +486,6 @@ class CKKSClient:
         self.state = "aborted"
         self._c_sk = self._ctx = self._update = None
 
-    def _decode(self, data, expected):
-        return decode(data, session_id=self.spec.session_id, round_index=self.spec.round_index, expected=expected)
-
     def start(self, now: float = 0.0) -> list[bytes]:
         """Stage ``advertise``: a fresh X25519 key pair, signed with the identity key."""
         if self.state != "init":
@@ -475,12 +509,8 @@ class CKKSClient:
         try:
             if expected is None:
                 raise ProtocolError(f"client {self.id}: no message expected in state {self.state!r}")
-            try:
-                msg = self._decode(data, expected)
-            except DecodeError as exc:
-                if str(exc).startswith("got "):
-                    raise ProtocolError(f"client {self.id} in state {self.state!r}: {exc} (replayed or reordered message)") from None
-                raise
+            msg = _decode_expected(data, self.spec, (expected,), f"client {self.id} in state {self.state!r}",
+                                   "replayed or reordered message")
             if msg.recipient != self.id:
                 raise ProtocolError(f"client {self.id} received a message addressed to client {msg.recipient}")
             return handler(msg)
@@ -674,13 +704,27 @@ class CKKSClient:
             raise DecodeError(f"malformed stored CKKS client state: {exc}") from None
         c = cls.__new__(cls)
         c.spec, c._identity = spec, identity_key
-        c.id, c.state, c._weight, c.clipped = int(head["id"]), str(head["state"]), float(head["weight"]), int(head["clipped"])
-        c._c_sk = crypto.x25519_private_from_bytes(blobs["c_sk"]) if "c_sk" in blobs else None
-        c._ctx = ts.context_from(blobs["ctx"]) if "ctx" in blobs else None
-        c._update = np.frombuffer(blobs["update"], dtype="<f8").astype(np.float64) if "update" in blobs else None
+        try:
+            c.id, c.state, c._weight = int(head["id"]), str(head["state"]), float(head["weight"])
+            c.clipped = int(head["clipped"])
+            c._survivors = None if head.get("survivors") is None else tuple(int(u) for u in head["survivors"])
+            c._c_sk = crypto.x25519_private_from_bytes(blobs["c_sk"]) if "c_sk" in blobs else None
+            c._update = np.frombuffer(blobs["update"], dtype="<f8").astype(np.float64) if "update" in blobs else None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DecodeError(f"malformed stored CKKS client state: {exc}") from None
+        if c.state not in _CLIENT_STATES or not 0 <= c.id < spec.n_clients:
+            raise DecodeError(f"stored CKKS client state is for client {c.id} in state {c.state!r}, not a client of "
+                              f"this round's {spec.n_clients} in one of {', '.join(_CLIENT_STATES)}")
+        if "ctx" in blobs:
+            try:  # TenSEAL raises ValueError / RuntimeError (SEAL's std::exception) on corrupt or foreign bytes
+                c._ctx = ts.context_from(blobs["ctx"])
+            except (ValueError, RuntimeError, TypeError) as exc:
+                raise DecodeError(f"stored CKKS client state: the TenSEAL context does not load ({exc}); the site's "
+                                  "stored round state is corrupt — the round cannot continue on this site") from None
+        else:
+            c._ctx = None
         for k in ("_c_pk", "_holder_pk", "_digest"):
             setattr(c, k, blobs.get(k))
-        c._survivors = None if head.get("survivors") is None else tuple(int(u) for u in head["survivors"])
         return c
 
 
@@ -731,12 +775,8 @@ class CKKSServer:
             raise ProtocolError(f"server is {self.stage}; message discarded")
         allowed = {"advertise": (AdvertiseKeys,), "handoff": (PublicContext, ContextHandoff, SignedInput),
                    "input": (SignedInput,), "confirm": (ConsistencySignature,), "decrypt": (DecryptedSum,)}[self.stage]
-        try:
-            msg = decode(data, session_id=self.spec.session_id, round_index=self.spec.round_index, expected=allowed)
-        except DecodeError as exc:
-            if str(exc).startswith("got "):
-                raise ProtocolError(f"server in stage {self.stage!r}: {exc} (stale, replayed or reordered); discarded") from None
-            raise
+        msg = _decode_expected(data, self.spec, allowed, f"server in stage {self.stage!r}",
+                               "stale, replayed or reordered; discarded")
         u = msg.sender
         if not 0 <= u < self.spec.n_clients:
             raise ProtocolError(f"server: message from unknown client {u}; discarded")

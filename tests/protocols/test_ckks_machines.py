@@ -216,12 +216,40 @@ def test_round_aborts_below_min_survivors_quorum_or_when_no_decryptor_is_left(se
 
 
 @pytest.mark.parametrize("kind,err", [("ciphertext", AuthenticationError), ("signature", AuthenticationError),
-                                      ("replay", ProtocolError), ("reorder", ProtocolError),
+                                      ("replay", ckks.UnexpectedMessageError), ("reorder", ckks.UnexpectedMessageError),
                                       ("wrong_session", DecodeError), ("truncate", DecodeError)])
 def test_tampered_messages_give_typed_errors(setup, kind, err):
     keys, params, ups = setup
     out = ckks.run_ckks_round(params, [k for k, _ in keys], [p for _, p in keys], ups, np.ones(3), CLIP, tamper=kind)
     assert type(out["error"]) is err and out["total"] is None
+    if err is ckks.UnexpectedMessageError:  # a well-formed message out of order is a ProtocolError, not a DecodeError
+        assert isinstance(out["error"], ProtocolError) and not isinstance(out["error"], DecodeError)
+        assert "replayed or reordered" in str(out["error"])
+
+
+def test_unexpected_message_type_is_typed_and_other_session_or_round_stays_decode_error(setup):
+    spec = _spec(setup)
+    keys, _, ups = setup
+    # client: a DecryptRequest while it waits for the key broadcast
+    c = CKKSClient(spec, 1, keys[1][0], ups[1])
+    c.start()
+    req = encode(DecryptRequest(spec.session_id, spec.round_index, 1, (), (), (), (), ()))
+    with pytest.raises(ckks.UnexpectedMessageError, match="got DecryptRequest, expected KeysBroadcast"):
+        c.receive(req)
+    assert c.state == "aborted"
+    # the same wrong type from another round is reported as a wrong round (DecodeError), as messages.decode does
+    c = CKKSClient(spec, 1, keys[1][0], ups[1])
+    c.start()
+    stale = encode(DecryptRequest(spec.session_id, spec.round_index + 1, 1, (), (), (), (), ()))
+    with pytest.raises(DecodeError, match="round") as ei:
+        c.receive(stale)
+    assert type(ei.value) is DecodeError
+    # server: a stale survivor-set signature in the advertise stage is discarded, typed, without aborting
+    server = CKKSServer(spec)
+    sig = encode(ConsistencySignature(spec.session_id, spec.round_index, 1, bytes(64)))
+    with pytest.raises(ckks.UnexpectedMessageError, match="server in stage 'advertise'"):
+        server.receive(sig)
+    assert server.stage == "advertise"
 
 
 def test_server_rejects_bad_uploads_without_aborting(setup):
@@ -269,6 +297,44 @@ def test_client_state_codec_round_trip_and_strictness(setup):
     for bad in (blob[:-1], b"XX" + blob[2:], blob + b"\0"):
         with pytest.raises(DecodeError):
             CKKSClient.load(bad, spec, keys[1][0])
+
+
+def _reblob(blob: bytes, head_change=None, blob_change=None) -> bytes:
+    """Rewrite a dumped client state (header JSON and/or one named blob), keeping the framing valid."""
+    import json
+    import struct
+
+    magic = ckks._STATE_MAGIC
+    n = struct.unpack_from("<I", blob, len(magic))[0]
+    pos = len(magic) + 4
+    head = json.loads(blob[pos:pos + n].decode())
+    pos += n
+    blobs = {}
+    for k, ln in head["blobs"]:
+        blobs[k] = blob[pos:pos + ln]
+        pos += ln
+    if blob_change:
+        blobs.update(blob_change)
+    head.update(head_change or {})
+    head["blobs"] = [[k, len(b)] for k, b in blobs.items()]
+    raw = json.dumps(head).encode()
+    return magic + struct.pack("<I", len(raw)) + raw + b"".join(blobs.values())
+
+
+def test_stored_state_with_corrupt_tenseal_context_is_a_decode_error(setup):
+    """A stored secret context that TenSEAL cannot load: DecodeError naming the context, not a TenSEAL trace."""
+    spec = _spec(setup)
+    clients, _, _ = _run_to_decrypt(setup, spec)
+    blob = clients[1].dump()
+    assert CKKSClient.load(blob, spec, setup[0][1][0])._ctx.is_private()  # the genuine state loads
+    for bad_ctx in (b"", b"\x00" * 64, ckks._secret_bytes(clients[1]._ctx)[:200]):
+        with pytest.raises(DecodeError, match="TenSEAL context does not load"):
+            CKKSClient.load(_reblob(blob, blob_change={"ctx": bad_ctx}), spec, setup[0][1][0])
+    for change, what in ((dict(state="hacked"), "state"), (dict(id=7), "client 7"), (dict(weight="x"), "malformed")):
+        with pytest.raises(DecodeError, match=what):
+            CKKSClient.load(_reblob(blob, head_change=change), spec, setup[0][1][0])
+    with pytest.raises(DecodeError, match="malformed"):
+        CKKSClient.load(_reblob(blob, blob_change={"c_sk": b"short"}), spec, setup[0][1][0])
 
 
 def test_spec_codec_round_trip_and_strictness(setup):
