@@ -1,11 +1,11 @@
 """Flower loopback deployment vs the in-process simulation of the same FedDL work.
 
 Starts a SuperLink and 3 SuperNodes on 127.0.0.1 (subprocesses), runs FedDL on the built-in
-``digits`` data split into 3 sites (plain and SecAgg+), and the same ``fed_dl`` in process. Both include the
+``digits`` data split into 3 sites (plain, SecAgg+ and/or CKKS), and the same ``fed_dl`` in process. Both include the
 no-rows t-SNE stage (landmark model on the server, placement on each site). Prints wall times and
 securefed payload bytes per site per aggregation (both directions) as JSON.
 
-    /tmp/flwr-venv/bin/python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg]
+    /tmp/flwr-venv/bin/python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg ckks]
         [--epsilon 2 --rows-epsilon 1 --embedding spectral-rows]
 
 With ``--epsilon``: differential privacy (seeded noise, local mode, τ_X = 128 = √64·16, the public
@@ -24,7 +24,7 @@ import numpy as np
 
 from securefed.data import load_dataset
 from securefed.landmarks import fed_dl
-from securefed.protocols import SecAggAggregator
+from securefed.protocols import CKKSAggregator, SecAggAggregator
 from securefed.protocols.flower import LocalDeployment
 
 
@@ -60,6 +60,8 @@ def main():
             if agg == "secagg":
                 ref = fed_dl(sites, a.landmarks, value_bound=bound, **kw,
                              aggregator=SecAggAggregator(clip_range=1.0, degree=2, threshold=2, random_state=0))
+            elif agg == "ckks":
+                ref = fed_dl(sites, a.landmarks, value_bound=bound, **kw, aggregator=CKKSAggregator(clip_range=1.0))
             else:
                 ref = fed_dl(sites, a.landmarks, **kw)
             # the no-rows t-SNE stage in process: landmark model + every site's placement
@@ -77,6 +79,8 @@ def main():
                 nodes = {"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True}
             if agg == "secagg":
                 cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
+            elif agg == "ckks":
+                cfg.update({"value-bound": bound})
             t0 = time.perf_counter()
             with LocalDeployment(os.path.join(tmp, "dep-" + agg)) as dep:
                 dep.start_superlink()

@@ -400,13 +400,6 @@ class _FederatedEmbedding(_Params):
         self.sent_kind_ = "Gaussian-kernel values to the landmarks, one row of n_y per record"
         return np.vstack(rows)
 
-    def _knn_from_rows(self, B, k, rng):
-        """k-NN graph (self first) from distance rows, by the chosen reconstruction path."""
-        idx, dist, DZ, self.reconstruction_ = knn_from_distance_rows(
-            B, self.landmarks_, k, reconstruction=self.reconstruction, noisy_landmarks=self.privacy is not None,
-            n_jobs=self.n_jobs, rng=rng)
-        return idx, dist, DZ
-
     def _site_slices(self):
         bounds = np.cumsum([0] + list(self.site_sizes_))
         return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -438,9 +431,10 @@ _COMMON_PARAMS_DOC = """
         ``"local"``: only final coordinates / labels leave.
     reconstruction : {"auto", "paper", "features"}
         Server-side path for ``nystrom="rows"``: dense Eq. (21) or feature map + k-NN (no n × n).
-        ``"auto"``: Eq. (21) up to 10 000 records, the feature map above — and the feature map whenever
-        ``privacy`` is set, because Eq. (21) breaks down on noisy landmarks
-        (:func:`securefed.nystrom.choose_reconstruction`).
+        ``"auto"``: Eq. (21) up to 10 000 records, the feature map above — and, for t-SNE and UMAP, the
+        feature map whenever ``privacy`` is set, because Eq. (21) breaks down on noisy landmarks
+        (:func:`securefed.nystrom.choose_reconstruction`). Spectral clustering's kernel rows keep the
+        size rule (not measured under DP).
     rows_privacy : object, optional
         Data perturbation of the rows (Sec. 5.1): an object with ``perturb_site(X, site, rng)`` and
         ``report()`` (:class:`securefed.accounting.DataPerturbation`).

@@ -36,18 +36,18 @@ import numpy as np
 
 from ...aggregation import AggregateResult, PlainAggregator
 from ...errors import AuditFailedError, ConfigError, ProtocolAbortedError, bad_value
-from ..quantize import dequantize, plan_fixed_point
+from ..quantize import dequantize, plan_fixed_point, warn_clipped
 from ..secagg import RoundSpec, SecAggServer
 from .transport import array_from_bytes, array_to_bytes, encode_spec
 
-__all__ = ["FlowerRunConfig", "run_feddl", "Sites", "EMBEDDINGS", "readmit_sites", "audit_stage", "embed_rows",
+__all__ = ["FlowerRunConfig", "cast_config_value", "run_feddl", "Sites", "EMBEDDINGS", "readmit_sites", "audit_stage", "embed_rows",
            "embed_local", "embed_local_model", "save_outputs"]
 
 
 EMBEDDINGS = ("tsne-local", "umap-local", "spectral-local", "tsne-rows", "umap-rows", "spectral-rows", "none")
 
 
-def _cast(value, default):
+def cast_config_value(value, default):
     """Cast a run-config value to the type of its default (``"false"`` → False for booleans)."""
     if isinstance(default, bool):
         if isinstance(value, str):
@@ -137,7 +137,7 @@ class FlowerRunConfig:
             if key not in known:
                 raise ConfigError(bad_value("run config key", k, f"use one of {', '.join(sorted(known))}"))
             try:
-                kw[key] = _cast(v, getattr(cls, key))
+                kw[key] = cast_config_value(v, getattr(cls, key))
             except (TypeError, ValueError):
                 raise ConfigError(bad_value(k, v, f"give a {type(getattr(cls, key)).__name__}")) from None
         return cls(**kw)
@@ -204,6 +204,11 @@ def readmit_sites(ex, cfg: FlowerRunConfig, sites: Sites, boundary: str) -> list
     site and the same record and feature counts, it takes that site's client id again with its **new**
     identity key (announced in the next round's SecAgg+ spec); its ledger on disk (same run id) carries
     the budget it already spent. Nodes with unknown names are ignored.
+
+    Trust: the name and the counts are all the server checks, so a node that knows a dropped site's name
+    and sizes can take its place (and its SecAgg+/CKKS identity key). In a deployment that is kept out by
+    Flower's node authentication (only registered SuperNodes join; README "Deploying", step 2); set
+    ``readmit = false`` where that is not in place.
     """
     dead = [i for i in range(len(sites.names)) if i not in sites.live]
     lister = getattr(ex, "available_nodes", None)
@@ -231,8 +236,12 @@ def readmit_sites(ex, cfg: FlowerRunConfig, sites: Sites, boundary: str) -> list
             continue
         name = str(r.get("site_name"))
         i = sites.names.index(name) if name in sites.names else -1
-        if i < 0 or i not in dead or i in sites.live:
-            sites.strangers.add(tmp[c])
+        if i < 0:
+            sites.strangers.add(tmp[c])  # not a site of this run: never asked again
+            continue
+        if i not in dead or i in sites.live:
+            # a known site whose old node has not been noticed as gone yet: ask this node again at a later
+            # boundary (marking it a stranger would lock the restarted site out once its old node drops)
             continue
         if int(r["n_records"]) != sites.sizes[i] or int(r["n_features"]) != sites.n_features:
             _log(cfg, "readmit-refused", site=name, reason="record or feature count changed")
@@ -321,7 +330,8 @@ def _aggregate(ex, cfg, sites: Sites, sec, task: dict, weights, label: str, clip
                 sites.live.discard(i)
     else:
         raise ConfigError(bad_value("aggregation", cfg.aggregation, "use 'plain', 'secagg' or 'ckks' over Flower"))
-    stats = {"label": label, "survivors": list(agg.survivors), "seconds": time.perf_counter() - t0,
+    stats = {"label": label, "survivors": list(agg.survivors), "clipped": int(agg.clipped),
+             "seconds": time.perf_counter() - t0,
              "bytes_to_site": {sites.names[i]: ex.bytes_to[i] - before_to.get(i, 0) for i in range(n)},
              "bytes_from_site": {sites.names[i]: ex.bytes_from[i] - before_from.get(i, 0) for i in range(n)},
              "details": agg.details}
@@ -347,14 +357,24 @@ def _secagg(ex, cfg, sites: Sites, sec: _SecAggState, base: dict, w, label: str,
     sb = encode_spec(spec)
     payloads = {i: dict(base, op="secagg-start", site=i, spec=sb, weight=float(w[i])) for i in sorted(sites.live)}
     # the stage relay shared with CKKS: each stage closes when every live site answered or at its deadline
-    drive_stages(ex, server, payloads, outgoing, make_feed(ex, server, outgoing, rejected), "secagg",
+    relay = make_feed(ex, server, outgoing, rejected)
+    clipped: dict = {}
+
+    def feed(cid, fields):
+        if "secagg_clipped" in fields:  # coordinates the site's client clipped into the public range (quantising)
+            clipped[cid] = max(clipped.get(cid, 0), int(fields["secagg_clipped"]))
+        relay(cid, fields)
+
+    drive_stages(ex, server, payloads, outgoing, feed, "secagg",
                  on_stage=lambda st: _log(cfg, "stage", label=label, stage=st, round=spec.round_index))
     for i in range(n):
         if i not in server.survivors:
             sites.live.discard(i)
     total = dequantize(server.result, fp).reshape(shape)
     surv = tuple(int(i) for i in server.survivors)
-    return AggregateResult(total, surv, float(w[list(surv)].sum()), "secagg", 0,
+    n_clipped = int(sum(clipped.get(i, 0) for i in surv))
+    warn_clipped(n_clipped, float(clip), f"SecAgg+ sum '{label}' over Flower")
+    return AggregateResult(total, surv, float(w[list(surv)].sum()), "secagg", n_clipped,
                            int(np.mean([server.bytes_in.get(i, 0) for i in surv])), int(sum(server.bytes_in.values())),
                            time.perf_counter() - t0, {"degree": spec.degree, "threshold": spec.threshold,
                                                       "dropped_at": {k: list(v) for k, v in server.dropped_at.items()},

@@ -23,7 +23,7 @@ import sys
 import time
 
 from ...errors import ConfigError, ProtocolTimeoutError, bad_value
-from .coordinator import FlowerRunConfig, _cast
+from .coordinator import FlowerRunConfig, cast_config_value
 
 __all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment"]
 
@@ -49,7 +49,7 @@ def write_app(directory: str, config: dict | None = None) -> str:
     for k, v in (config or {}).items():
         if k not in cfg:
             raise ConfigError(bad_value("run config key", k, f"use one of {', '.join(sorted(cfg))}"))
-        cfg[k] = _cast(v, cfg[k])
+        cfg[k] = cast_config_value(v, cfg[k])
     os.makedirs(directory, exist_ok=True)
     lines = [
         "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",

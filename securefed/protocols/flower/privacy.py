@@ -35,8 +35,8 @@ can subtract the noise**. A site therefore refuses seeded noise unless its opera
 Distributed noise (``noise = "distributed"``) is accepted only as in process: gradient averaging, a
 secure sum (``secagg`` / ``ckks``; a site refuses to send a distributed-noise release in a ``plain``
 upload), and the server settles every aggregation with its actual survivors in the aggregate ledger; the
-site's own ledger keeps the worst case it accepted (``min-survivors`` survivors) and, when the next request
-tells it the survivors of an earlier aggregation, records the same settlement.
+site's own ledger keeps the worst case it accepted (``min-survivors`` = t survivors), which bounds what it
+spends because it helps reveal only sums over at least t sites (:func:`site_settle`).
 """
 
 from __future__ import annotations
@@ -259,12 +259,20 @@ def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None 
 
 def site_settle(gp, site: int, settle: list) -> None:
     """Record in the site's ledger the settlements the server announced ``[[round, step, survivors], ...]``
-    for this site's distributed-noise releases (the site recomputes the noise multiplier itself)."""
+    for this site's distributed-noise releases (the site recomputes the noise multiplier itself) — but
+    only those that **raise** its spending: a survivor list of ``t`` or more sites could only lower the
+    worst case the site booked when it released, and the site does not take the server's word for that.
+
+    Since an honest site helps reveal a distributed-noise sum only over at least ``t`` survivors (its
+    SecAgg+ client refuses smaller survivor sets; a CKKS round is specified with ``min_survivors ≥ t``),
+    the worst case it books at release time is an upper bound on what it spends, whether or not a
+    settlement reaches it later (the last aggregation's never does)."""
     if gp.noise != "distributed":
         return
     for rnd, step, surv in settle or []:
+        surv = sorted({int(s) for s in surv})
         evs = gp.ledger.releases_at(int(site), int(rnd), int(step))
-        if evs and int(site) in [int(s) for s in surv]:
+        if evs and int(site) in surv and len(surv) < gp.t:
             settle_aggregation(gp, rnd, step, surv, {int(site): evs[-1]["id"]})
 
 

@@ -322,7 +322,7 @@ def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
                 extras.update(extra)
                 return u
 
-            reply = site_handle_ckks(fields, None, state, upload)
+            reply = site_handle_ckks(fields, None, state, upload, node_config)
             return {**reply, **extras} if "error" not in reply else reply
         if op == "rows":
             return _rows(fields, node_config, state)
@@ -369,7 +369,7 @@ def handle(fields: dict, node_config: dict, state: SiteState) -> dict:
             if client.state in ("done", "aborted"):
                 state.data.pop("client", None)
                 state.data.pop("spec", None)
-            return {"msgs": out}
+            return {"msgs": out, "secagg_clipped": int(client.clipped)}
         raise ProtocolError(f"unknown operation {op!r}")
     except SecureFedError as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
