@@ -196,8 +196,17 @@ def run(cfg: RunConfig) -> dict:
     privacy = rows_privacy = None
     if cfg.method in FED_METHODS and cfg.privacy_args is not None:
         from .accounting.cli import privacy_from_args
+        from .data import BUILTIN_DATASETS
 
-        privacy = privacy_from_args(cfg.privacy_args, ledger_path, run_id, random_state=cfg.seed)
+        pa = cfg.privacy_args
+        dp_asked = getattr(pa, "epsilon", None) is not None or getattr(pa, "noise_multiplier", None) is not None
+        if dp_asked and getattr(pa, "clip_norm", None) is None and str(cfg.dataset) in BUILTIN_DATASETS:
+            # a built-in data set is public, so its value range is public knowledge: every record's norm is at
+            # most max|x_j|·√m, a τ_X that clips nothing and depends on no one's records
+            pa.clip_norm = float(np.max(np.abs(ds.X))) * float(np.sqrt(ds.X.shape[1]))
+            cfg.extra["clip_norm_from"] = "built-in data set's public value range: max|x|·√m"
+            _log(cfg, f"[privacy] --clip-norm {pa.clip_norm:g} (the built-in data set's public range: max|x|·√m; no record is clipped)")
+        privacy = privacy_from_args(pa, ledger_path, run_id, random_state=cfg.seed)
     nystrom = cfg.nystrom or ("local" if privacy is not None else "rows")
     if privacy is not None and nystrom == "rows":
         from .accounting import DataPerturbation

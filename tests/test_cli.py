@@ -218,3 +218,23 @@ def test_dp_run_writes_privacy_block_and_ledger(tmp_path):
     assert m["mode"]["nystrom"] == "local"  # with DP no per-record rows leave a site by default
     lines = (out / "ledger.jsonl").read_text().splitlines()
     assert len(lines) > 1 and json.loads(lines[0])["type"] == "header"
+
+
+def test_dp_run_on_builtin_data_takes_the_public_range_as_clip_norm(tmp_path):
+    """Built-in data sets are public: without --clip-norm a DP run uses τ_X = max|x|·√m (clips nothing);
+    a user's file still needs --clip-norm."""
+    from securefed.data import load_dataset
+
+    out = tmp_path / "dp"
+    code = main(["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "10",
+                 "--rounds", "2", "--local-steps", "1", "--epsilon", "2", "--no-compare-centralized", "--no-audit",
+                 "--quiet", "--out", str(out)])
+    assert code == 0
+    X = load_dataset("iris").X
+    priv = json.loads((out / "metrics.json").read_text())["privacy"]
+    assert priv["tau_x"] == pytest.approx(float(np.max(np.abs(X))) * np.sqrt(X.shape[1]))
+    assert priv["clipped_records"] == 0
+    f = tmp_path / "mine.csv"
+    np.savetxt(f, X, delimiter=",")
+    assert main(["run", "--dataset", str(f), "--clients", "3", "--epsilon", "2", "--quiet", "--no-audit",
+                 "--out", str(tmp_path / "u")]) == 2
