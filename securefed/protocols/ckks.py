@@ -111,7 +111,7 @@ from ..errors import (AuthenticationError, ConfigError, DecodeError, OverflowRis
 from . import crypto
 from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, ContextHandoff, DecryptedSum,
                        DecryptRequest, InputDigest, InputEntry, KeyEntry, KeysBroadcast, PublicContext, SignatureEntry,
-                       SignedInput, decode, encode, peek_header)
+                       SignedInput, decode, decode_expected, encode, peek_header)
 from .quantize import check_random_state, warn_clipped
 from .secagg import advert_payload, channel_key, share_aad
 
@@ -133,19 +133,6 @@ class UnexpectedMessageError(ProtocolError):
     DecryptRequest before the key handoff). Malformed bytes, another session or another round stay
     :class:`DecodeError`.
     """
-
-
-def _decode_expected(data, spec, expected: tuple, where: str, why: str):
-    """``messages.decode`` for ``spec``'s session and round, raising :class:`UnexpectedMessageError` (not a
-    :class:`DecodeError`) for a well-formed message of this session and round whose type is not in ``expected``.
-
-    The same precedence as ``decode``: a wrong session or round is reported first (DecodeError).
-    """
-    cls, session, rnd = peek_header(data)
-    if session == spec.session_id and rnd == spec.round_index and cls not in expected:
-        raise UnexpectedMessageError(f"{where}: got {cls.__name__}, expected "
-                                     f"{' or '.join(c.__name__ for c in expected)} ({why})")
-    return decode(data, session_id=spec.session_id, round_index=spec.round_index, expected=expected)
 
 
 @dataclass(frozen=True)
@@ -509,8 +496,8 @@ class CKKSClient:
         try:
             if expected is None:
                 raise ProtocolError(f"client {self.id}: no message expected in state {self.state!r}")
-            msg = _decode_expected(data, self.spec, (expected,), f"client {self.id} in state {self.state!r}",
-                                   "replayed or reordered message")
+            msg = decode_expected(data, self.spec, (expected,), f"client {self.id} in state {self.state!r}",
+                                  "replayed or reordered message", UnexpectedMessageError)
             if msg.recipient != self.id:
                 raise ProtocolError(f"client {self.id} received a message addressed to client {msg.recipient}")
             return handler(msg)
@@ -775,8 +762,8 @@ class CKKSServer:
             raise ProtocolError(f"server is {self.stage}; message discarded")
         allowed = {"advertise": (AdvertiseKeys,), "handoff": (PublicContext, ContextHandoff, SignedInput),
                    "input": (SignedInput,), "confirm": (ConsistencySignature,), "decrypt": (DecryptedSum,)}[self.stage]
-        msg = _decode_expected(data, self.spec, allowed, f"server in stage {self.stage!r}",
-                               "stale, replayed or reordered; discarded")
+        msg = decode_expected(data, self.spec, allowed, f"server in stage {self.stage!r}",
+                              "stale, replayed or reordered; discarded", UnexpectedMessageError)
         u = msg.sender
         if not 0 <= u < self.spec.n_clients:
             raise ProtocolError(f"server: message from unknown client {u}; discarded")

@@ -24,10 +24,10 @@ import struct
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from ..errors import DecodeError
+from ..errors import DecodeError, ProtocolError
 
 __all__ = [
-    "VERSION", "MAGIC", "HEADER", "MESSAGE_TYPES", "encode", "decode", "peek_header",
+    "VERSION", "MAGIC", "HEADER", "MESSAGE_TYPES", "encode", "decode", "decode_expected", "peek_header",
     "KeyEntry", "ShareCipher", "ShareValue", "SignatureEntry",
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
@@ -467,3 +467,18 @@ def decode(data: bytes, *, session_id: bytes | None = None, round_index: int | N
 def message_fields(msg) -> dict:
     """The message's own fields (without session and round), for logs and tests."""
     return {f.name: getattr(msg, f.name) for f in fields(msg) if f.name not in ("session_id", "round_index")}
+
+
+def decode_expected(data: bytes, spec, expected, where: str, why: str, error=ProtocolError):
+    """:func:`decode` for a state machine: ``spec``'s session and round, one of the ``expected`` classes.
+
+    A well-formed message of this session and round whose type is not expected (a replayed, reordered
+    or stale message) raises ``error`` (a :class:`ProtocolError` subclass: a protocol fault, not a
+    malformed message) as ``"{where}: got X, expected Y ({why})"``; a wrong session or round and any
+    malformation raise :class:`DecodeError` as in :func:`decode` (checked first, same precedence).
+    """
+    allowed = expected if isinstance(expected, tuple) else (expected,)
+    cls, session, rnd = peek_header(data)
+    if session == spec.session_id and rnd == spec.round_index and cls not in allowed:
+        raise error(f"{where}: got {cls.__name__}, expected {' or '.join(c.__name__ for c in allowed)} ({why})")
+    return decode(data, session_id=spec.session_id, round_index=spec.round_index, expected=allowed)

@@ -50,7 +50,7 @@ from . import crypto, shamir
 from .graph import harary_graph
 from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares,
                        ForwardedShares, KeyEntry, KeysBroadcast, MaskedInput, ShareCipher, SharePlaintext,
-                       ShareValue, SignatureEntry, UnmaskRequest, UnmaskResponse, decode, encode)
+                       ShareValue, SignatureEntry, UnmaskRequest, UnmaskResponse, decode, decode_expected, encode)
 from .quantize import FixedPoint, quantize
 
 __all__ = ["STAGES", "DEFAULT_TIMEOUTS", "RoundSpec", "SecAggClient", "SecAggServer"]
@@ -190,9 +190,6 @@ class SecAggClient:
         self._held = {}
         self._update = None
 
-    def _decode(self, data, expected):
-        return decode(data, session_id=self.spec.session_id, round_index=self.spec.round_index, expected=expected)
-
     def start(self, now: float = 0.0) -> list[bytes]:
         """Stage ``advertise``: fresh X25519 key pairs, signed with the identity key."""
         if self.state != "init":
@@ -215,12 +212,8 @@ class SecAggClient:
         try:
             if expected is None:
                 raise ProtocolError(f"client {self.id}: no message expected in state {self.state!r}")
-            try:
-                msg = self._decode(data, expected)
-            except DecodeError as exc:
-                if "expected" in str(exc) and str(exc).startswith("got "):
-                    raise ProtocolError(f"client {self.id} in state {self.state!r}: {exc} (replayed or reordered message)") from None
-                raise
+            msg = decode_expected(data, self.spec, expected, f"client {self.id} in state {self.state!r}",
+                                  "replayed or reordered message")
             if msg.recipient != self.id:
                 raise ProtocolError(f"client {self.id} received a message addressed to client {msg.recipient}")
             return handler(msg)
@@ -393,12 +386,8 @@ class SecAggServer:
             raise ProtocolError(f"server is {self.stage}; message discarded")
         expected = {"advertise": AdvertiseKeys, "share": EncryptedShares, "masked": MaskedInput,
                     "consistency": ConsistencySignature, "unmask": UnmaskResponse}[self.stage]
-        try:
-            msg = decode(data, session_id=self.spec.session_id, round_index=self.spec.round_index, expected=expected)
-        except DecodeError as exc:
-            if str(exc).startswith("got "):
-                raise ProtocolError(f"server in stage {self.stage!r}: {exc} (stale, replayed or reordered); discarded") from None
-            raise
+        msg = decode_expected(data, self.spec, expected, f"server in stage {self.stage!r}",
+                              "stale, replayed or reordered; discarded")
         u = msg.sender
         if u not in self.expected:
             raise ProtocolError(f"server: client {u} is not expected in stage {self.stage!r}; discarded")
