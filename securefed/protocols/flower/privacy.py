@@ -50,7 +50,7 @@ import numpy as np
 from ...errors import BudgetExceededError, ConfigError, ProtocolError, bad_value
 
 __all__ = ["DP_RUN_KEYS", "dp_enabled", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
-           "settle_aggregation", "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
+           "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
            "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
            "earlier_spending", "open_site_ledger"]
 
@@ -99,16 +99,6 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
                  local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
                  aggregator=plan["aggregation"])
     return gp
-
-
-def settle_aggregation(gp, round: int, step: int, survivors, release_ids: dict) -> None:
-    """Settle one distributed-noise aggregation with its actual survivors, as ``fed_dl`` does in process.
-
-    ``release_ids = {site: ledger release id}`` of the releases summed in that aggregation. The mechanism's
-    own ``after_aggregate`` computes each survivor's actual noise multiplier and writes the settlement
-    (raising :class:`BudgetExceededError` if a site is now over its budget).
-    """
-    gp.settle(round=round, step=step, survivors=survivors, release_ids=release_ids)
 
 
 # ------------------------------------------------------------------------------------------------ site
@@ -273,7 +263,7 @@ def site_settle(gp, site: int, settle: list) -> None:
         surv = sorted({int(s) for s in surv})
         evs = gp.ledger.releases_at(int(site), int(rnd), int(step))
         if evs and int(site) in surv and len(surv) < gp.t:
-            settle_aggregation(gp, rnd, step, surv, {int(site): evs[-1]["id"]})
+            gp.settle(round=rnd, step=step, survivors=surv, release_ids={int(site): evs[-1]["id"]})
 
 
 def release_events(gp, site: int, rnd: int, steps) -> list:
@@ -367,7 +357,7 @@ class ServerPrivacy:
         pend = self._pending.pop((int(rnd), int(step)), {})
         if self.gp.noise != "distributed" or not pend:
             return
-        settle_aggregation(self.gp, rnd, step, survivors, pend)
+        self.gp.settle(round=rnd, step=step, survivors=survivors, release_ids=pend)
         self.unsettled.append([int(rnd), int(step), [int(s) for s in survivors]])
 
     def report(self) -> dict:
