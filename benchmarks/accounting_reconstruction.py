@@ -3,8 +3,8 @@
 For several landmark sets Y (300 × 784) the script computes the squared-distance rows ``B = D²(X, Y)``,
 ``W = D²(Y, Y)``, reconstructs all pairwise distances with
 
-* ``eq21``   — ``securefed.nystrom.nystrom_distance`` (``papers/000`` Eq. 21, dense ``B W^† Bᵀ``),
-* ``featmap`` — ``securefed.nystrom.distance_feature_map`` (landmark MDS: projection of every record onto
+* ``eq21``   — ``securefed.embedding.nystrom.nystrom_distance`` (``papers/000`` Eq. 21, dense ``B W^† Bᵀ``),
+* ``featmap`` — ``securefed.embedding.nystrom.distance_feature_map`` (landmark MDS: projection of every record onto
   the affine hull of the landmarks),
 
 and reports the 10-NN classification accuracy (leave-one-out majority vote over the reconstructed
@@ -50,7 +50,7 @@ def main():
     from securefed.data import partition
     from securefed.kernels import sq_dists
     from securefed.landmarks import fed_dl
-    from securefed.protocols import SecAggAggregator
+    from securefed.securesum import SecAggAggregator
 
     X, y = mnist_data()
     X = X.astype(np.float64) / 255.0

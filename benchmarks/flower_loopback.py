@@ -24,8 +24,8 @@ import numpy as np
 
 from securefed.data import load_dataset
 from securefed.landmarks import fed_dl
-from securefed.protocols import CKKSAggregator, SecAggAggregator
-from securefed.protocols.flower import LocalDeployment
+from securefed.securesum import CKKSAggregator, SecAggAggregator
+from securefed.flower import LocalDeployment
 
 
 def main():
@@ -65,7 +65,7 @@ def main():
             else:
                 ref = fed_dl(sites, a.landmarks, **kw)
             # the no-rows t-SNE stage in process: landmark model + every site's placement
-            from securefed.protocols.flower.embedding import fit_landmark_tsne, landmark_perplexity
+            from securefed.embedding.placement import fit_landmark_tsne, landmark_perplexity
 
             model = fit_landmark_tsne(ref.landmarks, 30.0, 0)
             for S in sites:

@@ -23,7 +23,7 @@ from sklearn.cluster import KMeans
 
 from securefed.data import load_dataset
 from securefed.kernels import gaussian_kernel, local_median_sq_dist, sq_dists
-from securefed.nystrom import distance_feature_map, kernel_feature_map, nystrom_distance
+from securefed.embedding.nystrom import distance_feature_map, kernel_feature_map, nystrom_distance
 
 
 def knn_sets(D: np.ndarray, k: int) -> np.ndarray:

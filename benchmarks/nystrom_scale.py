@@ -27,7 +27,7 @@ from sklearn.neighbors import NearestNeighbors
 
 from securefed.kernels import gaussian_kernel, local_median_sq_dist
 from securefed.metrics import neighbor_preservation
-from securefed.nystrom import kernel_feature_map, knn_graph
+from securefed.embedding.nystrom import kernel_feature_map, knn_graph
 
 
 def rss_gb() -> float:

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python3 benchmarks/protocols_ckks.py --clients 10 --length 1000000
 
-securefed: one :func:`securefed.protocols.ckks.run_ckks_round` (signed key advertisement, key
+securefed: one :func:`securefed.securesum.ckks.run_ckks_round` (signed key advertisement, key
 generation, AES-GCM key handoff, clip + encrypt per client, strict codec, homomorphic sum on the public
 context, decrypt + randomised rounding). Raw: the same TenSEAL parameters, N clients' ``ckks_vector``
 encryptions + serialisation, deserialisation on a public context, ``add_``, decryption.
@@ -17,7 +17,7 @@ import time
 import numpy as np
 import tenseal as ts
 
-from securefed.protocols import ckks, crypto
+from securefed.securesum import ckks, crypto
 
 
 def raw_tenseal(params, xs) -> float:

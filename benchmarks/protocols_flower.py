@@ -129,7 +129,7 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
 
 
 def run_securefed(n: int, d: int, degree: int, threshold: int, seed: int = 0) -> dict:
-    from securefed.protocols import SecAggAggregator
+    from securefed.securesum import SecAggAggregator
 
     rng = np.random.default_rng(seed)
     ups = [rng.uniform(-1, 1, d) for _ in range(n)]
@@ -147,7 +147,7 @@ def signature_cost(n: int, degree: int, threshold: int) -> dict:
     signatures and no consistency check): unit costs measured now × the operation counts of one round
     (n signs of adverts + n of survivor sets; clients verify degree adverts and threshold survivor-set
     signatures each; the server verifies n adverts and n survivor-set signatures)."""
-    from securefed.protocols import crypto
+    from securefed.securesum import crypto
 
     sk, pk = crypto.ed25519_keypair()
     msg = bytes(100)

@@ -8,7 +8,7 @@ machine, so "round time" is the total CPU work of every party, serialised; ``cli
 is one client's share, what a deployment with parallel clients waits for per client) with 10 % of the clients
 dropping after the share-keys stage (``drop_stage="masked"``: the costliest case, the server must
 recover their pairwise masks). Degree and threshold come from the default threat model
-(δ = 0.1, γ = 0.1, σ = 40, η = 10). Plaintext summation is :class:`securefed.aggregation.PlainAggregator` on the same float64 vectors.
+(δ = 0.1, γ = 0.1, σ = 40, η = 10). Plaintext summation is :class:`securefed.securesum.base.PlainAggregator` on the same float64 vectors.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from securefed.aggregation import PlainAggregator
-from securefed.protocols import SecAggAggregator, crypto
+from securefed.securesum.base import PlainAggregator
+from securefed.securesum import SecAggAggregator, crypto
 
 
 def mask_throughput(d: int = 1_000_000, reps: int = 20) -> dict:

@@ -14,8 +14,9 @@ from .accounting import (
     epsilon_from_noise,
     gradient_sensitivity,
 )
-from .aggregation import AggregateResult, Aggregator, PlainAggregator, make_aggregator
-from .audits import AuditPolicy, audit_gate, membership_audit, write_report
+from .securesum.base import AggregateResult, Aggregator, PlainAggregator, make_aggregator
+from .audits import AuditPolicy, audit_gate, membership_audit
+from .report import write_report
 from .data import Dataset, check_sites, load_dataset, partition
 from .errors import (
     AuditFailedError,
@@ -36,7 +37,7 @@ from .estimators import (
 from .landmarks import FedDLResult, fed_dl, lloyd_refine, mmd, mmd_grad
 from .metrics import clustering_metrics, embedding_metrics
 from .peers import PEER_METHODS, CentralizedGTM, DistributedGTM, FedDSNE
-from .protocols import CKKSAggregator, SecAggAggregator, simulate
+from .securesum import CKKSAggregator, SecAggAggregator, simulate
 
 __all__ = [
     "__version__",

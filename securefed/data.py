@@ -211,7 +211,7 @@ def _load_csv(path: Path, label_column: str | None) -> Dataset:
 def as_float_matrix(A, parameter: str, min_rows: int = 1) -> np.ndarray:
     """Validate a numeric 2-D array (≥ ``min_rows`` rows, ≥ 1 column, finite); return a float64 C-contiguous array.
 
-    The one array check shared by the loaders, :mod:`securefed.metrics` and :mod:`securefed.nystrom`;
+    The one array check shared by the loaders, :mod:`securefed.metrics` and :mod:`securefed.embedding.nystrom`;
     raises :class:`DataError` naming ``parameter``.
     """
     arr = np.asarray(A)

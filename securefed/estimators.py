@@ -2,7 +2,7 @@
 
 A federated fit has three stages, each a method of :class:`_FederatedEmbedding`:
 
-1. **Landmarks** — FedDL (:func:`securefed.landmarks.fed_dl`, Algorithm 1) through the chosen secure sum
+1. **Landmarks** — FedDL (:func:`securefed.landmarks.feddl.fed_dl`, Algorithm 1) through the chosen secure sum
    (plain / SecAgg+ / CKKS) and, optionally, the DP hook.
 2. **Audit gate** — an optional ``auditor`` callable runs on the landmarks *before* anything per-record
    leaves a site; it raises :class:`~securefed.errors.AuditFailedError` to stop the fit.
@@ -27,11 +27,11 @@ import time
 
 import numpy as np
 
-from .aggregation import make_aggregator
+from .securesum.base import make_aggregator
 from .errors import ConfigError, bad_value
 from .kernels import gaussian_kernel, median_gamma, local_median_sq_dist, sq_dists
 from .landmarks import FedDLResult, check_sites, fed_dl, lloyd_refine
-from . import nystrom as _ny
+from .embedding import nystrom as _ny
 
 __all__ = [
     "FedTSNE",
@@ -57,15 +57,15 @@ NYSTROM_MODES = ("rows", "local")
 # -------------------------------------------------------------------------------- server-side stages
 # The server's "rows → result" step of each estimator (rows mode) and the landmark-model steps of the
 # local mode, as plain functions: the estimators call them, and so does the Flower coordinator
-# (securefed.protocols.flower), so both give the same result for the same rows, landmarks and Generator.
+# (securefed.flower), so both give the same result for the same rows, landmarks and Generator.
 
 
 def knn_from_distance_rows(B, landmarks, k, *, reconstruction="auto", noisy_landmarks=False, n_jobs=1, rng):
     """k-NN graph (each point itself first) from the sites' squared-distance rows ``B = D²(X, Y)``.
 
-    ``"paper"``: Eq. (21) of ``papers/000`` (:func:`securefed.nystrom.nystrom_distance`, dense n × n);
+    ``"paper"``: Eq. (21) of ``papers/000`` (:func:`securefed.embedding.nystrom.nystrom_distance`, dense n × n);
     ``"features"``: the landmark-MDS feature map + approximate k-NN (no n × n). The path is chosen by
-    :func:`securefed.nystrom.choose_reconstruction`.
+    :func:`securefed.embedding.nystrom.choose_reconstruction`.
 
     Returns
     -------
@@ -303,7 +303,7 @@ class _FederatedEmbedding(_Params):
         return members, holdout, member_idx
 
     def _fit_landmarks(self, sites, rng) -> FedDLResult:
-        from .aggregation import AGGREGATIONS
+        from .securesum.base import AGGREGATIONS
 
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(bad_value("aggregation", self.aggregation, f"choose one of {', '.join(AGGREGATIONS)}"))
@@ -417,7 +417,7 @@ _COMMON_PARAMS_DOC = """
     rule : {"model", "gradient"}
         Model averaging (Eq. 15) or gradient averaging (Eq. 16).
     lr : float or "auto"
-        Step size; ``"auto"`` is :func:`securefed.landmarks.default_lr`.
+        Step size; ``"auto"`` is :func:`securefed.landmarks.feddl.default_lr`.
     gamma : float, optional
         FedDL kernel bandwidth (median heuristic when None).
     weights : "records", "uniform" or sequence
@@ -433,7 +433,7 @@ _COMMON_PARAMS_DOC = """
         Server-side path for ``nystrom="rows"``: dense Eq. (21) or feature map + k-NN (no n × n).
         ``"auto"``: Eq. (21) up to 10 000 records, the feature map above — and, for t-SNE and UMAP, the
         feature map whenever ``privacy`` is set, because Eq. (21) breaks down on noisy landmarks
-        (:func:`securefed.nystrom.choose_reconstruction`). Spectral clustering's kernel rows keep the
+        (:func:`securefed.embedding.nystrom.choose_reconstruction`). Spectral clustering's kernel rows keep the
         size rule (not measured under DP).
     rows_privacy : object, optional
         Data perturbation of the rows (Sec. 5.1): an object with ``perturb_site(X, site, rng)`` and
@@ -454,7 +454,7 @@ _COMMON_PARAMS_DOC = """
         Public bound on |feature values|; required by ``"secagg"`` / ``"ckks"`` (their public
         quantisation range); defaults to the DP clip norm.
     refine_rounds : int or "auto"
-        Federated Lloyd refinement rounds after FedDL (:func:`securefed.landmarks.lloyd_refine`,
+        Federated Lloyd refinement rounds after FedDL (:func:`securefed.landmarks.feddl.lloyd_refine`,
         beyond the paper). ``"auto"``: 10 with ``nystrom="local"`` and no DP, else 0.
     refine_min_cluster : int, default 10
         A landmark moves only to the mean of at least this many records (privacy/utility trade-off,

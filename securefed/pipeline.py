@@ -195,7 +195,7 @@ def run(cfg: RunConfig) -> dict:
     # ---------------------------------------------------------------- privacy set-up (issue 4)
     privacy = rows_privacy = None
     if cfg.method in FED_METHODS and cfg.privacy_args is not None:
-        from .accounting.cli import privacy_from_args
+        from .cli.budget import privacy_from_args
         from .data import BUILTIN_DATASETS
 
         pa = cfg.privacy_args
@@ -324,7 +324,8 @@ def run(cfg: RunConfig) -> dict:
 
 def _make_auditor(cfg: RunConfig, privacy, out: str, metrics: dict):
     """The membership-inference gate between the landmarks and the Nyström stage (issue 5)."""
-    from .audits import AuditPolicy, audit_gate, membership_audit, write_audit_files
+    from .audits import AuditPolicy, audit_gate, membership_audit
+    from .report import write_audit_files
 
     policy = AuditPolicy(max_auc=cfg.max_auc, max_empirical_epsilon=cfg.max_empirical_epsilon)
 
@@ -400,7 +401,8 @@ def _fit_federated(cfg, sites, y, privacy, rows_privacy, nystrom, progress, out,
 def _reconstruction_audit(cfg, fed, sites, out) -> dict:
     """Play the server on what left the sites in the Nyström stage and measure what it gives back."""
     from .audits import (reconstruct_from_coordinates, reconstruct_from_distance_rows, reconstruct_from_kernel_rows,
-                         reconstruction_record, write_audit_files)
+                         reconstruction_record)
+    from .report import write_audit_files
 
     X_true = np.vstack(sites)
     Y = fed.landmarks_

@@ -8,7 +8,7 @@ See ``papers/000`` §5 (Theorems 3 and 5) and DESIGN §3. Public API:
   :func:`compose_gdp`, :func:`gdp_epsilon`, :func:`gdp_mu`, :func:`gdp_delta`
 * mechanisms: :class:`GradientPerturbation` (FedDL's ``LandmarkPrivacy`` hook), :func:`perturb_data`
 * ledger: :class:`PrivacyLedger`
-* CLI: :mod:`securefed.accounting.cli` (``securefed budget``; ``add_privacy_arguments``/``privacy_from_args``)
+* CLI: :mod:`securefed.cli.budget` (``securefed budget``; ``add_privacy_arguments``/``privacy_from_args``)
 """
 
 from .accountants import (

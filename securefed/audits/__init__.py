@@ -1,11 +1,10 @@
-"""Audits: membership inference on the landmarks, the audit gate, reconstruction risk, privacy reports.
+"""Audits: membership inference on the landmarks, the audit gate, reconstruction risk.
 
 The pipeline calls these as pure functions on arrays:
 
 * :func:`membership_audit` → :class:`MIAResult` (federated: only ROC counts leave a site);
 * :func:`audit_gate` with an :class:`AuditPolicy` → :class:`GateDecision` or :class:`~securefed.errors.AuditFailedError`;
 * ``reconstruct_from_*`` + :func:`reconstruction_risk` / :func:`reconstruction_record` (play the server);
-* :func:`write_audit_files` and :func:`write_report` (``securefed audit RUN_DIR``).
 """
 
 from .gate import OVERRIDE_FLAG, AuditPolicy, GateDecision, audit_gate
@@ -17,7 +16,6 @@ from .reconstruction import (
     reconstruction_record,
     reconstruction_risk,
 )
-from .report import SCHEMA_VERSION, build_report, load_schema, validate_report, what_leaves, write_audit_files, write_report
 from .stats import clopper_pearson, epsilon_lower_bound, gdp_mu_lower_bound
 
 __all__ = [
@@ -35,13 +33,6 @@ __all__ = [
     "reconstruct_from_coordinates",
     "reconstruction_risk",
     "reconstruction_record",
-    "write_report",
-    "build_report",
-    "write_audit_files",
-    "what_leaves",
-    "load_schema",
-    "validate_report",
-    "SCHEMA_VERSION",
     "clopper_pearson",
     "epsilon_lower_bound",
     "gdp_mu_lower_bound",

@@ -153,7 +153,7 @@ class ShadowConfig:
     run_fraction : float
         Each shadow fit uses a random subset of this share of the pool (so the fits differ, as in LiRA).
     fed_dl_kwargs : dict
-        Extra keyword arguments for :func:`securefed.landmarks.fed_dl` — pass the target run's ``rounds``,
+        Extra keyword arguments for :func:`securefed.landmarks.feddl.fed_dl` — pass the target run's ``rounds``,
         ``local_steps``, ``rule``, ``lr`` (and a ``privacy`` object when the target was DP) so the shadows
         mimic it. ``n_landmarks`` and ``gamma`` are taken from the audited landmarks.
     runner : callable, optional
@@ -197,7 +197,7 @@ def shadow_landmarks(pool_sites: Sequence[np.ndarray], n_landmarks: int, gamma: 
                 from ..landmarks import fed_dl
             except ImportError as exc:
                 raise ConfigError(bad_value(
-                    "scores", "lira", f"shadow runs need securefed.landmarks.fed_dl ({exc}); drop 'lira' or pass shadow.runner"
+                    "scores", "lira", f"shadow runs need securefed.landmarks.feddl.fed_dl ({exc}); drop 'lira' or pass shadow.runner"
                 )) from None
             kw = dict(shadow.fed_dl_kwargs)
             kw.setdefault("gamma", gamma)

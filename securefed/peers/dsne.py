@@ -43,7 +43,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..aggregation import Aggregator, make_aggregator
+from ..securesum.base import Aggregator, make_aggregator
 from ..data import check_sites
 from ..errors import ConfigError, DataError, bad_value
 from .adaclip import AdaCliP, noise_addition
@@ -303,7 +303,7 @@ class FedDSNE:
     clip_norm : float
         Row clipping norm of ``noise="gaussian"``.
     aggregation : str or Aggregator
-        How the server forms the sum of the site updates (``securefed.aggregation``): "plain",
+        How the server forms the sum of the site updates (``securefed.securesum.base``): "plain",
         "secagg", "ckks" or an Aggregator instance.
     accountant : str
         Accountant of ``securefed.accounting`` for ``epsilon_`` ("rdp" as the brief, or "exact",

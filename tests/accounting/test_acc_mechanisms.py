@@ -15,7 +15,7 @@ from securefed.accounting import (
     data_perturbation_sigma,
     perturb_data,
 )
-from securefed.accounting.cli import add_privacy_arguments, privacy_from_args, register
+from securefed.cli.budget import add_privacy_arguments, privacy_from_args, register
 from securefed.accounting.noise import secure_standard_normal
 from securefed.errors import BudgetExceededError, ConfigError
 

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from securefed.aggregation import PlainAggregator
+from securefed.securesum.base import PlainAggregator
 from securefed.audits.mia import ShadowConfig, membership_audit, nearest_landmark_score, kde_score
 from securefed.audits.stats import (
     auc_from_roc,

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from securefed.errors import ProtocolAbortedError
-from securefed.protocols.ckks import release_error_bound
-from securefed.protocols.flower.ckks_flow import server_ckks_sum, site_handle_ckks
-from securefed.protocols.flower.site import SiteState, compute_update
-from securefed.protocols.flower.transport import payload_size
+from securefed.securesum.ckks import release_error_bound
+from securefed.flower.ckks_flow import server_ckks_sum, site_handle_ckks
+from securefed.flower.site import SiteState, compute_update
+from securefed.flower.transport import payload_size
 
 
 class MemoryExchange:
@@ -45,7 +45,7 @@ class MemoryExchange:
         st = SiteState(dict(self.states[cid]))
         key = st.identity()
         self.states[cid] = dict(st.data)
-        from securefed.protocols import crypto
+        from securefed.securesum import crypto
         return crypto.ed25519_public_bytes(key)
 
     def request(self, payloads, deadline, on_reply=None):
@@ -152,7 +152,7 @@ def test_malicious_server_cannot_get_one_sites_ciphertext_decrypted(arrays, tmp_
     """The server swaps the sum in the DecryptRequest for site 1's own upload: every decryptor refuses."""
     from dataclasses import replace
 
-    from securefed.protocols.messages import DecryptRequest, decode, encode, peek_header
+    from securefed.securesum.messages import DecryptRequest, decode, encode, peek_header
 
     def swap(cid, fields):
         if fields["op"] == "ckks-msgs":
@@ -221,7 +221,7 @@ def test_too_few_live_sites_abort_instead_of_releasing_one_update(arrays, tmp_pa
 
 def _start_fields(ex, **spec_kw):
     """A ``ckks-start`` for site 1 with a spec the (malicious) server chose."""
-    from securefed.protocols.ckks import CKKSRoundSpec, choose_ckks_parameters, encode_ckks_spec
+    from securefed.securesum.ckks import CKKSRoundSpec, choose_ckks_parameters, encode_ckks_spec
 
     params = choose_ckks_parameters(6, 1e-6, 3.0, 3)
     kw = dict(session_id=b"x" * 16, round_index=0, n_clients=3, key_holder=0, params=params, clip=1.0,
@@ -275,8 +275,8 @@ def test_site_floor_from_distributed_dp_noise_and_bad_node_config(arrays):
     assert "t = 3" in rep["error"]
     # an explicit t = 2 in the plan is met by min_survivors = 2 (the check passes; the dp upload itself is
     # the site's DP code's business, so only the floor check is exercised here)
-    from securefed.protocols.flower.ckks_flow import check_spec_floors, dp_min_survivors
-    from securefed.protocols.ckks import decode_ckks_spec
+    from securefed.flower.ckks_flow import check_spec_floors, dp_min_survivors
+    from securefed.securesum.ckks import decode_ckks_spec
 
     spec2 = decode_ckks_spec(f["spec"])
     check_spec_floors(spec2, None, json.dumps(dict(plan, min_survivors=2)))
@@ -301,7 +301,7 @@ def test_malicious_server_announcing_min_survivors_1_gets_nothing(arrays, tmp_pa
 
 def test_server_spec_carries_the_dp_t_under_distributed_noise(arrays, tmp_path):
     from securefed.errors import ConfigError
-    from securefed.protocols.flower.ckks_flow import ckks_round_spec
+    from securefed.flower.ckks_flow import ckks_round_spec
 
     ex = MemoryExchange(arrays)
     sites = _sites(ex)
@@ -320,7 +320,7 @@ def test_server_spec_carries_the_dp_t_under_distributed_noise(arrays, tmp_path):
 # ------------------------------------------------------------------------------- clipping and the end of a round
 
 def test_clipped_coordinates_reach_the_result_and_warn(arrays, tmp_path):
-    from securefed.protocols.quantize import ClippingWarning
+    from securefed.securesum.quantize import ClippingWarning
 
     clip = 0.05
     ups = [compute_update(TASK, X, None) for X in arrays]
@@ -350,7 +350,7 @@ def test_clipped_coordinates_reach_the_result_and_warn(arrays, tmp_path):
 def test_ckks_end_reaches_a_non_survivor_that_holds_the_secret_context(arrays, tmp_path):
     """Site 2 processes its key handoff (so it holds the secret context) but its upload is lost: it is not
     a survivor, yet it must be told to drop the context."""
-    from securefed.protocols.ckks import CKKSClient, decode_ckks_spec
+    from securefed.securesum.ckks import CKKSClient, decode_ckks_spec
 
     held = []
 

@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("flwr", reason="flwr not installed: pip install 'securefed[flower]' (flwr==1.41.0)")
 
 from securefed.landmarks import fed_dl  # noqa: E402
-from securefed.protocols import SecAggAggregator  # noqa: E402
-from securefed.protocols.flower import LocalDeployment  # noqa: E402
+from securefed.securesum import SecAggAggregator  # noqa: E402
+from securefed.flower import LocalDeployment  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

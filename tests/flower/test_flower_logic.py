@@ -10,10 +10,10 @@ import pytest
 
 from securefed.errors import DecodeError, ProtocolAbortedError, ProtocolTimeoutError
 from securefed.landmarks import fed_dl
-from securefed.protocols import SecAggAggregator
-from securefed.protocols.flower.coordinator import FlowerRunConfig, run_feddl
-from securefed.protocols.flower.site import SiteState, handle
-from securefed.protocols.flower.transport import decode_spec, encode_spec, payload_size
+from securefed.securesum import SecAggAggregator
+from securefed.flower.coordinator import FlowerRunConfig, run_feddl
+from securefed.flower.site import SiteState, handle
+from securefed.flower.transport import decode_spec, encode_spec, payload_size
 
 
 class MemoryExchange:
@@ -176,7 +176,7 @@ def test_no_rows_tsne_embedding_matches_in_process_placement(sites, tmp_path):
 
 def test_site_refuses_to_place_records_against_a_different_model(sites):
     _, paths = sites
-    from securefed.protocols.flower.transport import array_to_bytes
+    from securefed.flower.transport import array_to_bytes
 
     Y = np.random.default_rng(0).normal(size=(6, 3))
     wrong = np.zeros((6, 2))
@@ -192,14 +192,14 @@ def test_flower_app_command_writes_a_valid_app(tmp_path, capsys):
     import tomllib
 
     from securefed.errors import ConfigError
-    from securefed.protocols.flower.cli import register
+    from securefed.cli.flower_app import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["flower-app", str(tmp_path / "app"), "--set", "rounds=3", "--set", "aggregation=plain"])
     assert args.func(args) == 0
     doc = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
-    assert doc["tool"]["flwr"]["app"]["components"]["serverapp"] == "securefed.protocols.flower.server_app:app"
+    assert doc["tool"]["flwr"]["app"]["components"]["serverapp"] == "securefed.flower.server_app:app"
     assert doc["tool"]["flwr"]["app"]["config"]["rounds"] == 3
     assert json.loads(capsys.readouterr().out)["run_config"]["aggregation"] == "plain"
     with pytest.raises(ConfigError):
@@ -315,8 +315,8 @@ def test_site_budget_covers_all_its_runs(sites, tmp_path):
 def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
     import json
 
-    from securefed.protocols.flower.privacy import ServerPrivacy
-    from securefed.protocols.flower.transport import array_to_bytes
+    from securefed.flower.privacy import ServerPrivacy
+    from securefed.flower.transport import array_to_bytes
 
     _, paths = sites
     cfg = _cfg(tmp_path, rule="gradient", epsilon=2.0, clip_norm=2.0, noise="distributed", run_id="dp5")
@@ -442,7 +442,7 @@ def test_audit_gate_stops_before_anything_per_record_leaves(sites, tmp_path):
     """Landmarks that are the members themselves (a server-side init of the members, a negligible step) must
     fail the default policy; nothing per record may leave a site after that."""
     from securefed.errors import AuditFailedError
-    from securefed.protocols.flower.site import site_records
+    from securefed.flower.site import site_records
 
     _, paths = sites
     members = [site_records({"audit_holdout": 0.3, "seed": 3}, {"data-path": p, "site-name": f"s{i}"})[1]
@@ -642,7 +642,7 @@ def test_site_refuses_a_request_that_disagrees_with_its_dp_plan(sites, tmp_path,
                     elif lie == "gamma":
                         f["gamma"] = float(f["gamma"]) * 10
                     else:
-                        from securefed.protocols.flower.transport import array_from_bytes, array_to_bytes
+                        from securefed.flower.transport import array_from_bytes, array_to_bytes
 
                         Y = array_from_bytes(f["Y"], f["shape"])[:-1]
                         f["Y"], f["shape"] = array_to_bytes(Y), list(Y.shape)
@@ -661,7 +661,7 @@ def test_distributed_noise_sets_the_secagg_clients_survivor_floor():
     (the SecAgg+ unit test shows the refusal); without DP or with local noise the floor is 1."""
     import json
 
-    from securefed.protocols.flower.site import _dp_min_survivors
+    from securefed.flower.site import _dp_min_survivors
 
     plan = {"noise": "distributed", "min_survivors": None, "sizes": [30, 35, 40]}
     assert _dp_min_survivors({"dp": json.dumps(plan)}, 3) == 3
@@ -673,7 +673,7 @@ def test_distributed_noise_sets_the_secagg_clients_survivor_floor():
 def test_secagg_clipping_over_flower_is_counted_and_warned(sites, tmp_path):
     """A value bound far below the data: the sites' SecAgg+ clients clip coordinates into the public range;
     the count reaches the aggregation's stats and a ClippingWarning is raised (never silent)."""
-    from securefed.protocols.quantize import ClippingWarning
+    from securefed.securesum.quantize import ClippingWarning
 
     _, paths = sites
     with pytest.warns(ClippingWarning, match="over Flower"):

@@ -7,9 +7,9 @@ Separate from test_flower_logic.py because UMAP's numba compilation of ``fit`` +
 import numpy as np
 import pytest
 
-from securefed.protocols.flower.coordinator import FlowerRunConfig, run_feddl
-from securefed.protocols.flower.site import SiteState, handle
-from securefed.protocols.flower.transport import array_to_bytes, payload_size
+from securefed.flower.coordinator import FlowerRunConfig, run_feddl
+from securefed.flower.site import SiteState, handle
+from securefed.flower.transport import array_to_bytes, payload_size
 
 
 class _Exchange:

@@ -1,0 +1,35 @@
+"""The Flower ``ClientApp`` of securefed: one per site (hospital), run by the site's SuperNode.
+
+Start the SuperNode with the site's data path in its node config::
+
+    flower-supernode --superlink LINK:9093 --root-certificates ca.pem \\
+        --node-config 'data-path="/data/site.csv" site-name="hospital-a"'
+
+Every message is handled by :func:`securefed.flower.site.handle`; the site's state between
+messages (its run identity key, its Generator, the live SecAgg+ state machine) is kept in the
+SuperNode's per-run ``context.state`` on the site.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from .site import SiteState, handle
+from .transport import make_content, read_content
+
+__all__ = ["app"]
+
+_STATE = "securefed-site"
+
+app = ClientApp()
+
+
+@app.query("securefed")
+def securefed_query(msg: Message, context: Context) -> Message:
+    """Answer one securefed request and persist the site's state."""
+    stored = context.state.config_records.get(_STATE)
+    state = SiteState(dict(stored) if stored is not None else None)
+    reply = handle(read_content(msg), dict(context.node_config), state)
+    context.state[_STATE] = ConfigRecord(state.data)
+    return Message(make_content(**reply), reply_to=msg)

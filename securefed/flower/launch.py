@@ -1,0 +1,238 @@
+"""Write the securefed Flower App and run a local loopback deployment (tests, benchmarks, trials).
+
+:func:`write_app` writes the Flower App directory ``flwr run`` submits: a ``pyproject.toml`` whose
+components point at the installed ``securefed`` package (the app itself contains no code, so a site
+runs exactly the securefed version its IT team installed) and whose ``[tool.flwr.app.config]`` holds
+the run configuration (:class:`~securefed.flower.coordinator.FlowerRunConfig`).
+
+:class:`LocalDeployment` starts a SuperLink and SuperNodes as real subprocesses on 127.0.0.1 with free
+ports (optionally with TLS certificates from ``scripts/make_certs.sh`` and Flower's SuperNode
+authentication), launches a run with
+``flwr run``, waits for ``result.json`` and kills every process group it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from ..errors import ConfigError, ProtocolTimeoutError, bad_value
+from .coordinator import FlowerRunConfig, cast_config_value
+
+__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment"]
+
+FLOWER_REQUIREMENT = "flwr==1.41.0"
+
+APP_CONFIG_DEFAULTS = FlowerRunConfig.defaults()
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def write_app(directory: str, config: dict | None = None) -> str:
+    """Write the Flower App (``pyproject.toml``) into ``directory``; returns the directory.
+
+    ``config`` overrides :data:`APP_CONFIG_DEFAULTS` (unknown keys raise ConfigError).
+    """
+    cfg = dict(APP_CONFIG_DEFAULTS)
+    for k, v in (config or {}).items():
+        if k not in cfg:
+            raise ConfigError(bad_value("run config key", k, f"use one of {', '.join(sorted(cfg))}"))
+        cfg[k] = cast_config_value(v, cfg[k])
+    os.makedirs(directory, exist_ok=True)
+    lines = [
+        "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
+        "[project]", 'name = "securefed-flower"', 'version = "1.0.0"',
+        'description = "securefed FedDL with SecAgg+ on Flower"', 'license = "Apache-2.0"',
+        "dependencies = []", "", "[tool.hatch.build.targets.wheel]", 'packages = ["."]', "",
+        "[tool.flwr.app]", 'publisher = "securefed"', "", "[tool.flwr.app.components]",
+        'serverapp = "securefed.flower.server_app:app"',
+        'clientapp = "securefed.flower.client_app:app"', "", "[tool.flwr.app.config]",
+    ] + [f"{k} = {_toml_value(v)}" for k, v in cfg.items()]
+    with open(os.path.join(directory, "pyproject.toml"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return directory
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalDeployment:
+    """SuperLink + SuperNodes as subprocesses on 127.0.0.1 (use as a context manager; always cleans up).
+
+    Parameters
+    ----------
+    workdir : str
+        Scratch directory (FLWR_HOME per process, logs, the app, the run output).
+    certs : str, optional
+        Directory with ``ca.crt``, ``server.pem``, ``server.key`` (``scripts/make_certs.sh``): TLS on.
+    bin_dir : str, optional
+        Where ``flower-superlink``, ``flower-supernode`` and ``flwr`` live (default: next to this Python).
+    node_auth : bool
+        Flower SuperNode authentication (needs ``certs``): the SuperLink admits only SuperNodes whose
+        public key was registered with ``flwr supernode register``; each site gets an ECDSA P-384 key
+        pair from ``ssh-keygen``.
+    """
+
+    def __init__(self, workdir: str, certs: str | None = None, bin_dir: str | None = None, node_auth: bool = False):
+        self.workdir = os.path.abspath(workdir)
+        if node_auth and certs is None:
+            raise ConfigError(bad_value("node_auth", True, "Flower's SuperNode authentication needs TLS; pass certs"))
+        self.node_auth = node_auth
+        self.certs = certs
+        self.bin = bin_dir or os.path.dirname(sys.executable)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.port = free_port()
+        os.makedirs(self.workdir, exist_ok=True)
+
+    # -- processes
+    def _env(self, name: str) -> dict:
+        env = dict(os.environ, FLWR_HOME=os.path.join(self.workdir, "home-" + name), OMP_NUM_THREADS="1",
+                   PYTHONUNBUFFERED="1",
+                   PATH=self.bin + os.pathsep + os.environ.get("PATH", ""))
+        os.makedirs(env["FLWR_HOME"], exist_ok=True)
+        return env
+
+    def _start(self, name: str, argv: list) -> subprocess.Popen:
+        if name in self.procs:  # a restarted site: keep the old process in the cleanup list
+            self.procs[f"{name}#{len(self.procs)}"] = self.procs.pop(name)
+        log = open(os.path.join(self.workdir, name + ".log"), "ab")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(name), cwd=self.workdir,
+                             start_new_session=True)
+        log.close()
+        self.procs[name] = p
+        return p
+
+    def _tls_server(self) -> list:
+        if self.certs is None:
+            return ["--insecure"]
+        c = self.certs
+        return ["--ssl-certfile", os.path.join(c, "server.pem"), "--ssl-keyfile", os.path.join(c, "server.key"),
+                "--ssl-ca-certfile", os.path.join(c, "ca.crt")]
+
+    def start_superlink(self) -> None:
+        """Start the SuperLink (Fleet, Control and Runtime APIs on one free port)."""
+        auth = ["--enable-supernode-auth"] if self.node_auth else []
+        self._start("superlink", [os.path.join(self.bin, "flower-superlink"), *self._tls_server(), "--host", "127.0.0.1",
+                                  "--port", str(self.port), "--disable-runtime-dependency-installation", *auth])
+        self._write_cli_config()
+        self._wait_port(self.port, 60.0)
+
+    def _write_cli_config(self) -> dict:
+        """The ``flwr`` CLI's connection ``local`` to this SuperLink; returns the CLI's environment."""
+        env = self._env("cli")
+        conn = [f'address = "127.0.0.1:{self.port}"']
+        conn += ["insecure = true"] if self.certs is None else [f'root-certificates = "{os.path.join(self.certs, "ca.crt")}"']
+        with open(os.path.join(env["FLWR_HOME"], "config.toml"), "w") as fh:
+            fh.write('[superlink]\ndefault = "local"\n\n[superlink.local]\n' + "\n".join(conn) + "\n")
+        return env
+
+    def start_supernode(self, site_name: str, data_path: str, register: bool = True, node_config: dict | None = None) -> None:
+        """Start one SuperNode for ``site_name`` reading its records from ``data_path``.
+
+        ``node_config`` adds node-config keys (e.g. ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``).
+
+        With ``node_auth`` the site's key pair is made with ``ssh-keygen`` and, if ``register``, its public
+        key registered with the SuperLink (an unregistered SuperNode is refused by the SuperLink).
+        """
+        tls = ["--insecure"] if self.certs is None else ["--root-certificates", os.path.join(self.certs, "ca.crt")]
+        auth = []
+        if self.node_auth:
+            key = os.path.join(self.workdir, "auth-" + site_name)
+            subprocess.run(["ssh-keygen", "-t", "ecdsa", "-b", "384", "-N", "", "-q", "-f", key], check=True,
+                           capture_output=True, timeout=30)
+            if register:
+                r = subprocess.run([os.path.join(self.bin, "flwr"), "supernode", "register", key + ".pub", "local"],
+                                   env=self._write_cli_config(), cwd=self.workdir, capture_output=True, text=True,
+                                   timeout=60)
+                if r.returncode != 0:
+                    raise ConfigError(f"flwr supernode register failed for {site_name}: {r.stdout[-1000:]} {r.stderr[-1000:]}")
+            auth = ["--auth-supernode-private-key", key]
+        cfg = f'data-path="{os.path.abspath(data_path)}" site-name="{site_name}"'
+        for k, v in (node_config or {}).items():
+            cfg += f" {k}={_toml_value(v)}"
+        self._start("site-" + site_name, [os.path.join(self.bin, "flower-supernode"), *tls, "--superlink",
+                                          f"127.0.0.1:{self.port}", "--port", str(free_port()), "--node-config", cfg,
+                                          *auth])
+
+    def kill_site(self, site_name: str) -> None:
+        """SIGKILL a SuperNode's process group (a site crashing)."""
+        self._killpg(self.procs["site-" + site_name], signal.SIGKILL)
+
+    def _wait_port(self, port: int, timeout: float) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.procs["superlink"].poll() is not None:
+                raise ConfigError(f"flower-superlink exited early; see {self.workdir}/superlink.log")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise ProtocolTimeoutError(f"SuperLink did not open port {port} within {timeout:g} s")
+
+    # -- runs
+    def run(self, config: dict, name: str = "run") -> str:
+        """Write the app with ``config`` (``out-dir`` defaults to ``workdir/name``) and submit it; returns out-dir."""
+        out = os.path.join(self.workdir, name)
+        config = dict(config)
+        config.setdefault("out-dir", out)
+        app = write_app(os.path.join(self.workdir, "app-" + name), config)
+        env = self._write_cli_config()
+        r = subprocess.run([os.path.join(self.bin, "flwr"), "run", app, "local"], env=env, cwd=self.workdir,
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0 or "Successfully started run" not in r.stdout:
+            raise ConfigError(f"flwr run failed (exit {r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
+        return config["out-dir"]
+
+    def wait_result(self, out_dir: str, timeout: float) -> dict:
+        """Block until ``out_dir/result.json`` exists (ProtocolTimeoutError after ``timeout`` seconds)."""
+        path = os.path.join(out_dir, "result.json")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if os.path.exists(path):
+                with open(path) as fh:
+                    return json.load(fh)
+            time.sleep(0.2)
+        raise ProtocolTimeoutError(f"no result in {out_dir} within {timeout:g} s; logs in {self.workdir}")
+
+    # -- cleanup
+    @staticmethod
+    def _killpg(p: subprocess.Popen, sig) -> None:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(p.pid, sig)
+
+    def close(self) -> None:
+        """Terminate every process group this deployment started (SIGTERM, then SIGKILL after 5 s)."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                self._killpg(p, signal.SIGTERM)
+        t0 = time.monotonic()
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):  # escalated to SIGKILL below
+                p.wait(timeout=max(0.1, 5.0 - (time.monotonic() - t0)))
+        for p in self.procs.values():
+            self._killpg(p, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

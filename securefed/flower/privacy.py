@@ -1,0 +1,384 @@
+"""Differential privacy over Flower: the in-process :class:`~securefed.accounting.GradientPerturbation`,
+split between the server (calibration from public numbers, the aggregate ledger, settlements) and each
+site (clipping, noise, its own write-ahead ledger and budget).
+
+What is public and what each side does
+--------------------------------------
+The calibration of ``papers/000`` §5.2 (Theorem 5 / the exact accountant) needs only public numbers:
+the site sizes ``n_p`` (announced at ``hello``), ``n_y``, γ, the rounds ``S``, the local steps ``Q``, the
+clip norm ``τ_X``, the sampling rate and the client weights. Both sides build the *same*
+``GradientPerturbation`` and call its :meth:`~securefed.accounting.GradientPerturbation.calibrate` with the
+announced sizes (the public half of ``prepare``), so σ_p, Δ_p and the noise multiplier are computed by
+exactly the code ``fed_dl`` runs in process.
+
+* The **server** (:class:`ServerPrivacy`) sends each site the plan and the σ it computed, mirrors every
+  release the sites report into the aggregate ledger ``<out-dir>/ledger.jsonl`` (same event ids as
+  the sites' ledgers), settles distributed-noise aggregations with the actual survivors (as
+  ``GradientPerturbation.after_aggregate`` does in process) and reports the privacy block.
+* A **site** (:func:`site_mechanism`) never takes the server's σ on trust: it rebuilds the mechanism
+  from the public plan with its **own** ledger (node config ``ledger-path``, one file per run) and its
+  **own** budget (node config ``epsilon-budget``, the total over all its runs: a new run gets what its
+  other ledgers leave, :func:`earlier_spending`), refuses (``BudgetExceededError``) if the plan or any
+  release would exceed that budget, refuses if the server's σ is smaller than its own calibration,
+  clips its records to ``τ_X``, adds its noise and writes each release to its ledger (fsync'd)
+  **before** the reply leaves the site.
+
+Noise sources
+-------------
+``secure-noise = true``: ChaCha20 keyed by ``os.urandom`` on the site — nobody can reproduce it; use it in
+any real deployment. ``secure-noise = false`` (seeded, for experiments): the noise is PCG64 keyed by the
+run's public ``seed`` and the release coordinates, exactly as in process — so a Flower run equals
+``fed_dl`` with ``GradientPerturbation(random_state=seed)`` **and anyone who knows the seed (the server)
+can subtract the noise**. A site therefore refuses seeded noise unless its operator sets the node config
+``allow-seeded-noise = true``.
+
+Distributed noise (``noise = "distributed"``) is accepted only as in process: gradient averaging, a
+secure sum (``secagg`` / ``ckks``; a site refuses to send a distributed-noise release in a ``plain``
+upload), and the server settles every aggregation with its actual survivors in the aggregate ledger; the
+site's own ledger keeps the worst case it accepted (``min-survivors`` = t survivors), which bounds what it
+spends because it helps reveal only sums over at least t sites (:func:`site_settle`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from ..errors import BudgetExceededError, ConfigError, ProtocolError, bad_value
+
+__all__ = ["DP_RUN_KEYS", "dp_enabled", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
+           "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
+           "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
+           "earlier_spending", "open_site_ledger"]
+
+DP_RUN_KEYS = ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "clip_norm", "sample_rate",
+               "secure_noise", "min_survivors", "sensitivity_rule")
+
+
+def dp_enabled(cfg) -> bool:
+    """DP is on when the run config gives ``epsilon`` or ``noise-multiplier`` (> 0)."""
+    return float(cfg.epsilon) > 0 or float(cfg.noise_multiplier) > 0
+
+
+def public_plan(cfg, run_id: str, sizes, gamma: float, weights) -> dict:
+    """The public DP plan the server sends with every DP request (JSON-able)."""
+    if float(cfg.epsilon) > 0 and float(cfg.noise_multiplier) > 0:
+        raise ConfigError(bad_value("noise-multiplier", cfg.noise_multiplier, "give epsilon or noise-multiplier, not both"))
+    if not float(cfg.clip_norm) > 0:
+        raise ConfigError(bad_value("clip-norm", cfg.clip_norm, "differential privacy needs a public bound τ_X on record "
+                                    "norms, e.g. clip-norm=10 (√m for features in [0, 1])"))
+    return {"run_id": run_id, "epsilon": float(cfg.epsilon) or None, "noise_multiplier": float(cfg.noise_multiplier) or None,
+            "delta": float(cfg.delta), "accountant": str(cfg.accountant), "noise": str(cfg.noise),
+            "tau_x": float(cfg.clip_norm), "sample_rate": float(cfg.sample_rate), "secure_noise": bool(cfg.secure_noise),
+            "min_survivors": int(cfg.min_survivors) or None, "sensitivity_rule": str(cfg.sensitivity_rule),
+            "sizes": [int(n) for n in sizes], "weights": [float(v) for v in weights], "gamma": float(gamma),
+            "n_landmarks": int(cfg.landmarks), "rounds": int(cfg.rounds), "local_steps": int(cfg.local_steps),
+            "rule": str(cfg.rule), "aggregation": str(cfg.aggregation), "noise_seed": int(cfg.seed)}
+
+
+def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
+    """A prepared :class:`GradientPerturbation` for ``plan`` writing to ``ledger`` (both sides use this).
+
+    ``noise_multiplier``: the z this side already calibrated for ``plan`` (skips the calibration, which
+    takes seconds with the numerical accountants); default: calibrate from ``plan``.
+    """
+    from ..accounting import GradientPerturbation
+
+    eps, z = plan["epsilon"], plan["noise_multiplier"]
+    if noise_multiplier is not None:
+        eps, z = None, float(noise_multiplier)
+    gp = GradientPerturbation(epsilon=eps, delta=plan["delta"], noise_multiplier=z,
+                              accountant=plan["accountant"], noise=plan["noise"], tau_x=plan["tau_x"],
+                              sample_rate=plan["sample_rate"], secure_mode=plan["secure_noise"], ledger=ledger,
+                              random_state=None if plan["secure_noise"] else int(plan["noise_seed"]),
+                              sensitivity_rule=plan["sensitivity_rule"], min_survivors=plan["min_survivors"])
+    gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
+                 local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
+                 aggregator=plan["aggregation"])
+    return gp
+
+
+# ------------------------------------------------------------------------------------------------ site
+
+
+def _truthy(v) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def site_ledger_path(node_config: dict, run_id: str) -> str:
+    """``<ledger-path>/<run-id>.jsonl``: the site's ledger of this run (default directory ``securefed-ledgers``
+    in the SuperNode's working directory). A restarted SuperNode reopens the same file."""
+    d = str(node_config.get("ledger-path") or "securefed-ledgers")
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        raise ProtocolError(f"bad DP run id {run_id!r} from the server")
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, run_id + ".jsonl")
+
+
+def site_mechanism_checks(plan: dict, node_config: dict) -> float:
+    """The site operator's conditions for any DP release: its ``epsilon-budget`` (returned) is set, and
+    seeded noise is used only if ``allow-seeded-noise`` is true (ConfigError otherwise)."""
+    budget = node_config.get("epsilon-budget")
+    try:
+        ok = budget is not None and float(budget) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(bad_value("node config epsilon-budget", budget, "this site takes part in differentially "
+                                    "private runs only with its own ε budget: start the SuperNode with "
+                                    "--node-config '... epsilon-budget=2.0'"))
+    if not plan["secure_noise"] and not _truthy(node_config.get("allow-seeded-noise", False)):
+        raise ConfigError(bad_value("secure-noise", False, "the run asks for seeded (reproducible, NOT secret) noise: the "
+                                    "server knows the seed and could remove it. Run with secure-noise=true, or set "
+                                    "allow-seeded-noise=true in this site's node config for experiments"))
+    return float(budget)
+
+
+def _memo_ledger(memo: dict, *args, **kw):
+    """A :class:`PrivacyLedger` whose ε computations are memoised in ``memo`` (ε of an accountant history is a
+    deterministic function of it). A site rebuilds its mechanism for every Flower message (fresh ClientApp
+    process), and the numerical accountants (PRV, RDP) take seconds per ε; the memo lives in the site's
+    own SuperNode state, so the site still computes every figure itself, once."""
+    from ..accounting import PrivacyLedger
+
+    class _MemoLedger(PrivacyLedger):
+        def epsilon_of(self, history) -> float:
+            key = json.dumps([self.accountant_name, self.delta, [[float(z), float(q), int(n)] for z, q, n in history]])
+            if key not in memo:
+                memo[key] = float(PrivacyLedger.epsilon_of(self, history))
+            return memo[key]
+
+    return _MemoLedger(*args, **kw)
+
+
+def plan_digest(plan: dict) -> str:
+    """Digest of the public plan without the server's σ claims (the site's calibration cache key)."""
+    doc = {k: v for k, v in plan.items() if k != "sigma"}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def earlier_spending(node_config: dict, run_id: str) -> dict:
+    """What this site spent in **other** runs: the ε (and δ) of every other ledger in its ``ledger-path``.
+
+    Runs compose sequentially; the site adds them up (basic composition: a record's privacy loss over
+    runs with (ε_i, δ_i) is at most (Σ ε_i, Σ δ_i)). Each ledger is read from a private copy, so a
+    ledger file is never modified here. Returns ``{"epsilon", "delta", "runs"}``.
+    """
+    import shutil
+    import tempfile
+
+    from ..accounting import PrivacyLedger
+
+    d = os.path.dirname(site_ledger_path(node_config, run_id))
+    eps, delta, runs = 0.0, 0.0, []
+    for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        if not name.endswith(".jsonl") or name == run_id + ".jsonl" or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as fh:
+            head = json.loads(fh.readline() or b"{}")
+        if head.get("type") != "header":
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = shutil.copy(path, os.path.join(tmp, name))
+            spent = PrivacyLedger(copy, head["run_id"], delta=head["delta"], accountant=head["accountant"]).spent()[0]
+        if spent > 0:
+            eps, delta = eps + float(spent), delta + float(head["delta"])
+            runs.append(head["run_id"])
+    return {"epsilon": eps, "delta": delta, "runs": runs}
+
+
+def open_site_ledger(plan: dict, node_config: dict, cache: dict):
+    """The site's ledger of this run (``<ledger-path>/<run-id>.jsonl``), its budget what is left of its
+    ``epsilon-budget`` after its other runs (:func:`earlier_spending`, read once per run and kept in
+    ``cache``). A new run with nothing left is refused with :class:`BudgetExceededError`."""
+    budget = site_mechanism_checks(plan, node_config)
+    path = site_ledger_path(node_config, plan["run_id"])
+    memo = cache.setdefault("eps", {})
+    kw = dict(delta=plan["delta"], accountant=plan["accountant"])
+    if os.path.exists(path):  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
+        return _memo_ledger(memo, path, plan["run_id"], **kw)
+    before = cache.setdefault("earlier", {}).get(plan["run_id"])
+    if before is None:
+        before = cache["earlier"][plan["run_id"]] = earlier_spending(node_config, plan["run_id"])
+    left = budget - before["epsilon"]
+    if not left > 1e-12:
+        raise BudgetExceededError(bad_value("node config epsilon-budget", budget, f"this site already spent ε = "
+                                            f"{before['epsilon']:.4g} in {len(before['runs'])} earlier run(s) "
+                                            f"({', '.join(before['runs'])}); nothing is left for run {plan['run_id']}"))
+    return _memo_ledger(memo, path, plan["run_id"], budget_epsilon=left, **kw)
+
+
+def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None = None):
+    """The site's own mechanism for ``plan``: its ledger, its budget, its own calibration.
+
+    ``cache`` (a dict the caller keeps in the site's state between messages) holds what this site already
+    computed: its noise multiplier per plan, a memo of ε values and its spending in earlier runs; it is
+    filled on first use. The budget is what is left of ``epsilon-budget`` after the site's earlier runs.
+
+    Raises :class:`ConfigError` when the site's operator set no ``epsilon-budget`` or the plan asks for
+    seeded noise the operator did not allow; :class:`BudgetExceededError` when the whole plan would exceed
+    the budget (``PrivacyLedger.set_plan``); :class:`ProtocolError` when the server's claimed σ for this site
+    is below the site's own calibration.
+    """
+    site = int(site)
+    if not 0 <= site < len(plan["sizes"]):
+        raise ProtocolError(f"site index {site} outside the plan's {len(plan['sizes'])} sites")
+    cache = {} if cache is None else cache
+    zs = cache.setdefault("z", {})
+    ledger = open_site_ledger(plan, node_config, cache)
+    digest = plan_digest(plan)
+    try:
+        gp = build_mechanism(plan, ledger, zs.get(digest))  # set_plan inside checks the whole plan against the budget
+    except BudgetExceededError as exc:
+        before = cache.get("earlier", {}).get(plan["run_id"]) or {"epsilon": 0.0, "runs": []}
+        raise BudgetExceededError(f"this site refuses run {plan['run_id']}: its plan needs more than the "
+                                  f"ε = {ledger.budget_for(site):.4g} left of its epsilon-budget "
+                                  f"{site_mechanism_checks(plan, node_config):g} (spent in {len(before['runs'])} earlier "
+                                  f"run(s): {before['epsilon']:.4g}); nothing was computed or sent. ({exc})") from None
+    zs[digest] = float(gp.z)
+    claimed = (plan.get("sigma") or [None] * len(plan["sizes"]))[site]
+    if claimed is not None and float(claimed) < gp.sigma[site] * (1 - 1e-9):
+        raise ProtocolError(f"the server asks for σ={float(claimed):.6g} but this site's own calibration gives "
+                            f"σ={gp.sigma[site]:.6g}; refusing")
+    return gp
+
+
+def site_settle(gp, site: int, settle: list) -> None:
+    """Record in the site's ledger the settlements the server announced ``[[round, step, survivors], ...]``
+    for this site's distributed-noise releases (the site recomputes the noise multiplier itself) — but
+    only those that **raise** its spending: a survivor list of ``t`` or more sites could only lower the
+    worst case the site booked when it released, and the site does not take the server's word for that.
+
+    Since an honest site helps reveal a distributed-noise sum only over at least ``t`` survivors (its
+    SecAgg+ client refuses smaller survivor sets; a CKKS round is specified with ``min_survivors ≥ t``),
+    the worst case it books at release time is an upper bound on what it spends, whether or not a
+    settlement reaches it later (the last aggregation's never does)."""
+    if gp.noise != "distributed":
+        return
+    for rnd, step, surv in settle or []:
+        surv = sorted({int(s) for s in surv})
+        evs = gp.ledger.releases_at(int(site), int(rnd), int(step))
+        if evs and int(site) in surv and len(surv) < gp.t:
+            gp.settle(round=rnd, step=step, survivors=surv, release_ids={int(site): evs[-1]["id"]})
+
+
+def release_events(gp, site: int, rnd: int, steps) -> list:
+    """The site's latest ledger event for each (round, step) it just released, as JSON strings (for the server)."""
+    out = []
+    for t in steps:
+        evs = gp.ledger.releases_at(int(site), int(rnd), int(t))
+        if evs:
+            out.append(json.dumps(evs[-1], sort_keys=True))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+_MIRROR_SKIP = ("type", "id", "run_id", "accountant_state", "time", "site", "round", "step", "attempt", "mechanism",
+                "sensitivity", "sigma", "noise_multiplier", "sample_rate")
+
+
+def mirror_release(ledger, site: int, ev: dict) -> None:
+    """Copy one release event a site reported into the server's ``ledger`` (same id; skipped if present).
+
+    The server's budget check applies (:class:`BudgetExceededError` if the site released more than planned).
+    """
+    if ledger.get(ev["id"]) is not None:
+        return
+    if ev.get("run_id") != ledger.run_id or int(ev.get("site", -1)) != int(site):
+        raise ProtocolError(f"site {site} reported a release of another run or site: {ev.get('id')}")
+    extra = {k: v for k, v in ev.items() if k not in _MIRROR_SKIP}
+    ledger.record_release(site=int(site), round=ev["round"], step=ev["step"], attempt=int(ev["attempt"]),
+                          mechanism=ev["mechanism"], sensitivity=float(ev["sensitivity"]), sigma=float(ev["sigma"]),
+                          noise_multiplier=float(ev["noise_multiplier"]), sample_rate=float(ev["sample_rate"]), **extra)
+
+
+class ServerPrivacy:
+    """The server's side of DP over Flower: plan, aggregate ledger, settlements, report.
+
+    Parameters
+    ----------
+    cfg : FlowerRunConfig
+    run_id : str
+        Ledger run id shared with the sites (event ids ``{run_id}/site{p}/round{s}/step{t}/attempt{a}``).
+    sizes, weights : sequences
+        Public site sizes (from ``hello``) and the normalised client weights.
+    gamma : float
+    """
+
+    def __init__(self, cfg, run_id: str, sizes, weights, gamma: float):
+        self.plan = public_plan(cfg, run_id, sizes, gamma, weights)
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        budget = self.plan["epsilon"]
+        if budget is not None and float(getattr(cfg, "rows_epsilon", 0.0)) > 0:
+            budget += float(cfg.rows_epsilon)  # total = landmarks + the rows' data perturbation (as securefed run)
+        self.ledger = _memo_ledger({}, os.path.join(cfg.out_dir, "ledger.jsonl"), run_id, budget_epsilon=budget,
+                                   delta=self.plan["delta"], accountant=self.plan["accountant"])
+        self.gp = build_mechanism(self.plan, self.ledger)
+        self.gp.clipped_per_site = [0] * len(sizes)
+        self._pending: dict = {}
+        self.unsettled: list = []  # [[round, step, survivors]] to tell the sites
+
+    def reported(self, rnd: int, step: int) -> set:
+        """Sites whose release for (round, step) is in the aggregate ledger and not yet settled."""
+        return set(self._pending.get((int(rnd), int(step)), {}))
+
+    def wire_plan(self) -> str:
+        """The plan every site receives (JSON), with the σ_p the server computed for each site."""
+        return json.dumps(dict(self.plan, sigma=[float(v) for v in self.gp.sigma]), sort_keys=True)
+
+    def project(self, Y: np.ndarray) -> np.ndarray:
+        """The server's projection onto the τ_Y ball (after init and after each round, as in process)."""
+        return self.gp.project(Y)
+
+    def mirror(self, site: int, reply: dict, rnd: int, steps) -> None:
+        """Copy the releases a site reports into the aggregate ledger (checking they are the planned ones)."""
+        evs = [json.loads(s) for s in reply.get("dp_events", [])]
+        want = {(int(rnd), int(t)) for t in steps}
+        got = set()
+        for ev in evs:
+            if float(ev["sigma"]) < self.gp.sigma[int(site)] * (1 - 1e-9):
+                raise ProtocolError(f"site {site} reports σ={ev['sigma']} below the plan's {self.gp.sigma[int(site)]}")
+            got.add((ev["round"], ev["step"]))
+            mirror_release(self.ledger, site, ev)
+            self._pending.setdefault((ev["round"], ev["step"]), {})[int(site)] = ev["id"]
+        if want - got:
+            raise ProtocolError(f"site {site} returned a noisy update without its ledger events for {sorted(want - got)}")
+        if "clipped" in reply:
+            self.gp.clipped_per_site[int(site)] = int(reply["clipped"])
+            self.gp.clipped_records = int(sum(self.gp.clipped_per_site))
+
+    def after_aggregate(self, rnd: int, step: int, survivors) -> None:
+        """Settle a distributed-noise aggregation with the actual survivors (server ledger)."""
+        pend = self._pending.pop((int(rnd), int(step)), {})
+        if self.gp.noise != "distributed" or not pend:
+            return
+        self.gp.settle(round=rnd, step=step, survivors=survivors, release_ids=pend)
+        self.unsettled.append([int(rnd), int(step), [int(s) for s in survivors]])
+
+    def report(self) -> dict:
+        """The privacy block of ``result.json`` (the same keys as ``securefed run``'s ``metrics.json``)."""
+        rep = self.gp.report()
+        rep["noise_share"] = noise_share_note(self.plan)
+        rep["ledger_sites"] = "each site holds its own ledger (node config ledger-path); this is the server's aggregate copy"
+        return rep
+
+
+def derive_run_id(cfg) -> str:
+    """A stable run id from the run configuration (used when ``run-id`` is not given)."""
+    keys = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k not in ("run_id", "out_dir")}
+    return "flower-" + hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def noise_share_note(plan: dict) -> str:
+    """One sentence for the report on what each site added."""
+    if plan["noise"] == "local":
+        return "each site added its full σ_p to every local-step gradient (private on its own)"
+    t = plan["min_survivors"] or len(plan["sizes"])
+    return (f"each site added a share σ_p = z·M/(w_p·√t), t = {t}; the revealed sum carries noise of std ≥ z·M "
+            f"while at least {t} sites survive (settled per aggregation)")
+

@@ -1,0 +1,127 @@
+"""Codec: round trips, strict refusals and fuzzing (hypothesis)."""
+
+import contextlib
+import os
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from securefed.errors import DecodeError
+from securefed.securesum import messages as M
+
+SID = bytes(range(16))
+ids = st.integers(0, 2**32 - 1)
+b32 = st.binary(min_size=32, max_size=32)
+b64 = st.binary(min_size=64, max_size=64)
+blob = st.binary(max_size=64)
+share = st.integers(0, 2**257)
+sorted_ids = st.lists(st.integers(0, 10_000), unique=True, max_size=12).map(lambda xs: tuple(sorted(xs)))
+rnd = st.integers(0, 2**32 - 1)
+sess = st.binary(min_size=16, max_size=16)
+
+MESSAGES = st.one_of(
+    st.builds(M.AdvertiseKeys, sess, rnd, ids, b32, b32, b64),
+    st.builds(M.KeysBroadcast, sess, rnd, ids, st.lists(st.builds(M.KeyEntry, ids, b32, b32, b64), max_size=4).map(tuple)),
+    st.builds(M.EncryptedShares, sess, rnd, ids, st.lists(st.builds(M.ShareCipher, ids, blob), max_size=4).map(tuple)),
+    st.builds(M.ForwardedShares, sess, rnd, ids, st.lists(st.builds(M.ShareCipher, ids, blob), max_size=4).map(tuple)),
+    st.builds(M.MaskedInput, sess, rnd, ids, st.integers(0, 255), blob),
+    st.builds(M.ConsistencyRequest, sess, rnd, ids, sorted_ids),
+    st.builds(M.ConsistencySignature, sess, rnd, ids, b64),
+    st.builds(M.UnmaskRequest, sess, rnd, ids, sorted_ids, st.lists(st.builds(M.SignatureEntry, ids, b64), max_size=3).map(tuple)),
+    st.builds(M.UnmaskResponse, sess, rnd, ids, st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple),
+              st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple)),
+    st.builds(M.SharePlaintext, sess, rnd, ids, ids, share, share),
+    st.builds(M.ContextHandoff, sess, rnd, ids, ids, blob),
+    st.builds(M.PublicContext, sess, rnd, ids, blob),
+    st.builds(M.EncryptedInput, sess, rnd, ids, st.lists(blob, max_size=3).map(tuple)),
+    st.builds(M.EncryptedSum, sess, rnd, ids, sorted_ids, st.lists(blob, max_size=3).map(tuple)),
+    st.builds(M.DecryptedSum, sess, rnd, ids, st.floats(allow_nan=False), blob),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES)
+def test_round_trip(msg):
+    data = M.encode(msg)
+    assert M.decode(data) == msg
+    assert M.decode(data, session_id=msg.session_id, round_index=msg.round_index, expected=type(msg)) == msg
+
+
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES, st.data())
+def test_mutations_are_refused_or_reencode_identically(msg, data):
+    """Flip, cut or extend bytes: decoding either raises DecodeError or yields a message that re-encodes exactly."""
+    raw = bytearray(M.encode(msg))
+    op = data.draw(st.sampled_from(["flip", "cut", "extend"]))
+    if op == "flip":
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    elif op == "cut":
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        raw += data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        out = M.decode(bytes(raw))
+    except DecodeError:
+        return
+    assert M.encode(out) == bytes(raw)
+    assert op == "flip"  # a cut or an extension can never decode
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_crash(raw):
+    with contextlib.suppress(DecodeError):
+        M.encode(M.decode(raw))  # anything that decodes must re-encode
+
+
+def _sample():
+    return M.encode(M.ConsistencyRequest(SID, 7, 3, (0, 1, 5)))
+
+
+def test_unknown_version_refused():
+    raw = bytearray(_sample())
+    raw[2] = 2
+    with pytest.raises(DecodeError, match="version"):
+        M.decode(bytes(raw))
+
+
+def test_wrong_length_and_trailing_bytes_refused():
+    raw = _sample()
+    with pytest.raises(DecodeError, match="length"):
+        M.decode(raw + b"\x00")
+    # consistent header length but a body with an extra byte after the last field
+    body = raw[M.HEADER.size:] + b"\x00"
+    head = M.HEADER.pack(M.MAGIC, M.VERSION, M.ConsistencyRequest.TYPE, SID, 7, len(body))
+    with pytest.raises(DecodeError, match="trailing"):
+        M.decode(head + body)
+    with pytest.raises(DecodeError):
+        M.decode(raw[:-2])
+
+
+def test_wrong_round_session_and_type_refused():
+    raw = _sample()
+    with pytest.raises(DecodeError, match="round 7"):
+        M.decode(raw, round_index=8)
+    with pytest.raises(DecodeError, match="session"):
+        M.decode(raw, session_id=os.urandom(16))
+    with pytest.raises(DecodeError, match="expected"):
+        M.decode(raw, expected=M.MaskedInput)
+
+
+def test_unsorted_ids_and_oversized_fields_refused():
+    body = struct.pack("<I", 3) + struct.pack("<I", 2) + struct.pack("<2I", 5, 1)
+    head = M.HEADER.pack(M.MAGIC, M.VERSION, M.ConsistencyRequest.TYPE, SID, 0, len(body))
+    with pytest.raises(DecodeError, match="increasing"):
+        M.decode(head + body)
+    with pytest.raises(DecodeError):
+        M.encode(M.AdvertiseKeys(SID, 0, 1, b"short", b"x" * 32, b"s" * 64))
+    with pytest.raises(DecodeError):
+        M.encode(M.AdvertiseKeys(SID, 2**32, 1, b"x" * 32, b"x" * 32, b"s" * 64))
+
+
+def test_messages_are_frozen():
+    msg = M.ConsistencySignature(SID, 0, 1, b"s" * 64)
+    with pytest.raises(Exception):
+        msg.sender = 2
