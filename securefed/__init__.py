@@ -34,7 +34,7 @@ from .estimators import (
     FedTSNE,
     FedUMAP,
 )
-from .landmarks import FedDLResult, fed_dl, lloyd_refine, mmd, mmd_grad
+from .landmarks import FedDLResult, fed_dl, mmd, mmd_grad
 from .metrics import clustering_metrics, embedding_metrics
 from .peers import PEER_METHODS, CentralizedGTM, DistributedGTM, FedDSNE
 from .securesum import CKKSAggregator, SecAggAggregator, simulate
@@ -43,7 +43,7 @@ __all__ = [
     "__version__",
     "FedTSNE", "FedUMAP", "FedSpectralClustering",
     "CentralizedTSNE", "CentralizedUMAP", "CentralizedSpectralClustering",
-    "fed_dl", "FedDLResult", "lloyd_refine", "mmd", "mmd_grad",
+    "fed_dl", "FedDLResult", "mmd", "mmd_grad",
     "load_dataset", "partition", "check_sites", "Dataset",
     "embedding_metrics", "clustering_metrics",
     "Aggregator", "AggregateResult", "PlainAggregator", "make_aggregator",

@@ -1,70 +1,30 @@
-"""``securefed run``: one federated job end to end, leaving everything ``securefed audit`` needs.
+"""``securefed run``: one federated job end to end on built-in data or a file, leaving everything
+``securefed audit`` needs in the run folder (:mod:`securefed.report.layout`).
 
-Stages: load data → partition into sites → (DP set-up, ledger) → landmarks (FedDL, secure sum) →
-membership audit gate → Nyström stage (rows or local placement) → embedding → reconstruction audit
-(play the server on what left the sites) → metrics, plots and the run folder (``notes`` layout):
-
-``config.json`` (parameters, mode, versions), ``metrics.json``, ``history.json``, ``ledger.jsonl``,
-``checkpoint.npz``, ``audit/mia.json``, ``audit/reconstruction.json``, ``embedding.npy`` /
-``labels.npy``, ``y_true.npy``, ``embedding.png``.
+:func:`run_job` loads the data, splits it into sites, builds the run plan once (:class:`~securefed.plan.RunPlan`;
+for a built-in, public data set the public value range fills ``value_bound`` / ``clip_norm`` when not given),
+runs the one coordinator in this process (:func:`securefed.federation.run_in_process`) with each site's
+privacy ledger in ``<out>/site-ledgers/<site>/`` and the coordinator's in ``<out>/ledger.jsonl``, then plays
+the server on what left the sites (reconstruction audit), compares with the centralized method and writes
+metrics and plots.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from importlib import metadata
 
 import numpy as np
 
-from .errors import AuditFailedError, ConfigError, bad_value
+from .errors import ConfigError, LedgerError, bad_value
+from .report.layout import clean, write_json, write_run_result
 
-__all__ = ["RunConfig", "run", "FED_METHODS", "PEER_METHOD_NAMES"]
+__all__ = ["run", "run_job", "FED_METHODS", "PEER_METHOD_NAMES"]
 
 FED_METHODS = ("tsne", "umap", "spectral")
 PEER_METHOD_NAMES = ("dsne", "fdsne", "dp-dsne", "gtm")
-
-
-@dataclass
-class RunConfig:
-    """Everything ``securefed run`` takes (the CLI flags, one to one)."""
-
-    dataset: str = "digits"
-    label_column: str | None = None
-    clients: int = 10
-    partition: str = "label"
-    method: str = "tsne"
-    landmarks: int = 300
-    rounds: int = 60
-    local_steps: int = 5
-    rule: str = "model"
-    lr: float | str = "auto"
-    gamma: float | None = None
-    seed: int = 0
-    compare_centralized: bool = True
-    out: str = "securefed-run"
-    aggregation: str = "plain"
-    nystrom: str | None = None
-    reconstruction: str = "auto"
-    audit: bool = True
-    audit_holdout: float = 0.2
-    allow_audit_failure: bool = False
-    max_auc: float = 0.6
-    max_empirical_epsilon: float = 1.0
-    rows_epsilon: float | None = None
-    n_clusters: int | None = None
-    reference_size: int = 300
-    value_bound: float | None = None
-    refine_rounds: int | str = "auto"
-    refine_min_cluster: int = 10
-    n_jobs: int = 1
-    quiet: bool = False
-    privacy_args: object = None  # argparse namespace with the accounting flags (or None)
-    extra: dict = field(default_factory=dict)
 
 
 def _versions() -> dict:
@@ -78,42 +38,16 @@ def _versions() -> dict:
     return out
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, default=_json_default, allow_nan=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+class _Log:
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
 
 
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
-def _clean(d):
-    """Replace NaN/inf by None so the JSON is strict."""
-    if isinstance(d, dict):
-        return {k: _clean(v) for k, v in d.items()}
-    if isinstance(d, (list, tuple)):
-        return [_clean(v) for v in d]
-    if isinstance(d, float) and not np.isfinite(d):
-        return None
-    return d
-
-
-def _log(cfg: RunConfig, msg: str) -> None:
-    if not cfg.quiet:
-        print(msg, file=sys.stderr, flush=True)
-
-
-def _plot(path: str, panels: list[tuple[str, np.ndarray, np.ndarray | None]]) -> None:
+def _plot(path: str, panels) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,333 +67,331 @@ def _plot(path: str, panels: list[tuple[str, np.ndarray, np.ndarray | None]]) ->
     plt.close(fig)
 
 
-def _validate(cfg: RunConfig) -> None:
-    if cfg.method not in FED_METHODS + PEER_METHOD_NAMES:
-        raise ConfigError(bad_value("--method", cfg.method, f"choose one of {', '.join(FED_METHODS + PEER_METHOD_NAMES)}"))
-    if isinstance(cfg.clients, bool) or not isinstance(cfg.clients, int) or cfg.clients < 1:
-        raise ConfigError(bad_value("--clients", cfg.clients, "use an integer ≥ 1"))
-    if cfg.nystrom not in (None, "rows", "local"):
-        raise ConfigError(bad_value("--nystrom", cfg.nystrom, "use 'rows' (the paper) or 'local' (no rows leave a site)"))
+def run(args) -> dict:
+    """``securefed run`` from its parsed arguments; returns the metrics (also in ``<out>/metrics.json``)."""
+    from .cli.run import JOB_DEFAULTS, plan_options_from_args
+
+    job = {k: getattr(args, k) for k in JOB_DEFAULTS}
+    job["audit"] = args.audit
+    return run_job(job, plan_options_from_args(args))
 
 
-def _run_id(cfg: RunConfig) -> str:
-    """Stable id of a run's parameters: re-running the same command in the same folder resumes it."""
-    keys = {k: v for k, v in vars(cfg).items() if k not in ("quiet", "privacy_args", "extra", "n_jobs")}
-    if cfg.privacy_args is not None:
-        keys["privacy"] = {k: v for k, v in sorted(vars(cfg.privacy_args).items()) if not callable(v)}
-    h = hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"run-{h}"
-
-
-def run(cfg: RunConfig) -> dict:
-    """Run one job; returns the metrics dict (also written to ``<out>/metrics.json``)."""
+def _load_sites(job: dict, seed: int):
     from .data import load_dataset, partition
-    from .metrics import clustering_metrics, embedding_metrics
 
-    _validate(cfg)
-    t_all = time.perf_counter()
-    out = os.path.abspath(cfg.out)
     try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(bad_value("--out", cfg.out, f"cannot create the folder ({exc.strerror}); pick a writable path")) from None
-    try:
-        ds = load_dataset(cfg.dataset, cfg.label_column)
+        ds = load_dataset(job["dataset"], job["label_column"])
     except ConfigError as exc:  # name the flag the user typed
         raise type(exc)(f"--dataset/--label-column: {exc}") from None
     X_all, y_all = ds.X, ds.y
-    rng = np.random.default_rng(cfg.seed)
+    rng = np.random.default_rng(seed)
     reference = None
-    if cfg.method in ("dsne", "fdsne", "dp-dsne"):
+    if job["method"] in ("dsne", "fdsne", "dp-dsne"):
         # dSNE needs a public reference set: simulate it with a held-out public split of the data set
-        n_ref = int(cfg.reference_size)
+        n_ref = int(job["reference_size"])
         if not 10 <= n_ref < len(X_all) // 2:
             raise ConfigError(bad_value("--reference-size", n_ref, f"use between 10 and {len(X_all) // 2 - 1}"))
         perm = rng.permutation(len(X_all))
         reference = X_all[perm[:n_ref]]
         keep = np.sort(perm[n_ref:])
-        X_all = X_all[keep]
-        y_all = None if y_all is None else y_all[keep]
+        X_all, y_all = X_all[keep], (None if y_all is None else y_all[keep])
+    if isinstance(job["clients"], bool) or not isinstance(job["clients"], int) or job["clients"] < 1:
+        raise ConfigError(bad_value("--clients", job["clients"], "use an integer ≥ 1"))
     try:
-        parts = partition(X_all, y_all, cfg.clients, cfg.partition, random_state=rng)
+        parts = partition(X_all, y_all, job["clients"], job["partition"], random_state=rng)
     except ConfigError as exc:
         raise type(exc)(f"--partition/--clients: {exc}") from None
     sites = [X_all[i] for i in parts]
-    X_pooled = np.vstack(sites)
-    y_pooled = None if y_all is None else np.concatenate([y_all[i] for i in parts])
-    if y_pooled is not None:
-        np.save(os.path.join(out, "y_true.npy"), y_pooled)
-    run_id = _run_id(cfg)
-    ledger_path = os.path.join(out, "ledger.jsonl")
+    y = None if y_all is None else np.concatenate([y_all[i] for i in parts])
+    return ds, sites, y, reference
 
-    # ---------------------------------------------------------------- privacy set-up (issue 4)
-    privacy = rows_privacy = None
-    if cfg.method in FED_METHODS and cfg.privacy_args is not None:
-        from .cli.budget import privacy_from_args
-        from .data import BUILTIN_DATASETS
 
-        pa = cfg.privacy_args
-        dp_asked = getattr(pa, "epsilon", None) is not None or getattr(pa, "noise_multiplier", None) is not None
-        if dp_asked and getattr(pa, "clip_norm", None) is None and str(cfg.dataset) in BUILTIN_DATASETS:
-            # a built-in data set is public, so its value range is public knowledge: every record's norm is at
-            # most max|x_j|·√m, a τ_X that clips nothing and depends on no one's records
-            pa.clip_norm = float(np.max(np.abs(ds.X))) * float(np.sqrt(ds.X.shape[1]))
-            cfg.extra["clip_norm_from"] = "built-in data set's public value range: max|x|·√m"
-            _log(cfg, f"[privacy] --clip-norm {pa.clip_norm:g} (the built-in data set's public range: max|x|·√m; no record is clipped)")
-        privacy = privacy_from_args(pa, ledger_path, run_id, random_state=cfg.seed)
-    nystrom = cfg.nystrom or ("local" if privacy is not None else "rows")
-    if privacy is not None and nystrom == "rows":
-        from .accounting import DataPerturbation
+def _public_bounds(job: dict, options: dict, ds, log) -> dict:
+    """Fill ``value_bound`` / ``clip_norm`` from a built-in data set's **public** value range when not given."""
+    from .data import BUILTIN_DATASETS
 
-        if cfg.rows_epsilon is None:
-            raise ConfigError(bad_value("--rows-epsilon", None, "with differential privacy and --nystrom rows every "
-                                        "record's row is a release: give its ε (e.g. --rows-epsilon 1), or use --nystrom local"))
-        ledger = privacy.ledger
-        if ledger.budget_epsilon is not None:
-            ledger.budget_epsilon = ledger.budget_epsilon + float(cfg.rows_epsilon)  # total = landmarks + rows
-        rows_privacy = DataPerturbation(cfg.rows_epsilon, delta=privacy.delta, tau_x=privacy.tau_x,
-                                        secure_mode=privacy.secure_mode, ledger=ledger)
+    options = dict(options)
+    if str(job["dataset"]) not in BUILTIN_DATASETS:
+        return options
+    dp = options.get("epsilon") is not None or options.get("noise_multiplier") is not None
+    if dp and options.get("clip_norm") is None:
+        # every record's norm is at most max|x_j|·√m: a τ_X that clips nothing and depends on no one's records
+        options["clip_norm"] = float(np.max(np.abs(ds.X))) * float(np.sqrt(ds.X.shape[1]))
+        log(f"[privacy] --clip-norm {options['clip_norm']:g} (the built-in data set's public range: max|x|·√m)")
+    if options.get("aggregation", "plain") != "plain" and options.get("value_bound") is None and not dp:
+        options["value_bound"] = float(np.max(np.abs(ds.X)))
+    return options
 
-    value_bound = cfg.value_bound
-    if value_bound is None and cfg.aggregation != "plain" and privacy is None:
-        from .data import BUILTIN_DATASETS
 
-        if str(cfg.dataset) not in BUILTIN_DATASETS:
-            raise ConfigError(bad_value("--value-bound", None, f"--aggregation {cfg.aggregation} quantises into a public range: "
-                                        "give a public bound on |feature values| of your data, e.g. --value-bound 255"))
-        # the built-in data sets are public, so their value range is public knowledge
-        value_bound = float(np.max(np.abs(ds.X)))
-    cfg.extra["value_bound"] = value_bound
-    mode = {"aggregation": cfg.aggregation, "dp": privacy is not None, "nystrom": nystrom, "rule": cfg.rule,
-            "method": cfg.method, "rows_privacy": rows_privacy is not None, "n_landmarks": cfg.landmarks}
-    config = {"run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X_pooled)), "n_features": int(X_pooled.shape[1])},
-              "n_features": int(X_pooled.shape[1]), "n_landmarks": cfg.landmarks, "mode": mode,
-              "parameters": {k: v for k, v in vars(cfg).items() if k not in ("privacy_args", "extra", "quiet")},
-              "privacy_parameters": None if cfg.privacy_args is None else
-              {k: v for k, v in vars(cfg.privacy_args).items() if not callable(v) and k in (
-                  "epsilon", "delta", "accountant", "noise", "clip_norm", "noise_multiplier", "sample_rate",
-                  "secure_noise", "min_survivors", "sensitivity_rule")},
-              "site_sizes": [len(s) for s in sites], "versions": _versions()}
-    _write_json(os.path.join(out, "config.json"), _clean(config))
+def _site_options(out: str, names, plan) -> list:
+    """Each in-process site keeps its own ledger in ``<out>/site-ledgers/<site>/`` (one file per run)."""
+    if not plan.dp:
+        return [{} for _ in names]
+    return [{"ledger-path": os.path.join(out, "site-ledgers", name)} for name in names]
 
-    metrics = {"method": cfg.method, "dataset": ds.name, "n_samples": int(len(X_pooled)), "n_clients": len(sites),
-               "partition": cfg.partition, "mode": mode, "timings": {}}
+
+def _server_ledger(out: str, plan, run_id: str):
+    from .federation.privacy import open_server_ledger
+
+    if not plan.dp:
+        return None
+    path = os.path.join(out, "ledger.jsonl")
+    try:
+        return open_server_ledger(plan, run_id, path)
+    except LedgerError as exc:
+        raise LedgerError(f"--out {out}: {exc} — this folder holds another run's ledger; use another --out") from None
+
+
+def run_job(job: dict, options: dict) -> dict:
+    """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options)."""
+    from .federation import run_in_process
+    from .federation.checkpoint import fingerprint, read_checkpoint, write_checkpoint
+    from .federation.inprocess import site_names
+    from .federation.privacy import derive_run_id
+    from .metrics import clustering_metrics, embedding_metrics
+    from .plan import RunPlan
+
+    log = _Log(job.get("quiet", False))
+    t_all = time.perf_counter()
+    out = os.path.abspath(job["out"])
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(bad_value("--out", job["out"], f"cannot create the folder ({exc.strerror}); pick a writable path")) from None
+    method = job["method"]
+    if method not in FED_METHODS + PEER_METHOD_NAMES:
+        raise ConfigError(bad_value("--method", method, f"choose one of {', '.join(FED_METHODS + PEER_METHOD_NAMES)}"))
+    ds, sites, y, reference = _load_sites(job, int(options.get("seed", 0)))
+    X = np.vstack(sites)
+    if y is not None:
+        np.save(os.path.join(out, "y_true.npy"), y)
+    metrics = {"method": method, "dataset": ds.name, "n_samples": int(len(X)), "n_clients": len(sites),
+               "partition": job["partition"], "timings": {}}
+    if method in PEER_METHOD_NAMES:
+        return _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all)
+    if options.get("n_clusters") is None:
+        options = dict(options, n_clusters=int(len(np.unique(y))) if y is not None else 8)
+    options = _public_bounds(job, options, ds, log)
+    plan = RunPlan.build("cli", method=method, keep_rows=True, min_sites=1, **options)
+    run_id = plan.run_id or derive_run_id(plan)
+    names = site_names(len(sites))
+    mode = {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
+            "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks}
+    metrics["mode"] = mode
+    config = {"run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
+              "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
+              "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions()}
+    write_json(os.path.join(out, "config.json"), config)
     history = {"rounds": [], "mmd": [], "epsilon": []}
+    fp = fingerprint(plan, [len(s) for s in sites], X.shape[1])
+    ck_path = os.path.join(out, "checkpoint.npz")
+    try:
+        resume = read_checkpoint(ck_path, fp, plan.rounds)
+    except ConfigError:
+        log(f"[landmarks] discarding {ck_path}: it belongs to a run with other parameters")
+        os.remove(ck_path)
+        resume = None
+    if resume is not None:
+        log(f"[landmarks] resuming from {ck_path} (round {resume['round']})")
 
-    def progress(s, Y, val):
-        history["rounds"].append(s)
-        history["mmd"].append(val)
-        if privacy is not None:
-            history["epsilon"].append(float(privacy.ledger.spent()[0]))
-        if not cfg.quiet and (s == 1 or s % max(1, cfg.rounds // 10) == 0 or s == cfg.rounds):
-            extra = f" MMD={val:.5f}" if val is not None else ""
-            if privacy is not None:
-                extra += f" ε spent={history['epsilon'][-1]:.3f}"
-            _log(cfg, f"[landmarks] round {s}/{cfg.rounds}{extra}")
+    def on_event(ev):
+        kind = ev["event"]
+        if kind == "checkpoint":
+            write_checkpoint(ck_path, ev["state"], fp)
+        elif kind == "round":
+            s = ev["round"]
+            history["rounds"].append(s)
+            history["mmd"].append(ev.get("mmd_at_start"))
+            history["epsilon"].append(ev.get("epsilon"))
+            if s == 1 or s % max(1, plan.rounds // 10) == 0 or s == plan.rounds:
+                extra = "" if ev.get("epsilon") is None else f" ε spent={ev['epsilon']:.3f}"
+                log(f"[landmarks] round {s}/{plan.rounds}{extra}")
+        elif kind == "audit":
+            log(f"[audit] membership inference on the landmarks: AUC={ev['auc']:.3f}, empirical ε ≥ "
+                f"{ev['empirical_epsilon']:.3f} → {ev['verdict']}")
+        elif kind == "hello":
+            log(f"[landmarks] {len(ev['sites'])} sites, {plan.landmarks} landmarks, {plan.rounds} rounds × "
+                f"{plan.local_steps} local steps, {plan.rule} averaging, {plan.aggregation} aggregation"
+                + (", differential privacy on" if plan.dp else ""))
 
-    fed = None
     t0 = time.perf_counter()
-    if cfg.method in FED_METHODS:
-        fed = _fit_federated(cfg, sites, y_pooled, privacy, rows_privacy, nystrom, progress, out, metrics)
-        if cfg.method == "spectral":
-            np.save(os.path.join(out, "labels.npy"), fed.labels_)
-            metrics["federated"] = clustering_metrics(fed.labels_, y_pooled, random_state=cfg.seed) if y_pooled is not None else {}
-        else:
-            np.save(os.path.join(out, "embedding.npy"), fed.embedding_)
-            metrics["federated"] = embedding_metrics(X_pooled, fed.embedding_, y_pooled, random_state=cfg.seed)
-        metrics["timings"].update({f"federated_{k}": v for k, v in fed.timings_.items()})
-        metrics["aggregation"] = fed.feddl_.aggregation
-        metrics["released_before_rounds"] = fed.feddl_.released
-        metrics["reconstruction"] = fed.reconstruction_
-        metrics["sent_by_each_site"] = fed.sent_kind_
-        if fed.privacy_ is not None:
-            metrics["privacy"] = fed.privacy_
-            if getattr(fed, "rows_privacy_", None) is not None:
-                metrics["privacy"]["rows"] = fed.rows_privacy_
-                metrics["privacy"]["epsilon_total"] = float(privacy.ledger.spent()[0])
-        if fed.audit_ is not None:
-            metrics["audit"] = fed.audit_
-        metrics["reconstruction_audit"] = _reconstruction_audit(cfg, fed, sites, out)
-    else:
-        emb = _fit_peer(cfg, sites, reference, metrics)
-        np.save(os.path.join(out, "embedding.npy"), emb)
-        metrics["federated"] = embedding_metrics(X_pooled, emb, y_pooled, random_state=cfg.seed)
-        fed_emb = emb
+    try:
+        res = run_in_process(plan, sites, names=names, site_options=_site_options(out, names, plan),
+                             ledger=_server_ledger(out, plan, run_id), resume=resume, on_event=on_event)
+    except Exception as exc:
+        _write_partial(out, metrics, getattr(exc, "partial", {}))
+        raise
     metrics["timings"]["federated_total"] = time.perf_counter() - t0
-    if not any(v is not None for v in history["mmd"]):
+    write_run_result(out, res, plan)
+    history["mmd"] = list(res.mmd_history)  # MMD after each round (the events carry it one round late)
+    history["rounds"] = history["rounds"][: len(history["mmd"])] if history["mmd"] else history["rounds"]
+    if not history["mmd"]:
         history["mmd"] = []  # not monitored (DP runs): the MMD would be an unaccounted release
-    _write_json(os.path.join(out, "history.json"), _clean(history))
-
+    if not any(e is not None for e in history["epsilon"]):
+        history["epsilon"] = []
+    write_json(os.path.join(out, "history.json"), history)
+    _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, clustering_metrics, log)
     central = None
-    if cfg.compare_centralized:
+    if job["compare_centralized"]:
         t1 = time.perf_counter()
-        _log(cfg, "[centralized] fitting the pooled-data baseline for comparison")
-        central = _fit_central(cfg, X_pooled, y_pooled)
+        log("[centralized] fitting the pooled-data baseline for comparison")
+        central = _fit_central(method, plan, X, y)
         metrics["timings"]["centralized"] = time.perf_counter() - t1
-        if cfg.method == "spectral":
-            metrics["centralized"] = clustering_metrics(central, y_pooled, random_state=cfg.seed) if y_pooled is not None else {}
-        else:
-            metrics["centralized"] = embedding_metrics(X_pooled, central, y_pooled, random_state=cfg.seed)
-
-    # plot
-    if cfg.method == "spectral":
-        from sklearn.decomposition import PCA
-
-        P2 = PCA(2, random_state=0).fit_transform(X_pooled)
-        panels = [("Fed-SpeClust clusters (PCA view)", P2, fed.labels_)]
-        if central is not None:
-            panels.append(("centralized spectral clusters (PCA view)", P2, central))
-        if y_pooled is not None:
-            panels.append(("true labels (PCA view)", P2, y_pooled))
-    else:
-        name = {"tsne": "Fed-tSNE", "umap": "Fed-UMAP"}.get(cfg.method, cfg.method)
-        panels = [(f"{name} ({cfg.partition}, {len(sites)} sites)", fed.embedding_ if fed is not None else fed_emb, y_pooled)]
-        if central is not None:
-            panels.append((f"centralized {cfg.method}", central, y_pooled))
-    _plot(os.path.join(out, "embedding.png"), panels)
+        metrics["centralized"] = (clustering_metrics(central, y, random_state=plan.seed) if y is not None else {}) \
+            if method == "spectral" else embedding_metrics(X, central, y, random_state=plan.seed)
+    _plot_run(out, method, job, res, X, y, central, len(sites))
     metrics["timings"]["total"] = time.perf_counter() - t_all
-    _write_json(os.path.join(out, "metrics.json"), _clean(metrics))
-    return metrics
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    return clean(metrics)
 
 
-def _make_auditor(cfg: RunConfig, privacy, out: str, metrics: dict):
-    """The membership-inference gate between the landmarks and the Nyström stage (issue 5)."""
-    from .audits import AuditPolicy, audit_gate, membership_audit
+def _write_partial(out: str, metrics: dict, partial: dict) -> None:
+    """A run that stopped: what it decided (the audit gate's verdict) goes to metrics.json and audit/."""
     from .report import write_audit_files
 
-    policy = AuditPolicy(max_auc=cfg.max_auc, max_empirical_epsilon=cfg.max_empirical_epsilon)
-
-    def auditor(members, holdout, res):
-        _log(cfg, "[audit] membership inference on the landmarks (before any row leaves a site)")
-        mia = membership_audit(members, holdout, res.landmarks, res.gamma, scores=("nearest", "kde"),
-                               delta=privacy.delta if privacy is not None else 0.0, random_state=cfg.seed)
-        write_audit_files(out, mia=mia)
-        claimed = res.privacy.get("epsilon") if res.privacy else None
-        dec = audit_gate(mia, policy, claimed_epsilon=claimed, allow_failure=True,
-                         ledger=privacy.ledger if privacy is not None else None)
-        if not dec.passed and not cfg.allow_audit_failure:
-            block = dec.to_dict()
-            block.update(verdict="fail", overridden=False, proceed=False, rows_sent=0,
-                         note="the run stopped at the gate: nothing was sent for the Nyström stage")
-            block["ledger_event"], block["ledger_recorded"] = None, False
-            metrics["audit"] = block
-            _write_json(os.path.join(out, "metrics.json"), _clean(metrics))
-            raise AuditFailedError(
-                "landmark membership audit failed: " + "; ".join(str(f) for f in dec.failures)
-                + " — nothing was sent for the Nyström stage; rerun with --allow-audit-failure to proceed (recorded), "
-                  "or add noise (--epsilon) / fewer landmarks")
-        d = dec.to_dict()
-        _log(cfg, f"[audit] verdict: {d['verdict']} (AUC={d['auc']:.3f}, empirical ε ≥ {d['empirical_epsilon']:.3f})")
-        return d
-
-    return auditor
+    if "audit" in partial:
+        audit = dict(partial["audit"])
+        write_audit_files(out, mia=audit.pop("mia_result"))
+        metrics["audit"] = dict(audit, rows_sent=0)
+    write_json(os.path.join(out, "metrics.json"), metrics)
 
 
-def _checkpoint_path(cfg: RunConfig, out: str) -> str:
-    """``<out>/checkpoint.npz``, resumed only by the same run (same parameters): a checkpoint another
-    configuration left in the folder is discarded, with a message."""
-    path = os.path.join(out, "checkpoint.npz")
-    owner = os.path.join(out, "checkpoint.owner")
-    rid = _run_id(cfg)
-    previous = open(owner).read().strip() if os.path.exists(owner) else None
-    if os.path.exists(path) and previous != rid:
-        _log(cfg, f"[landmarks] discarding {path}: it belongs to a run with other parameters ({previous})")
-        os.remove(path)
-    elif os.path.exists(path):
-        _log(cfg, f"[landmarks] resuming from {path}")
-    with open(owner, "w") as fh:
-        fh.write(rid + "\n")
-    return path
+def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, clustering_metrics, log) -> None:
+    from .report import write_audit_files
 
-
-def _fit_federated(cfg, sites, y, privacy, rows_privacy, nystrom, progress, out, metrics):
-    from .estimators import FedSpectralClustering, FedTSNE, FedUMAP
-
-    common = dict(n_landmarks=cfg.landmarks, rounds=cfg.rounds, local_steps=cfg.local_steps, rule=cfg.rule,
-                  lr=cfg.lr, gamma=cfg.gamma, aggregation=cfg.aggregation, privacy=privacy, nystrom=nystrom,
-                  reconstruction=cfg.reconstruction, rows_privacy=rows_privacy,
-                  auditor=_make_auditor(cfg, privacy, out, metrics) if cfg.audit else None,
-                  audit_holdout=cfg.audit_holdout if cfg.audit else 0.0,
-                  checkpoint=_checkpoint_path(cfg, out), random_state=cfg.seed, callback=progress,
-                  n_jobs=cfg.n_jobs, keep_sent=True, value_bound=cfg.extra.get("value_bound"),
-                  refine_rounds=cfg.refine_rounds, refine_min_cluster=cfg.refine_min_cluster)
-    _log(cfg, f"[landmarks] FedDL: {len(sites)} sites, {cfg.landmarks} landmarks, {cfg.rounds} rounds × {cfg.local_steps} "
-              f"local steps, {cfg.rule} averaging, {cfg.aggregation} aggregation"
-              + (", differential privacy on" if privacy is not None else ""))
-    if cfg.method == "tsne":
-        est = FedTSNE(**common)
-    elif cfg.method == "umap":
-        est = FedUMAP(**common)
+    emb = res.embedding
+    if plan.method == "spectral":
+        labels = res.stacked("labels")
+        np.save(os.path.join(out, "labels.npy"), labels)
+        metrics["federated"] = clustering_metrics(labels, y, random_state=plan.seed) if y is not None else {}
     else:
-        k = cfg.n_clusters or (len(np.unique(y)) if y is not None else 8)
-        est = FedSpectralClustering(n_clusters=int(k), **common)
-    est.fit(sites)
-    _log(cfg, f"[embedding] done ({est.reconstruction_} reconstruction; each site sent: {est.sent_kind_})")
-    return est
+        E = res.stacked("coordinates")
+        np.save(os.path.join(out, "embedding.npy"), E)
+        metrics["federated"] = embedding_metrics(X, E, y, random_state=plan.seed)
+    metrics["aggregation"] = res.aggregation
+    metrics["released_before_rounds"] = [r for r in res.released if "Lloyd" not in r and "per record" not in r]
+    metrics["released"] = res.released
+    metrics["warnings"] = res.warnings
+    metrics["reconstruction"] = emb.get("reconstruction")
+    metrics["sent_by_each_site"] = emb.get("sent_kind")
+    metrics["round_trips"] = res.round_trips
+    metrics["timings"]["coordinator"] = res.seconds
+    if res.privacy is not None:
+        metrics["privacy"] = res.privacy
+    if res.audit is not None:
+        write_audit_files(out, mia=res.audit["mia_result"])
+        metrics["audit"] = {k: v for k, v in res.audit.items() if k != "mia_result"}
+    log(f"[embedding] done ({emb.get('reconstruction')} reconstruction; each site sent: {emb.get('sent_kind')})")
+    metrics["reconstruction_audit"] = _reconstruction_audit(plan, res, sites, out, log)
 
 
-def _reconstruction_audit(cfg, fed, sites, out) -> dict:
-    """Play the server on what left the sites in the Nyström stage and measure what it gives back."""
+def _reconstruction_audit(plan, res, sites, out, log) -> dict:
+    """Play the server on what left the sites in the embedding stage and measure what it gives back."""
     from .audits import (reconstruct_from_coordinates, reconstruct_from_distance_rows, reconstruct_from_kernel_rows,
                          reconstruction_record)
     from .report import write_audit_files
 
     X_true = np.vstack(sites)
-    Y = fed.landmarks_
-    if fed.nystrom == "rows":
-        rows = fed.sent_rows_
-        if cfg.method == "spectral":
-            X_hat = reconstruct_from_kernel_rows(rows, Y, fed.kernel_gamma_)
-            kind, attack = ("perturbed_rows" if fed.rows_privacy is not None else "kernel_rows"), "kernel inversion + trilateration"
+    Y = res.landmarks
+    emb = res.embedding
+    perturbed = plan.rows_epsilon is not None
+    if plan.nystrom == "rows":
+        rows = res.stacked("rows")
+        if plan.method == "spectral":
+            X_hat = reconstruct_from_kernel_rows(rows, Y, emb["kernel_gamma"])
+            kind, attack = ("perturbed_rows" if perturbed else "kernel_rows"), "kernel inversion + trilateration"
         else:
             X_hat = reconstruct_from_distance_rows(rows, Y, squared=True)
-            kind, attack = ("perturbed_rows" if fed.rows_privacy is not None else "rows"), "trilateration"
-    elif cfg.method == "spectral":
+            kind, attack = ("perturbed_rows" if perturbed else "rows"), "trilateration"
+    elif plan.method == "spectral":
         # only labels leave: the server's best estimate of a record is the mean of its cluster's landmarks
-        cent = np.vstack([Y[fed.landmark_labels_ == c].mean(axis=0) if np.any(fed.landmark_labels_ == c) else Y.mean(axis=0)
-                          for c in range(fed.n_clusters)])
-        X_hat, kind, attack = cent[fed.labels_], "local", "cluster mean of landmarks"
+        lab_y = emb["landmark_labels"]
+        cent = np.vstack([Y[lab_y == c].mean(axis=0) if np.any(lab_y == c) else Y.mean(axis=0)
+                          for c in range(plan.n_clusters)])
+        X_hat, kind, attack = cent[res.stacked("labels")], "local", "cluster mean of landmarks"
     else:
-        coords = [fed.embedding_[s] for s in fed._site_slices()]
-        X_hat = np.vstack(reconstruct_from_coordinates(coords, fed.landmark_embedding_, Y))
+        coords = [emb["coordinates"][name] for name in res.sites]
+        X_hat = np.vstack(reconstruct_from_coordinates(coords, emb["landmark_embedding"], Y))
         kind, attack = "local", "kernel regression from 2-D coordinates through the landmarks"
     rec = reconstruction_record(X_true, X_hat, mode=kind, attack=attack, Y=Y)
     write_audit_files(out, reconstruction=rec)
-    _log(cfg, f"[audit] reconstruction from what left the sites ({attack}): median relative error "
-              f"{rec['median_relative_error']:.3g}, {100 * rec['fraction_within_5pct']:.1f}% of records within 5%")
+    log(f"[audit] reconstruction from what left the sites ({attack}): median relative error "
+        f"{rec['median_relative_error']:.3g}, {100 * rec['fraction_within_5pct']:.1f}% of records within 5%")
     return {k: rec[k] for k in ("mode", "attack", "median_relative_error", "fraction_within_5pct") if k in rec}
 
 
-def _fit_peer(cfg, sites, reference, metrics):
+def _plot_run(out, method, job, res, X, y, central, n_sites) -> None:
+    if method == "spectral":
+        from sklearn.decomposition import PCA
+
+        P2 = PCA(2, random_state=0).fit_transform(X)
+        panels = [("Fed-SpeClust clusters (PCA view)", P2, res.stacked("labels"))]
+        if central is not None:
+            panels.append(("centralized spectral clusters (PCA view)", P2, central))
+        if y is not None:
+            panels.append(("true labels (PCA view)", P2, y))
+    else:
+        name = {"tsne": "Fed-tSNE", "umap": "Fed-UMAP"}.get(method, method)
+        panels = [(f"{name} ({job['partition']}, {n_sites} sites)", res.stacked("coordinates"), y)]
+        if central is not None:
+            panels.append((f"centralized {method}", central, y))
+    _plot(os.path.join(out, "embedding.png"), panels)
+
+
+def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all) -> dict:
+    from .metrics import embedding_metrics
     from .peers import PEER_METHODS, WHAT_LEAVES
 
-    _log(cfg, f"[{cfg.method}] fitting on {len(sites)} sites")
+    method, seed = job["method"], int(options.get("seed", 0))
+    log(f"[{method}] fitting on {len(sites)} sites")
     opts = {}
     if reference is not None:
         opts["reference"] = reference
-    if cfg.method == "gtm":
+    if method == "gtm":
         # each site summarises its records by at most 60 Gaussian components (papers/003), never more than it holds
         opts["n_components_per_site"] = int(min(60, min(len(s) for s in sites)))
-    est = PEER_METHODS[cfg.method](random_state=cfg.seed, **opts)
-    emb = est.fit_transform(sites)
-    metrics["sent_by_each_site"] = WHAT_LEAVES.get(cfg.method)
+    est = PEER_METHODS[method](random_state=seed, **opts)
+    t0 = time.perf_counter()
+    emb = np.asarray(est.fit_transform(sites))
+    metrics["timings"]["federated_total"] = time.perf_counter() - t0
+    metrics["mode"] = {"method": method, "aggregation": "plain", "dp": getattr(est, "epsilon_", None) is not None}
+    metrics["sent_by_each_site"] = WHAT_LEAVES.get(method)
     eps = getattr(est, "epsilon_", None)
     if eps is not None:
         metrics["privacy"] = {"epsilon": eps, "delta": getattr(est, "delta_", None),
                               "accountant": getattr(est, "accountant_", "rdp")}
-    return np.asarray(emb)
+    np.save(os.path.join(out, "embedding.npy"), emb)
+    write_json(os.path.join(out, "config.json"), {"dataset": {"name": metrics["dataset"], "n_samples": int(len(X)),
+                                                              "n_features": int(X.shape[1])},
+                                                  "mode": metrics["mode"], "parameters": job, "versions": _versions()})
+    metrics["federated"] = embedding_metrics(X, emb, y, random_state=seed)
+    central = None
+    if job["compare_centralized"]:
+        t1 = time.perf_counter()
+        central = _fit_central(method, None, X, y, seed=seed)
+        metrics["timings"]["centralized"] = time.perf_counter() - t1
+        metrics["centralized"] = embedding_metrics(X, central, y, random_state=seed)
+    panels = [(f"{method} ({job['partition']}, {len(sites)} sites)", emb, y)]
+    if central is not None:
+        panels.append((f"centralized {method}", central, y))
+    _plot(os.path.join(out, "embedding.png"), panels)
+    write_json(os.path.join(out, "history.json"), {"rounds": [], "mmd": [], "epsilon": []})
+    metrics["timings"]["total"] = time.perf_counter() - t_all
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    return clean(metrics)
 
 
-def _fit_central(cfg, X, y):
+def _fit_central(method, plan, X, y, seed=None):
     from .estimators import CentralizedSpectralClustering, CentralizedTSNE, CentralizedUMAP
 
-    if cfg.method == "spectral":
-        k = cfg.n_clusters or (len(np.unique(y)) if y is not None else 8)
-        return CentralizedSpectralClustering(int(k), random_state=cfg.seed).fit_predict(X)
-    if cfg.method == "umap":
-        return CentralizedUMAP(random_state=cfg.seed).fit_transform(X)
-    if cfg.method == "gtm":
+    seed = plan.seed if plan is not None else seed
+    if method == "spectral":
+        return CentralizedSpectralClustering(int(plan.n_clusters), random_state=seed).fit_predict(X)
+    if method == "umap":
+        return CentralizedUMAP(random_state=seed).fit_transform(X)
+    if method == "gtm":
         from .peers import CentralizedGTM
 
-        return np.asarray(CentralizedGTM(random_state=cfg.seed).fit_transform(X))
-    return CentralizedTSNE(random_state=cfg.seed, n_jobs=cfg.n_jobs).fit_transform(X)
+        return np.asarray(CentralizedGTM(random_state=seed).fit_transform(X))
+    n_jobs = plan.n_jobs if plan is not None else 1
+    return CentralizedTSNE(random_state=seed, n_jobs=n_jobs).fit_transform(X)

@@ -9,7 +9,8 @@ import pytest
 
 from securefed.data import load_dataset, partition
 from securefed.metrics import METRIC_KEYS, clustering_metrics, embedding_metrics
-from securefed.pipeline import RunConfig, run
+from securefed.cli.run import JOB_DEFAULTS
+from securefed.pipeline import run_job
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
@@ -31,10 +32,18 @@ def _pooled(name, clients, scheme, seed):
 
 
 def _cfg(out, **kw):
+    """(job, plan options) as ``securefed run`` builds them (the audit gate on by default, 20 % hold-out)."""
     base = dict(dataset="iris", clients=3, partition="iid", landmarks=20, rounds=5, local_steps=3,
-                compare_centralized=False, out=str(out), quiet=True)
+                compare_centralized=False, out=str(out), quiet=True, audit=True)
     base.update(kw)
-    return RunConfig(**base)
+    job = {k: base.pop(k, v) for k, v in JOB_DEFAULTS.items()}
+    job["audit"] = base.pop("audit")
+    base.setdefault("audit_holdout", 0.2 if job["audit"] else 0.0)
+    return job, base
+
+
+def run(cfg):
+    return run_job(*cfg)
 
 
 @pytest.fixture(scope="module")

@@ -6,23 +6,17 @@ needed. Both print one JSON object
 ``{"epsilon", "delta", "noise_multiplier", "releases", "accountant", "epsilon_paper_bound"}``
 where ``epsilon_paper_bound`` is ``papers/000`` Theorem 5's ε at the same noise multiplier.
 
-For ``securefed run``: :func:`add_privacy_arguments` adds the options and :func:`privacy_from_args`
-builds the :class:`~securefed.accounting.GradientPerturbation` (or ``None`` without DP)::
-
-    add_privacy_arguments(run_parser)
-    privacy = privacy_from_args(args, ledger_path=os.path.join(out, "ledger.jsonl"), run_id=run_id, random_state=seed)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from ..errors import ConfigError, bad_value
 from ..accounting.accountants import ACCOUNTANTS, calibrate_noise_multiplier, check_delta, epsilon_from_noise, paper_epsilon
 
-__all__ = ["register", "budget_command", "add_privacy_arguments", "privacy_from_args", "budget_figures"]
+__all__ = ["register", "budget_command", "budget_figures"]
 
 
 def budget_figures(*, epsilon=None, noise_multiplier=None, releases, delta, sample_rate=1.0, accountant="exact") -> dict:
@@ -61,53 +55,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="exact")
     p.set_defaults(func=budget_command)
     return p
-
-
-def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--epsilon --delta --accountant --noise --clip-norm --noise-multiplier --sample-rate
-    --secure-noise --min-survivors`` to a ``securefed run`` parser."""
-    g = parser.add_argument_group("differential privacy (papers/000 §5.2; off unless --epsilon or --noise-multiplier)")
-    g.add_argument("--epsilon", type=float, default=None, help="target ε per record over the whole run ('inf' = no DP)")
-    g.add_argument("--delta", type=float, default=1e-5, help="target δ (default 1e-5)")
-    g.add_argument("--accountant", choices=ACCOUNTANTS, default="exact", help="exact (μ-GDP), prv, rdp or paper (Theorem 5)")
-    g.add_argument("--noise", choices=("local", "distributed"), default="local",
-                   help="local: full σ per site and step; distributed: σ²/t shares under secure aggregation")
-    g.add_argument("--clip-norm", type=float, default=None, help="public bound τ_X on record norms (required with DP)")
-    g.add_argument("--noise-multiplier", type=float, default=None, help="σ/Δ instead of a target ε")
-    g.add_argument("--sample-rate", type=float, default=1.0, help="Poisson sampling rate per local step")
-    g.add_argument("--secure-noise", action="store_true", help="draw DP noise from a CSPRNG (os.urandom + ChaCha20)")
-    g.add_argument("--min-survivors", type=int, default=None, help="distributed noise: the secure aggregator's threshold t")
-    g.add_argument("--sensitivity-rule", choices=("min", "theorem5", "kernel_shape", "lipschitz"), default="min",
-                   help="Δ used: min of the valid bounds (default) or the paper's Theorem 5")
-
-
-def privacy_from_args(args, ledger_path, run_id, random_state):
-    """Build the :class:`GradientPerturbation` for ``securefed run`` (``None`` when DP is off).
-
-    DP is on when ``--epsilon`` (finite) or ``--noise-multiplier`` is given. The ledger is created
-    (or resumed) at ``ledger_path`` with budget ``--epsilon``.
-    """
-    from ..accounting.bounds import default_tau_x
-    from ..accounting.ledger import PrivacyLedger
-    from ..accounting.mechanisms import GradientPerturbation
-
-    eps = getattr(args, "epsilon", None)
-    z = getattr(args, "noise_multiplier", None)
-    if eps is not None and math.isinf(eps) and eps > 0:
-        eps = None
-        if z is None:
-            return None
-    if eps is None and z is None:
-        return None
-    if eps is not None and z is not None:
-        raise ConfigError(bad_value("--noise-multiplier", z, "give --epsilon or --noise-multiplier, not both"))
-    delta = check_delta(args.delta)
-    if getattr(args, "clip_norm", None) is None:
-        raise ConfigError(bad_value("--clip-norm", None, "differential privacy needs a public bound on record norms, e.g. "
-                                    "--clip-norm 10 (for pixels in [0,1] with m features, √m always holds)"))
-    tau_x = default_tau_x(1, tau_x=args.clip_norm)
-    ledger = PrivacyLedger(ledger_path, run_id, budget_epsilon=eps, delta=delta, accountant=args.accountant)
-    return GradientPerturbation(epsilon=eps, delta=delta, noise_multiplier=z, accountant=args.accountant, noise=args.noise,
-                                tau_x=tau_x, sample_rate=args.sample_rate, secure_mode=bool(args.secure_noise), ledger=ledger,
-                                random_state=random_state, sensitivity_rule=getattr(args, "sensitivity_rule", "min"),
-                                min_survivors=getattr(args, "min_survivors", None))

@@ -10,8 +10,7 @@ import json
 import os
 
 from ..errors import ConfigError, bad_value
-from ..flower.coordinator import cast_config_value
-from ..flower.launch import APP_CONFIG_DEFAULTS, write_app
+from ..flower.launch import APP_CONFIG_DEFAULTS, cast_config_value, write_app
 
 __all__ = ["register", "handle_flower_app", "parse_settings"]
 
@@ -28,7 +27,7 @@ def parse_settings(items) -> dict:
             raise ConfigError(bad_value("--set key", k, f"use one of {', '.join(sorted(APP_CONFIG_DEFAULTS))}"))
         typ = type(APP_CONFIG_DEFAULTS[k])
         try:
-            out[k] = cast_config_value(v.strip().strip('"'), APP_CONFIG_DEFAULTS[k])
+            out[k] = cast_config_value(v.strip().strip('"'), APP_CONFIG_DEFAULTS[k], k)
         except ValueError:
             raise ConfigError(bad_value(k, v, f"give a {typ.__name__}")) from None
     return out

@@ -30,7 +30,7 @@ def landmark_perplexity(perplexity: float, n_landmarks: int) -> float:
 def fit_landmark_tsne(Y: np.ndarray, perplexity: float, seed: int, n_components: int = 2):
     """openTSNE model of the landmarks (deterministic for a given seed with ``n_jobs=1``): the estimator's
     own step, :func:`securefed.estimators.tsne_landmark_model`."""
-    from ..estimators import tsne_landmark_model
+    from .stages import tsne_landmark_model
 
     landmark_perplexity(perplexity, len(Y))
     return tsne_landmark_model(Y, perplexity=perplexity, n_components=n_components, seed=int(seed), n_jobs=1)[0]
@@ -60,7 +60,7 @@ def place_records_umap(Y: np.ndarray, X: np.ndarray, n_neighbors: int, min_dist:
     landmark embedding) and place ``X`` with ``transform``, as ``FedUMAP(nystrom="local")``."""
     import warnings
 
-    from ..estimators import umap_landmark_model
+    from .stages import umap_landmark_model
 
     model = umap_landmark_model(Y, n_neighbors=n_neighbors, min_dist=min_dist, n_components=n_components, seed=seed)
     if expected is not None:

@@ -7,10 +7,11 @@ message payloads; the state machines and byte codec are those of :mod:`securefed
 * :mod:`.server_app` — the ``ServerApp`` (``securefed.flower.server_app:app``)
 * :mod:`.client_app` — the ``ClientApp`` (``securefed.flower.client_app:app``); the site's
   data path comes from the SuperNode's node config (``data-path``, ``site-name``, ``label-column``)
-* :mod:`.coordinator`, :mod:`.site`, :mod:`.transport` — the Flower-free logic
-* :mod:`.privacy` — DP over Flower (server plan + aggregate ledger, site mechanism + own ledger)
-* :mod:`.embedding` — the sites' side of the no-rows embeddings
+* :mod:`.transport` — the payload record and :class:`~.transport.FlowerExchange`, the coordinator's transport
 * :mod:`.launch` — write the Flower App directory and run a local (loopback) deployment
+
+The coordinator, the site and DP are not here: Flower drives the same :mod:`securefed.federation` code as the
+in-process run.
 
 ``flwr`` is optional: importing this package does not import it.
 """
@@ -19,11 +20,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from .coordinator import EMBEDDINGS, FlowerRunConfig, run_feddl
-from .launch import FLOWER_REQUIREMENT, APP_CONFIG_DEFAULTS, LocalDeployment, write_app
+from .launch import APP_CONFIG_DEFAULTS, FLOWER_REQUIREMENT, LocalDeployment, write_app
 
-__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "LocalDeployment", "write_app", "flower_available",
-           "FlowerRunConfig", "run_feddl", "EMBEDDINGS"]
+__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "LocalDeployment", "write_app", "flower_available"]
 
 
 def flower_available() -> bool:

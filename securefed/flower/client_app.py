@@ -5,9 +5,9 @@ Start the SuperNode with the site's data path in its node config::
     flower-supernode --superlink LINK:9093 --root-certificates ca.pem \\
         --node-config 'data-path="/data/site.csv" site-name="hospital-a"'
 
-Every message is handled by :func:`securefed.flower.site.handle`; the site's state between
-messages (its run identity key, its Generator, the live SecAgg+ state machine) is kept in the
-SuperNode's per-run ``context.state`` on the site.
+Every message is answered by the site's :class:`~securefed.federation.site.SiteWorker` (the same object the
+in-process run uses); the site's state between messages (its run identity key, its Generator, a live
+protocol machine, its DP calibration) is kept in the SuperNode's per-run ``context.state`` on the site.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from .site import SiteState, handle
+from ..federation.site import SiteWorker
 from .transport import make_content, read_content
 
 __all__ = ["app"]
@@ -29,7 +29,7 @@ app = ClientApp()
 def securefed_query(msg: Message, context: Context) -> Message:
     """Answer one securefed request and persist the site's state."""
     stored = context.state.config_records.get(_STATE)
-    state = SiteState(dict(stored) if stored is not None else None)
-    reply = handle(read_content(msg), dict(context.node_config), state)
-    context.state[_STATE] = ConfigRecord(state.data)
+    worker = SiteWorker(dict(context.node_config), state=dict(stored) if stored is not None else None)
+    reply = worker.handle(read_content(msg))
+    context.state[_STATE] = ConfigRecord(worker.state)
     return Message(make_content(**reply), reply_to=msg)

@@ -3,7 +3,8 @@
 :func:`write_app` writes the Flower App directory ``flwr run`` submits: a ``pyproject.toml`` whose
 components point at the installed ``securefed`` package (the app itself contains no code, so a site
 runs exactly the securefed version its IT team installed) and whose ``[tool.flwr.app.config]`` holds
-the run configuration (:class:`~securefed.flower.coordinator.FlowerRunConfig`).
+the run configuration (the plan's options, :func:`securefed.plan.to_run_config`, plus the driver's
+``out-dir`` and ``wait-sites``).
 
 :class:`LocalDeployment` starts a SuperLink and SuperNodes as real subprocesses on 127.0.0.1 with free
 ports (optionally with TLS certificates from ``scripts/make_certs.sh`` and Flower's SuperNode
@@ -23,13 +24,20 @@ import sys
 import time
 
 from ..errors import ConfigError, ProtocolTimeoutError, bad_value
-from .coordinator import FlowerRunConfig, cast_config_value
+from ..plan import _cast, plan_defaults, to_run_config
 
-__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment"]
+__all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment", "cast_config_value"]
 
 FLOWER_REQUIREMENT = "flwr==1.41.0"
 
-APP_CONFIG_DEFAULTS = FlowerRunConfig.defaults()
+#: every run-configuration key with its default: the plan's options (the same defaults as ``securefed run``
+#: and the estimators) and the Flower driver's own ``out-dir`` and ``wait-sites``
+APP_CONFIG_DEFAULTS = {**to_run_config(plan_defaults()), "out-dir": "securefed-flower-run", "wait-sites": 120.0}
+
+
+def cast_config_value(value, default, key: str = "value"):
+    """Cast a run-config value to the type of its default (``"false"`` → False for booleans)."""
+    return _cast(key, value, default)
 
 
 def _toml_value(v) -> str:

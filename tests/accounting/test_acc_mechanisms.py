@@ -15,7 +15,8 @@ from securefed.accounting import (
     data_perturbation_sigma,
     perturb_data,
 )
-from securefed.cli.budget import add_privacy_arguments, privacy_from_args, register
+from securefed.cli.budget import register
+from securefed.plan import RunPlan
 from securefed.accounting.noise import secure_standard_normal
 from securefed.errors import BudgetExceededError, ConfigError
 
@@ -157,15 +158,11 @@ def test_cli_budget_and_run_args(tmp_path, capsys):
     args.func(args)
     back = json.loads(capsys.readouterr().out)
     assert back["noise_multiplier"] == pytest.approx(5.0, rel=1e-6)
-    run = argparse.ArgumentParser()
-    add_privacy_arguments(run)
-    assert privacy_from_args(run.parse_args([]), str(tmp_path / "l.jsonl"), "r", 0) is None
-    assert privacy_from_args(run.parse_args(["--epsilon", "inf"]), str(tmp_path / "l.jsonl"), "r", 0) is None
-    with pytest.raises(ConfigError, match="clip-norm"):
-        privacy_from_args(run.parse_args(["--epsilon", "1"]), str(tmp_path / "l.jsonl"), "r", 0)
-    pr = privacy_from_args(run.parse_args(["--epsilon", "1", "--clip-norm", "3", "--noise", "distributed"]),
-                           str(tmp_path / "l.jsonl"), "r", 0)
-    assert pr.noise == "distributed" and pr.ledger.budget_epsilon == 1.0 and (tmp_path / "l.jsonl").exists()
+    assert not RunPlan.build("cli").dp
+    with pytest.raises(ConfigError, match="--clip-norm"):
+        RunPlan.build("cli", epsilon=1.0)
+    pr = RunPlan.build("cli", epsilon=1.0, clip_norm=3.0, noise="distributed", rule="gradient", aggregation="secagg")
+    assert pr.dp and pr.noise == "distributed" and pr.sum_bound == 3.0
 
 
 def test_rows_privacy_object_composes_in_ledger():

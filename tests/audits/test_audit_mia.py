@@ -156,9 +156,9 @@ def test_dp_landmarks_never_beat_the_accountant():
     leak = membership_audit(members, nonmembers, Y0, gamma, scores=("nearest", "kde"), random_state=0)
     assert leak.auc > 0.8 and leak.empirical_epsilon > 1.0
     for seed in range(4):
-        priv = GP(epsilon=1.0, delta=1e-5, tau_x=5.0, random_state=seed)
-        Y = fed_dl(members, n_y, gamma=gamma, privacy=priv, random_state=seed, **kw).landmarks
-        claimed = priv.report()["epsilon"]
+        priv = GP(epsilon=1.0, delta=1e-5, tau_x=5.0, secure_mode=True)
+        run = fed_dl(members, n_y, gamma=gamma, privacy=priv, random_state=seed, **kw)
+        Y, claimed = run.landmarks, run.privacy["epsilon"]
         assert claimed <= 1.0 + 1e-9
         res = membership_audit(members, nonmembers, Y, gamma, scores=("nearest", "kde"), delta=1e-5, random_state=seed)
         assert res.empirical_epsilon <= claimed

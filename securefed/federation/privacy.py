@@ -1,6 +1,6 @@
-"""Differential privacy over Flower: the in-process :class:`~securefed.accounting.GradientPerturbation`,
-split between the server (calibration from public numbers, the aggregate ledger, settlements) and each
-site (clipping, noise, its own write-ahead ledger and budget).
+"""Differential privacy across the federation: :class:`~securefed.accounting.GradientPerturbation` split
+between the coordinator (calibration from public numbers, the aggregate ledger, settlements) and each site
+(clipping, noise, its own write-ahead ledger and budget). The in-process run and the Flower run use it alike.
 
 What is public and what each side does
 --------------------------------------
@@ -8,35 +8,30 @@ The calibration of ``papers/000`` §5.2 (Theorem 5 / the exact accountant) needs
 the site sizes ``n_p`` (announced at ``hello``), ``n_y``, γ, the rounds ``S``, the local steps ``Q``, the
 clip norm ``τ_X``, the sampling rate and the client weights. Both sides build the *same*
 ``GradientPerturbation`` and call its :meth:`~securefed.accounting.GradientPerturbation.calibrate` with the
-announced sizes (the public half of ``prepare``), so σ_p, Δ_p and the noise multiplier are computed by
-exactly the code ``fed_dl`` runs in process.
+announced sizes, so σ_p, Δ_p and the noise multiplier are computed by the same code on both sides.
 
-* The **server** (:class:`ServerPrivacy`) sends each site the plan and the σ it computed, mirrors every
-  release the sites report into the aggregate ledger ``<out-dir>/ledger.jsonl`` (same event ids as
-  the sites' ledgers), settles distributed-noise aggregations with the actual survivors (as
-  ``GradientPerturbation.after_aggregate`` does in process) and reports the privacy block.
+* The **coordinator** (:class:`ServerPrivacy`) sends each site the plan and the σ it computed, mirrors every
+  release the sites report into the aggregate ledger (same event ids as the sites' ledgers), settles
+  distributed-noise aggregations with the actual survivors and reports the privacy block.
 * A **site** (:func:`site_mechanism`) never takes the server's σ on trust: it rebuilds the mechanism
-  from the public plan with its **own** ledger (node config ``ledger-path``, one file per run) and its
-  **own** budget (node config ``epsilon-budget``, the total over all its runs: a new run gets what its
-  other ledgers leave, :func:`earlier_spending`), refuses (``BudgetExceededError``) if the plan or any
-  release would exceed that budget, refuses if the server's σ is smaller than its own calibration,
-  clips its records to ``τ_X``, adds its noise and writes each release to its ledger (fsync'd)
-  **before** the reply leaves the site.
+  from the public plan with its **own** ledger (site option ``ledger-path``, one file per run) and its
+  **own** budget (``epsilon-budget``, the total over all its runs: a new run gets what its other ledgers
+  leave, :func:`earlier_spending`), refuses (``BudgetExceededError``) if the plan or any release would
+  exceed that budget, refuses if the server's σ is smaller than its own calibration, clips its records to
+  ``τ_X``, adds its noise and writes each release to its ledger (fsync'd) **before** the reply leaves.
 
 Noise sources
 -------------
-``secure-noise = true``: ChaCha20 keyed by ``os.urandom`` on the site — nobody can reproduce it; use it in
-any real deployment. ``secure-noise = false`` (seeded, for experiments): the noise is PCG64 keyed by the
-run's public ``seed`` and the release coordinates, exactly as in process — so a Flower run equals
-``fed_dl`` with ``GradientPerturbation(random_state=seed)`` **and anyone who knows the seed (the server)
-can subtract the noise**. A site therefore refuses seeded noise unless its operator sets the node config
-``allow-seeded-noise = true``.
+By default the noise comes from a CSPRNG on the site (ChaCha20 keyed by ``os.urandom``): nobody can
+reproduce it. The option ``noise-seed-for-testing`` seeds it from a public number instead — reproducible,
+**and anyone who knows the seed (the server) can subtract the noise**, so the ε is void; a site refuses it
+unless its operator sets ``allow-seeded-noise = true``.
 
-Distributed noise (``noise = "distributed"``) is accepted only as in process: gradient averaging, a
-secure sum (``secagg`` / ``ckks``; a site refuses to send a distributed-noise release in a ``plain``
-upload), and the server settles every aggregation with its actual survivors in the aggregate ledger; the
-site's own ledger keeps the worst case it accepted (``min-survivors`` = t survivors), which bounds what it
-spends because it helps reveal only sums over at least t sites (:func:`site_settle`).
+Distributed noise (``noise = "distributed"``) is accepted only with gradient averaging and a secure sum
+(``secagg`` / ``ckks``; a site refuses to put a noise share into a ``plain`` upload). The coordinator settles
+every aggregation with its actual survivors in the aggregate ledger; the site's own ledger keeps the worst
+case it accepted (``min-survivors`` = t survivors), which bounds what it spends because it helps reveal only
+sums over at least t sites (:func:`site_settle`).
 """
 
 from __future__ import annotations
@@ -49,34 +44,22 @@ import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, ProtocolError, bad_value
 
-__all__ = ["DP_RUN_KEYS", "dp_enabled", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
+__all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
            "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
            "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
            "earlier_spending", "open_site_ledger"]
 
-DP_RUN_KEYS = ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "clip_norm", "sample_rate",
-               "secure_noise", "min_survivors", "sensitivity_rule")
-
-
-def dp_enabled(cfg) -> bool:
-    """DP is on when the run config gives ``epsilon`` or ``noise-multiplier`` (> 0)."""
-    return float(cfg.epsilon) > 0 or float(cfg.noise_multiplier) > 0
-
-
-def public_plan(cfg, run_id: str, sizes, gamma: float, weights) -> dict:
-    """The public DP plan the server sends with every DP request (JSON-able)."""
-    if float(cfg.epsilon) > 0 and float(cfg.noise_multiplier) > 0:
-        raise ConfigError(bad_value("noise-multiplier", cfg.noise_multiplier, "give epsilon or noise-multiplier, not both"))
-    if not float(cfg.clip_norm) > 0:
-        raise ConfigError(bad_value("clip-norm", cfg.clip_norm, "differential privacy needs a public bound τ_X on record "
-                                    "norms, e.g. clip-norm=10 (√m for features in [0, 1])"))
-    return {"run_id": run_id, "epsilon": float(cfg.epsilon) or None, "noise_multiplier": float(cfg.noise_multiplier) or None,
-            "delta": float(cfg.delta), "accountant": str(cfg.accountant), "noise": str(cfg.noise),
-            "tau_x": float(cfg.clip_norm), "sample_rate": float(cfg.sample_rate), "secure_noise": bool(cfg.secure_noise),
-            "min_survivors": int(cfg.min_survivors) or None, "sensitivity_rule": str(cfg.sensitivity_rule),
-            "sizes": [int(n) for n in sizes], "weights": [float(v) for v in weights], "gamma": float(gamma),
-            "n_landmarks": int(cfg.landmarks), "rounds": int(cfg.rounds), "local_steps": int(cfg.local_steps),
-            "rule": str(cfg.rule), "aggregation": str(cfg.aggregation), "noise_seed": int(cfg.seed)}
+def public_plan(plan, run_id: str, sizes, gamma: float, weights) -> dict:
+    """The public DP plan (JSON-able) the coordinator sends with every DP request, from a
+    :class:`~securefed.plan.RunPlan` and the public numbers of the run."""
+    return {"run_id": run_id, "epsilon": plan.epsilon, "noise_multiplier": plan.noise_multiplier,
+            "delta": float(plan.delta), "accountant": plan.accountant, "noise": plan.noise,
+            "tau_x": float(plan.clip_norm), "sample_rate": float(plan.sample_rate),
+            "noise_seed": plan.noise_seed_for_testing, "min_survivors": plan.min_survivors,
+            "sensitivity_rule": plan.sensitivity_rule, "sizes": [int(n) for n in sizes],
+            "weights": [float(v) for v in weights], "gamma": float(gamma), "n_landmarks": int(plan.landmarks),
+            "rounds": int(plan.rounds), "local_steps": int(plan.local_steps), "rule": plan.rule,
+            "aggregation": plan.aggregation}
 
 
 def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
@@ -92,8 +75,8 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
         eps, z = None, float(noise_multiplier)
     gp = GradientPerturbation(epsilon=eps, delta=plan["delta"], noise_multiplier=z,
                               accountant=plan["accountant"], noise=plan["noise"], tau_x=plan["tau_x"],
-                              sample_rate=plan["sample_rate"], secure_mode=plan["secure_noise"], ledger=ledger,
-                              random_state=None if plan["secure_noise"] else int(plan["noise_seed"]),
+                              sample_rate=plan["sample_rate"], secure_mode=plan["noise_seed"] is None, ledger=ledger,
+                              random_state=plan["noise_seed"],
                               sensitivity_rule=plan["sensitivity_rule"], min_survivors=plan["min_survivors"])
     gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
                  local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
@@ -106,6 +89,10 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
 
 def _truthy(v) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+#: the ``ledger-path`` of an in-process site whose ledger lives in memory (estimators without a run folder)
+MEMORY = ":memory:"
 
 
 def site_ledger_path(node_config: dict, run_id: str) -> str:
@@ -130,10 +117,10 @@ def site_mechanism_checks(plan: dict, node_config: dict) -> float:
         raise ConfigError(bad_value("node config epsilon-budget", budget, "this site takes part in differentially "
                                     "private runs only with its own ε budget: start the SuperNode with "
                                     "--node-config '... epsilon-budget=2.0'"))
-    if not plan["secure_noise"] and not _truthy(node_config.get("allow-seeded-noise", False)):
-        raise ConfigError(bad_value("secure-noise", False, "the run asks for seeded (reproducible, NOT secret) noise: the "
-                                    "server knows the seed and could remove it. Run with secure-noise=true, or set "
-                                    "allow-seeded-noise=true in this site's node config for experiments"))
+    if plan["noise_seed"] is not None and not _truthy(node_config.get("allow-seeded-noise", False)):
+        raise ConfigError(bad_value("noise-seed-for-testing", plan["noise_seed"], "the run asks for seeded (reproducible, "
+                                    "NOT secret) noise: the server knows the seed and could remove it. Run without it, or "
+                                    "set allow-seeded-noise=true in this site's options for experiments"))
     return float(budget)
 
 
@@ -196,9 +183,13 @@ def open_site_ledger(plan: dict, node_config: dict, cache: dict):
     ``epsilon-budget`` after its other runs (:func:`earlier_spending`, read once per run and kept in
     ``cache``). A new run with nothing left is refused with :class:`BudgetExceededError`."""
     budget = site_mechanism_checks(plan, node_config)
-    path = site_ledger_path(node_config, plan["run_id"])
     memo = cache.setdefault("eps", {})
     kw = dict(delta=plan["delta"], accountant=plan["accountant"])
+    if node_config.get("ledger-path") == MEMORY:  # an in-process site without a run folder: this run only
+        if "memory_ledger" not in cache:
+            cache["memory_ledger"] = _memo_ledger(memo, None, plan["run_id"], budget_epsilon=budget, **kw)
+        return cache["memory_ledger"]
+    path = site_ledger_path(node_config, plan["run_id"])
     if os.path.exists(path):  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
         return _memo_ledger(memo, path, plan["run_id"], **kw)
     before = cache.setdefault("earlier", {}).get(plan["run_id"])
@@ -302,22 +293,19 @@ class ServerPrivacy:
 
     Parameters
     ----------
-    cfg : FlowerRunConfig
+    plan : RunPlan
     run_id : str
         Ledger run id shared with the sites (event ids ``{run_id}/site{p}/round{s}/step{t}/attempt{a}``).
     sizes, weights : sequences
         Public site sizes (from ``hello``) and the normalised client weights.
     gamma : float
+    ledger : PrivacyLedger, optional
+        The aggregate ledger (:func:`open_server_ledger`; default in memory).
     """
 
-    def __init__(self, cfg, run_id: str, sizes, weights, gamma: float):
-        self.plan = public_plan(cfg, run_id, sizes, gamma, weights)
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        budget = self.plan["epsilon"]
-        if budget is not None and float(getattr(cfg, "rows_epsilon", 0.0)) > 0:
-            budget += float(cfg.rows_epsilon)  # total = landmarks + the rows' data perturbation (as securefed run)
-        self.ledger = _memo_ledger({}, os.path.join(cfg.out_dir, "ledger.jsonl"), run_id, budget_epsilon=budget,
-                                   delta=self.plan["delta"], accountant=self.plan["accountant"])
+    def __init__(self, plan, run_id: str, sizes, weights, gamma: float, ledger=None):
+        self.plan = public_plan(plan, run_id, sizes, gamma, weights)
+        self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
         self.gp = build_mechanism(self.plan, self.ledger)
         self.gp.clipped_per_site = [0] * len(sizes)
         self._pending: dict = {}
@@ -368,10 +356,19 @@ class ServerPrivacy:
         return rep
 
 
-def derive_run_id(cfg) -> str:
-    """A stable run id from the run configuration (used when ``run-id`` is not given)."""
-    keys = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k not in ("run_id", "out_dir")}
-    return "flower-" + hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def open_server_ledger(plan, run_id: str, path: str | None):
+    """The coordinator's aggregate ledger of a DP run at ``path`` (None: in memory), with the run's budget:
+    ``epsilon`` (+ ``rows_epsilon`` for perturbed rows). The driver opens it; the coordinator only writes to it."""
+    budget = plan.epsilon
+    if budget is not None and plan.rows_epsilon is not None:
+        budget += float(plan.rows_epsilon)  # total = landmarks + the rows' data perturbation
+    return _memo_ledger({}, path, run_id, budget_epsilon=budget, delta=float(plan.delta), accountant=plan.accountant)
+
+
+def derive_run_id(plan) -> str:
+    """A stable run id from the plan's options (used when ``run_id`` is not given)."""
+    keys = {k: v for k, v in plan.as_dict().items() if k != "run_id"}
+    return "run-" + hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def noise_share_note(plan: dict) -> str:

@@ -1,0 +1,142 @@
+"""``securefed run``: the flags are the run plan's options (:mod:`securefed.plan`), one flag per option, plus
+the job's own (data set, partition, output folder, comparison, printing).
+
+Every plan option appears as ``--option-name`` with its help text (:data:`securefed.plan.HELP`) and its
+default; the Flower run configuration takes the same options under the same names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..plan import HELP, METHODS, RunPlan
+
+__all__ = ["register", "run_command", "JOB_DEFAULTS", "plan_options_from_args"]
+
+#: options of the plan that the command line does not offer (arrays, process-local switches)
+_NOT_FLAGS = ("init", "source", "keep_rows", "monitor", "min_sites", "request_timeout", "readmit", "method")
+#: the plan options whose ``securefed run`` default differs from the API default, and why
+CLI_DEFAULTS = {"audit_holdout": 0.2,  # the command line runs the audit gate by default
+                "n_clusters": None}  # spectral: the number of labels when the data have them, else 8
+PEER_METHODS = ("dsne", "fdsne", "dp-dsne", "gtm")
+JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "clients": 10, "partition": "label", "method": "tsne",
+                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300}
+
+
+def _type_of(default, name: str):
+    if name in ("lr", "gamma", "value_bound", "stage_timeout", "epsilon", "noise_multiplier", "clip_norm",
+                "rows_epsilon", "kernel_gamma"):
+        return float
+    if name in ("refine_rounds", "fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
+                "min_survivors", "noise_seed_for_testing"):
+        return int
+    if name == "run_id":
+        return str
+    return type(default)
+
+
+_CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "aggregation": ("plain", "secagg", "ckks"),
+            "accountant": ("exact", "prv", "rdp", "paper"), "noise": ("local", "distributed"),
+            "sensitivity_rule": ("min", "theorem5", "kernel_shape", "lipschitz"), "nystrom": ("rows", "local"),
+            "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),
+            "landmark_method": ("feddl",)}
+
+_GROUPS = (("landmarks", ("landmarks", "landmark_method", "rounds", "local_steps", "rule", "lr", "gamma", "weights",
+                          "refine_rounds", "refine_min_cluster")),
+           ("secure sum", ("aggregation", "value_bound", "modulus_bits", "fractional_bits", "degree", "threshold",
+                           "stage_timeout", "ckks_precision", "key_holder", "ckks_min_survivors", "ckks_quorum",
+                           "ckks_verify")),
+           ("differential privacy (off unless --epsilon or --noise-multiplier)",
+            ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "clip_norm", "sample_rate", "min_survivors",
+             "sensitivity_rule", "rows_epsilon", "run_id", "noise_seed_for_testing")),
+           ("audit gate (before anything per record leaves a site)",
+            ("audit_holdout", "max_auc", "max_empirical_epsilon", "allow_audit_failure")),
+           ("embedding", ("nystrom", "n_components", "perplexity", "n_iter", "n_neighbors", "min_dist", "n_clusters",
+                          "kernel_gamma", "reconstruction")),
+           ("run", ("seed", "n_jobs")))
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run", help="run one federated job (landmarks → audit gate → embedding) on built-in data or a file",
+        description="Run a federated t-SNE / UMAP / spectral clustering job. With no flags: digits, 10 sites, one "
+                    "class per site, Fed-tSNE compared with centralized t-SNE, outputs in ./securefed-run.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    job = p.add_argument_group("the job")
+    job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
+                     help="digits | breast_cancer | wine | iris | mnist5k, or a .csv/.npy/.npz path")
+    job.add_argument("--label-column", default=None, help="label column of a CSV file (kept out of the features)")
+    job.add_argument("--clients", type=int, default=JOB_DEFAULTS["clients"], help="number of sites P")
+    job.add_argument("--partition", default=JOB_DEFAULTS["partition"], help="iid | label (one class per site) | dirichlet:ALPHA")
+    job.add_argument("--method", default=JOB_DEFAULTS["method"], choices=tuple(m for m in METHODS if m != "none") + PEER_METHODS,
+                     help="the map: tsne, umap, spectral; or a related system: dsne, fdsne, dp-dsne, gtm")
+    job.add_argument("--out", default=JOB_DEFAULTS["out"], help="output folder")
+    cmp = job.add_mutually_exclusive_group()
+    cmp.add_argument("--compare-centralized", dest="compare_centralized", action="store_true", default=True,
+                     help="also fit the centralized method on pooled data")
+    cmp.add_argument("--no-compare-centralized", dest="compare_centralized", action="store_false",
+                     help="skip the centralized baseline")
+    aud = job.add_mutually_exclusive_group()
+    aud.add_argument("--audit", dest="audit", action="store_true", default=True, help="run the membership-audit gate")
+    aud.add_argument("--no-audit", dest="audit", action="store_false", help="no audit gate (--audit-holdout 0)")
+    job.add_argument("--reference-size", type=int, default=JOB_DEFAULTS["reference_size"],
+                     help="dSNE: size of the public reference split")
+    job.add_argument("--quiet", action="store_true", help="no progress output")
+    defaults = {f.name: f.default for f in dataclasses.fields(RunPlan)}
+    defaults.update(CLI_DEFAULTS)
+    for title, names in _GROUPS:
+        g = p.add_argument_group(title)
+        for name in names:
+            flag = "--" + name.replace("_", "-")
+            d = defaults[name]
+            if isinstance(d, bool):
+                g.add_argument(flag, action="store_true", default=d, help=HELP[name])
+            elif name in ("lr", "refine_rounds"):
+                g.add_argument(flag, default="auto", type=_auto(_type_of(d, name)), help=HELP[name])
+            else:
+                typ = int if name == "n_clusters" else _type_of(d, name)
+                g.add_argument(flag, default=d, type=typ, choices=_CHOICES.get(name), help=HELP[name])
+    p.set_defaults(func=run_command)
+    return p
+
+
+def _auto(cast):
+    def conv(v: str):
+        return v if v == "auto" else cast(v)
+    conv.__name__ = cast.__name__
+    return conv
+
+
+def plan_options_from_args(args) -> dict:
+    """The plan options the user typed (every plan flag, whether or not it was given)."""
+    out = {}
+    for _, names in _GROUPS:
+        for name in names:
+            out[name] = getattr(args, name)
+    if not args.audit:
+        out["audit_holdout"] = 0.0
+    if out["epsilon"] is not None and out["epsilon"] == float("inf"):
+        out["epsilon"] = None  # --epsilon inf: no differential privacy
+    return out
+
+
+def run_command(args) -> int:
+    import os
+
+    from ..pipeline import run
+
+    metrics = run(args)
+    out = os.path.abspath(args.out)
+    fed = metrics.get("federated", {})
+    cen = metrics.get("centralized")
+    key = "nmi" if args.method == "spectral" else "ca_10nn"
+    line = f"federated {key}={fed.get(key)}"
+    if cen:
+        line += f"  centralized {key}={cen.get(key)}"
+    if metrics.get("privacy"):
+        line += f"  ε={metrics['privacy'].get('epsilon')} (δ={metrics['privacy'].get('delta')})"
+    print(line)
+    print(f"outputs in {out}: metrics.json, embedding.png, {'labels.npy' if args.method == 'spectral' else 'embedding.npy'}, "
+          f"config.json, history.json; write the privacy report with: securefed audit {out}")
+    return 0

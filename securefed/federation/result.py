@@ -1,0 +1,87 @@
+"""What a federated run produced (:class:`RunResult`), whichever driver moved its messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["RunResult"]
+
+
+@dataclass
+class RunResult:
+    """The outcome of one :class:`~securefed.federation.coordinator.Coordinator` run.
+
+    Attributes
+    ----------
+    landmarks : ndarray (n_y, m)
+    gamma, lr : float
+        FedDL's kernel bandwidth and step size.
+    rule : str
+    rounds_done : int
+    mmd_history : list of float
+        Weighted MMD of the landmarks each round started from, ``Y^0 … Y^{S−1}`` (each site reports it with its
+        upload, so it costs no extra sum; empty unless monitored, never under DP by default).
+    run_id : str
+        The privacy ledgers' run id.
+    sites, site_sizes, holdouts : lists
+        Site names in site order, their FedDL record counts and audit hold-out counts.
+    n_features : int
+    released : list of str
+        Everything data-dependent the coordinator received besides the secure sums' purpose.
+    warnings : list of str
+    privacy : dict or None
+        The DP block (ε spent, σ and Δ per site, releases, ...).
+    audit : dict or None
+        The audit gate's decision (``verdict``, ``auc``, ``empirical_epsilon``, ``mia``, ``mia_result``).
+    refinement : dict or None
+    embedding : dict or None
+        ``method``, ``nystrom``, ``coordinates`` (or ``labels``) ``{site name: array}`` in each site's record order,
+        ``landmark_embedding`` / ``landmark_labels`` (no-rows mode), ``rows`` (rows mode with ``keep_rows``),
+        ``reconstruction``, ``sent_kind``, ``missing``.
+    survivors : list of int
+        Sites still live at the end.
+    steps : list of dict
+        One entry per secure sum: survivors, clipping, bytes to and from each site, protocol details.
+    readmitted, site_errors
+        Re-admitted restarted sites; each dropped site's typed error or silence.
+    seconds : float
+    round_trips, messages : int
+        Request/reply exchanges of the run, and individual messages (one per site per exchange).
+    aggregation : dict
+        Totals over the secure sums (protocol, count, clipped coordinates, bytes).
+    """
+
+    landmarks: np.ndarray
+    gamma: float
+    lr: float
+    rule: str
+    rounds_done: int
+    mmd_history: list
+    run_id: str
+    sites: list
+    site_sizes: list
+    holdouts: list
+    n_features: int
+    released: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    privacy: dict | None = None
+    audit: dict | None = None
+    refinement: dict | None = None
+    embedding: dict | None = None
+    survivors: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    readmitted: list = field(default_factory=list)
+    site_errors: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    round_trips: int = 0
+    messages: int = 0
+    aggregation: dict = field(default_factory=dict)
+
+    def stacked(self, key: str = "coordinates") -> np.ndarray | None:
+        """The per-site embedding arrays (``coordinates`` or ``labels``) stacked in site order."""
+        if self.embedding is None or key not in self.embedding:
+            return None
+        parts = self.embedding[key]
+        return np.concatenate([np.asarray(parts[name]) for name in self.sites if name in parts])

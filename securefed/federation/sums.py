@@ -1,0 +1,371 @@
+"""The secure sums of a federated run, coordinator and site halves: plain, SecAgg+ and CKKS.
+
+Every sum the coordinator needs (γ statistic and moments, landmark updates, Lloyd sums, audit counts) is
+one call ``total = yield from secure_sum(co, task, label, clip)`` inside the coordinator's job
+(:mod:`.coordinator`): it yields :class:`~.coordinator.Request` steps to the sites and returns an
+:class:`~securefed.securesum.base.AggregateResult`. The protocol state machines are those of
+:mod:`securefed.securesum` (sans-I/O); this module only relays their messages between the coordinator and
+the sites, stage by stage, closing each stage when every live site answered or at its deadline.
+
+* ``plain``: each site returns its upload in the clear with its own weight; the coordinator sums.
+* ``secagg``: the real :class:`~securefed.securesum.secagg.SecAggServer` and each site's
+  :class:`~securefed.securesum.secagg.SecAggClient` (stored between messages on the site).
+* ``ckks``: :class:`~securefed.securesum.ckks.CKKSServer` / :class:`~securefed.securesum.ckks.CKKSClient`;
+  ``ckks-end`` tells every started site to drop the round's secret context.
+
+Weights: a site weighs its own upload by the public rule in the task (its record count, or 1); the
+coordinator only learns the weighted total and divides by the public total weight of the survivors.
+
+Site floors for CKKS (site options; a weaker spec is refused before anything is computed):
+``ckks-min-survivors`` (default 2), ``ckks-allow-minority-quorum`` and ``ckks-allow-signature-verify``
+(default false), and under distributed DP noise ``min_survivors ≥ t`` (:func:`check_spec_floors`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from ..errors import ConfigError, DecodeError, ProtocolAbortedError, ProtocolError, SecureFedError, bad_value
+from ..securesum.base import AggregateResult
+from ..securesum.quantize import dequantize, plan_fixed_point, warn_clipped
+from .wire import get_array
+
+__all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site_handle_ckks", "CKKS_END_WAIT"]
+
+#: Seconds the coordinator waits for ``ckks-end`` acknowledgements.
+CKKS_END_WAIT = 10.0
+
+
+def secure_sum(co, task: dict, label: str, clip: float | None, weights: str | None = None, tap=None):
+    """One federated weighted sum of the live sites' ``task`` uploads (generator; returns AggregateResult).
+
+    ``task`` holds the request fields and ``out_shape``; ``weights`` is the public weight rule (default: the
+    plan's ``weights``); ``clip`` the public bound on |coordinate| (SecAgg+ / CKKS quantise into it);
+    ``tap(site, reply)`` sees each site's reply to the request that carried its upload (DP ledger mirror).
+    """
+    t0 = time.perf_counter()
+    rule = weights or co.plan.weights
+    live = sorted(co.sites.live)
+    base = dict(task, seed=co.plan.seed, audit_holdout=float(co.plan.audit_holdout), weights=rule)
+    co.emit("aggregate", label=label, protocol=co.plan.aggregation, live=live)
+    before = co.traffic()
+    if co.plan.aggregation == "plain":
+        agg = yield from _plain(co, base, rule, label, tap)
+    elif co.plan.aggregation == "secagg":
+        agg = yield from _secagg(co, base, rule, label, clip, tap)
+    else:
+        agg = yield from _ckks(co, base, rule, label, clip, tap)
+    co.record_sum(label, agg, before, time.perf_counter() - t0)
+    return agg
+
+
+def _plain(co, base: dict, rule: str, label: str, tap):
+    shape = tuple(base.pop("out_shape"))
+    live = sorted(co.sites.live)
+    replies = yield from co.ask({i: dict(base, op="plain", site=i) for i in live}, co.plan.request_timeout, tap=tap)
+    surv = [i for i in live if i in replies]
+    for i in live:
+        if i not in surv:
+            co.sites.drop(i)
+    if not surv:
+        raise ProtocolAbortedError(f"{label}: no site returned its update ({co.sites.silent})")
+    total = np.zeros(shape)
+    for i in surv:
+        u = get_array(replies[i], "update")
+        if u.shape != shape:
+            raise DecodeError(f"{label}: site {co.sites.names[i]} sent an update of shape {u.shape}, expected {shape}")
+        total += float(replies[i]["weight"]) * u
+    return AggregateResult(total, tuple(surv), co.sites.weight_total(surv, rule), "plain")
+
+
+def _secagg(co, base: dict, rule: str, label: str, clip, tap):
+    from ..securesum.secagg import RoundSpec, SecAggServer
+    from ..securesum.secagg_codec import encode_spec
+
+    shape = tuple(int(s) for s in base.pop("out_shape"))
+    n = len(co.sites.names)
+    sec = co.secagg_session()
+    gp = sec.graph_parameters(n)
+    w = co.sites.weights(rule)
+    fp = plan_fixed_point(float(clip), w, modulus_bits=sec.modulus_bits, fractional_bits=sec.fractional_bits)
+    spec = RoundSpec(sec.session_id, sec._counter[0], n, gp.degree, gp.threshold, sec.session_id, int(np.prod(shape)), fp,
+                     tuple(co.sites.identities), tuple(sec.timeouts.items()))
+    sec._counter[0] += 1
+    server = SecAggServer(spec, co.now)
+    sb = encode_spec(spec)
+    payloads = {i: dict(base, op="secagg-start", site=i, spec=sb) for i in sorted(co.sites.live)}
+    rejected: list = []
+    clipped: dict = {}
+    yield from relay(co, server, payloads, "secagg", label, rejected, clipped, "secagg_clipped", tap)
+    for i in range(n):
+        if i not in server.survivors:
+            co.sites.drop(i, "not among the SecAgg+ survivors")
+    surv = tuple(int(i) for i in server.survivors)
+    n_clipped = int(sum(clipped.get(i, 0) for i in surv))
+    warn_clipped(n_clipped, float(clip), f"SecAgg+ sum '{label}'")
+    return AggregateResult(dequantize(server.result, fp).reshape(shape), surv, co.sites.weight_total(surv, rule),
+                           "secagg", n_clipped, int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
+                           int(sum(server.bytes_in.values())), 0.0,
+                           {"degree": spec.degree, "threshold": spec.threshold, "fixed_point": fp.as_dict(),
+                            "dropped_at": {k: list(v) for k, v in server.dropped_at.items()}, "rejected": rejected})
+
+
+def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipped: dict, clip_key: str, tap=None):
+    """Relay a sans-I/O server machine's messages to the sites stage by stage until it is done (generator).
+
+    Works for any server with ``stage``, ``done``, ``deadline``, ``receive(data, now)`` and ``tick(now)``
+    (``SecAggServer``, ``CKKSServer``); ``tap`` sees the replies to the first request (the one that carries
+    each site's upload). A site's refusal is recorded and the site treated as silent; a message
+    the machine rejects is listed in ``rejected`` (the round goes on); an error that aborts the machine
+    propagates (typed, "nothing revealed").
+    """
+    msg_op = "secagg" if op == "secagg" else "ckks-msgs"
+    while True:
+        stage = server.stage
+        co.emit("stage", label=label, stage=stage, protocol=op)
+        replies = yield from co.ask(payloads, server.deadline - co.now, tap=tap)
+        tap = None
+        outgoing: list = []
+        for i, fields in sorted(replies.items()):
+            if clip_key in fields:
+                try:
+                    clipped[i] = max(clipped.get(i, 0), int(fields[clip_key]))
+                except (TypeError, ValueError):
+                    rejected.append(f"site {i}: malformed {clip_key}")
+            for data in fields.get("msgs", []):
+                try:
+                    outgoing += server.receive(bytes(data), co.now)
+                except SecureFedError as exc:
+                    if server.stage == "aborted":
+                        raise
+                    rejected.append(f"site {i}: {type(exc).__name__}: {exc}")
+        if server.stage == stage and not server.done:
+            outgoing += server.tick(max(co.now, server.deadline))  # every asked site answered or the deadline passed
+        if server.done:
+            return
+        by_site: dict = {}
+        for rid, data in outgoing:
+            by_site.setdefault(rid, []).append(data)
+        payloads = {rid: {"op": msg_op, "msgs": msgs} for rid, msgs in by_site.items()}
+        if not payloads:
+            raise ProtocolAbortedError(f"{op}: stage {server.stage!r} has nobody to ask")
+
+
+def _ckks(co, base: dict, rule: str, label: str, clip, tap):
+    from ..securesum.ckks import CKKSServer, encode_ckks_spec
+
+    shape = tuple(int(s) for s in base.pop("out_shape"))
+    w = co.sites.weights(rule)
+    spec = ckks_round_spec(co, w, int(np.prod(shape)), clip)
+    server = CKKSServer(spec, co.now)
+    sb = encode_ckks_spec(spec)
+    started = sorted(co.sites.live)
+    payloads = {i: dict(base, op="ckks-start", site=i, spec=sb) for i in started}
+    rejected: list = []
+    clipped: dict = {}
+    try:
+        yield from relay(co, server, payloads, "ckks", label, rejected, clipped, "ckks_clipped", tap)
+    finally:
+        # done or aborted: every started site drops the round's state. The key holder handed the secret
+        # context to every site that advertised a key, and any of them — survivor or not, answering or
+        # silent — may hold it; so all of them are told.
+        yield from co.ask({i: {"op": "ckks-end"} for i in started}, min(spec.timeout("advertise"), CKKS_END_WAIT),
+                          record_silence=False)
+    for i in range(len(co.sites.names)):
+        if i not in server.survivors:
+            co.sites.drop(i, "not among the CKKS survivors")
+    surv = tuple(int(i) for i in server.survivors)
+    n_clipped = int(sum(clipped.get(i, 0) for i in surv))
+    warn_clipped(n_clipped, float(clip), f"CKKS sum '{label}'")
+    p = spec.params
+    return AggregateResult(
+        server.result.reshape(shape), surv, co.sites.weight_total(surv, rule), "ckks", n_clipped,
+        int(np.mean([server.bytes_in.get(i, 0) for i in surv])), int(sum(server.bytes_in.values())), 0.0,
+        {"params": p.as_dict(), "precision": p.step, "key_holder": spec.key_holder, "decryptor": server.decryptor,
+         "min_survivors": spec.min_survivors, "quorum": spec.signatures_needed, "verify": spec.verify,
+         "dropped_at": {k: list(v) for k, v in server.dropped_at.items()}, "rejected": rejected})
+
+
+def ckks_round_spec(co, w, length: int, clip):
+    """The public CKKS round parameters for the live sites (fresh session id from ``os.urandom``).
+
+    ``min_survivors`` is the plan's ``ckks_min_survivors`` (unset → 2), at least the DP t under distributed noise
+    (:class:`ConfigError` if set explicitly below t).
+    """
+    from ..securesum.ckks import CKKS_STAGES, CKKS_TIMEOUTS, CKKSRoundSpec, choose_ckks_parameters
+
+    plan, sites = co.plan, co.sites
+    n = len(sites.names)
+    live = sorted(sites.live)
+    if not live:
+        raise ProtocolAbortedError("no live site to run a CKKS sum with")
+    kh = plan.key_holder
+    if not 0 <= kh < n:
+        raise ConfigError(bad_value(plan.name("key_holder"), kh, f"use a site index in [0, {n})"))
+    if kh not in sites.live:
+        kh = live[0]
+    t = (plan.min_survivors or n) if (plan.dp and plan.noise == "distributed") else 0
+    min_surv = plan.ckks_min_survivors
+    if min_surv and min_surv < t:
+        raise ConfigError(bad_value(plan.name("ckks_min_survivors"), min_surv, f"distributed DP noise assumes no sum over "
+                                    f"fewer than t = {t} sites is revealed (each site adds a 1/sqrt(t) share): use at "
+                                    f"least {t}, or leave it unset"))
+    min_surv = max(min_surv or 2, t)
+    if len(live) < min_surv:
+        raise ProtocolAbortedError(f"only {len(live)} live site(s); a CKKS sum is decrypted only over at least "
+                                   f"min_survivors = {min_surv} sites")
+    tmo = {s: plan.stage_timeout for s in CKKS_STAGES} if plan.stage_timeout else dict(CKKS_TIMEOUTS)
+    wl = np.asarray(w, dtype=float)[live]
+    params = choose_ckks_parameters(length, plan.ckks_precision, float(wl.sum()) * float(clip), len(live))
+    spec = CKKSRoundSpec(os.urandom(16), 0, n, kh, params, float(clip), tuple(sites.identities), min_surv,
+                         plan.ckks_verify, tuple(tmo.items()), int(plan.ckks_quorum or 0))
+    if len(live) < spec.signatures_needed:
+        raise ProtocolAbortedError(f"only {len(live)} of {n} sites are live; a CKKS sum is decrypted only when "
+                                   f"{spec.signatures_needed} sites confirm the survivor set (a majority of all sites "
+                                   "unless ckks-quorum is set lower)")
+    return spec
+
+
+# ============================================================================================ site half
+
+
+def _truthy(v) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def dp_min_survivors(plan) -> int:
+    """The DP threshold t a secure sum must respect, from a public DP plan (dict or JSON); 0 if none.
+
+    Only distributed noise needs it (papers/000 §5, distributed mode: each site adds a share
+    ``w_p s_p = z·M/√t``, so the released sum carries std ≥ z·M only over at least t inputs); t is the plan's
+    ``min_survivors`` or, when unset, every site of the plan.
+    """
+    if plan is None:
+        return 0
+    if isinstance(plan, (str, bytes, bytearray)):
+        try:
+            plan = json.loads(plan)
+        except ValueError as exc:
+            raise DecodeError(f"malformed DP plan in the request: {exc}") from None
+    if not isinstance(plan, dict):
+        raise DecodeError("malformed DP plan in the request: not a JSON object")
+    if plan.get("noise") != "distributed":
+        return 0
+    try:
+        return int(plan.get("min_survivors") or len(plan["sizes"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DecodeError(f"malformed DP plan in the request: {exc}") from None
+
+
+def _node_min_survivors(node_config: dict) -> int:
+    raw = node_config.get("ckks-min-survivors", 2)
+    try:
+        v = int(raw)
+        ok = v >= 1 and float(raw) == v
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(bad_value("site option ckks-min-survivors", raw, "use a positive integer, e.g. 2 (the "
+                                    "fewest sites a decrypted CKKS sum may cover)"))
+    return v
+
+
+def check_spec_floors(spec, node_config: dict | None = None, dp_plan=None) -> None:
+    """Refuse a server-announced CKKS spec weaker than this site's floors (:class:`ProtocolError`).
+
+    Parameters
+    ----------
+    spec : CKKSRoundSpec
+        As decoded from the server's ``ckks-start``.
+    node_config : dict, optional
+        The SuperNode's node config: ``ckks-min-survivors`` (default 2), ``ckks-allow-minority-quorum``
+        (default false), ``ckks-allow-signature-verify`` (default false). See the module docstring.
+    dp_plan : dict or str, optional
+        The request's public DP plan; under distributed noise ``spec.min_survivors`` must be ≥ its t.
+
+    Raises
+    ------
+    ProtocolError
+        Naming the violated floor and the node-config key that would relax it.
+    ConfigError
+        A malformed ``ckks-min-survivors``.
+    """
+    nc = dict(node_config or {})
+    floor = _node_min_survivors(nc)
+    if spec.min_survivors < floor:
+        raise ProtocolError(f"the server's CKKS round lets a sum over min_survivors = {spec.min_survivors} site(s) be "
+                            f"decrypted, below this site's floor ckks-min-survivors = {floor} (a smaller sum could "
+                            "expose this site's update); refusing. To accept, lower ckks-min-survivors in this "
+                            "SuperNode's node config")
+    majority = spec.n_clients // 2 + 1
+    if spec.signatures_needed < majority and not _truthy(nc.get("ckks-allow-minority-quorum", False)):
+        raise ProtocolError(f"the server's CKKS round needs only quorum = {spec.signatures_needed} survivor-set "
+                            f"signatures of {spec.n_clients} sites, below a majority ({majority}): a malicious server "
+                            "could get two survivor sets decrypted and difference them; refusing. To accept, set "
+                            "ckks-allow-minority-quorum=true in this SuperNode's node config")
+    if spec.verify != "recompute" and not _truthy(nc.get("ckks-allow-signature-verify", False)):
+        raise ProtocolError(f"the server's CKKS round uses verify = {spec.verify!r}: the decryptor would decrypt the "
+                            "server's claimed sum unchecked (a malicious server could substitute one site's upload); "
+                            "refusing. To accept, set ckks-allow-signature-verify=true in this SuperNode's node config")
+    t = dp_min_survivors(dp_plan)
+    if spec.min_survivors < t:
+        raise ProtocolError(f"the request's DP plan uses distributed noise with t = {t} (each site adds a 1/sqrt(t) "
+                            f"share), but the CKKS round decrypts sums over min_survivors = {spec.min_survivors} < t "
+                            "sites, which would carry too little noise; refusing. The server must run with "
+                            f"ckks-min-survivors >= {t}")
+
+
+
+
+def site_handle_ckks(fields: dict, worker, upload) -> dict:
+    """Site side of a CKKS sum: ops ``ckks-start``, ``ckks-msgs`` and ``ckks-end``; returns the reply fields.
+
+    On ``ckks-start`` the announced spec is checked first against the site's floors (:func:`check_spec_floors`
+    with the site's options and the request's DP plan); a weaker spec is refused before the update is computed.
+    The identity keys inside the spec are taken as relayed by the server (authentic keys are the operator's
+    job: node authentication and out-of-band comparison). The reply that carries this site's upload also
+    carries ``ckks_clipped``, the number of coordinates its client clipped to ``[−clip, clip]``.
+
+    ``worker`` is the :class:`~.site.SiteWorker` (its ``state`` dict keeps the client machine between messages,
+    removed when the machine is done or aborted, or on ``ckks-end``); ``upload(fields)`` returns the site's
+    ``(update, weight)``. Errors propagate to the worker, which returns them as ``{"error": ...}``.
+    """
+    from ..securesum.ckks import CKKSClient, decode_ckks_spec
+
+    op = fields.get("op")
+    state = worker.state
+    if op == "ckks-start":
+        spec = decode_ckks_spec(fields["spec"])
+        check_spec_floors(spec, worker.options, fields.get("dp"))
+        u, weight = upload(fields)
+        client = CKKSClient(spec, int(fields["site"]), worker.identity(), np.ravel(u), float(weight))
+        msgs = client.start()
+        state.update(ckks_spec=bytes(fields["spec"]), ckks_client=client.dump())
+        return {"msgs": msgs}
+    if op == "ckks-msgs":
+        if "ckks_client" not in state:
+            raise ProtocolError("no CKKS round in progress on this site (restarted?)")
+        spec = decode_ckks_spec(state["ckks_spec"])
+        client = CKKSClient.load(state["ckks_client"], spec, worker.identity())
+        out: list = []
+        before = client.state
+        try:
+            for data in fields.get("msgs", []):
+                out += client.receive(bytes(data))
+        finally:
+            if client.state in ("done", "aborted"):
+                state.pop("ckks_client", None)
+                state.pop("ckks_spec", None)
+            else:
+                state["ckks_client"] = client.dump()
+        if before in ("advertised", "keyed") and client.state in ("uploaded", "confirmed", "done"):
+            return {"msgs": out, "ckks_clipped": int(client.clipped)}  # this reply carries the upload
+        return {"msgs": out}
+    # ckks-end: the round is over: forget the machine and the secret context it holds
+    state.pop("ckks_client", None)
+    state.pop("ckks_spec", None)
+    return {"ended": True}

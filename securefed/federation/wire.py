@@ -1,0 +1,75 @@
+"""What travels between the coordinator and a site: flat dicts of str / int / float / bool / bytes / lists.
+
+The same dicts cross the in-memory exchange and Flower (where they are the values of one ``ConfigRecord``),
+so a run behaves the same in process and over the network. Arrays travel as little-endian float64 bytes
+with their shape beside them; securefed's protocol messages travel as the ``bytes`` of their own strict
+codec (:mod:`securefed.securesum.messages`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..errors import DecodeError
+
+__all__ = ["array_to_bytes", "array_from_bytes", "put_array", "get_array", "payload_size", "dumps", "loads"]
+
+
+def array_to_bytes(a) -> bytes:
+    """Little-endian float64 bytes of an array (its shape travels separately)."""
+    return np.ascontiguousarray(a, dtype="<f8").tobytes()
+
+
+def array_from_bytes(data: bytes, shape) -> np.ndarray:
+    """Inverse of :func:`array_to_bytes`; the byte length must match ``shape`` exactly (:class:`DecodeError`)."""
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise DecodeError(f"array shape {shape!r} is not a list of integers") from None
+    if any(s < 0 for s in shape) or not isinstance(data, (bytes, bytearray)) or len(data) != 8 * int(np.prod(shape)):
+        raise DecodeError(f"array payload has {len(data) if isinstance(data, (bytes, bytearray)) else '?'} bytes, "
+                          f"expected {8 * int(np.prod(shape))} for shape {shape}")
+    return np.frombuffer(bytes(data), dtype="<f8").reshape(shape).copy()
+
+
+def put_array(fields: dict, key: str, a) -> dict:
+    """``fields[key] = bytes``, ``fields[key + "_shape"] = shape`` (returns ``fields``)."""
+    a = np.asarray(a, dtype=np.float64)
+    fields[key] = array_to_bytes(a)
+    fields[key + "_shape"] = [int(s) for s in a.shape]
+    return fields
+
+
+def get_array(fields: dict, key: str) -> np.ndarray:
+    """The array :func:`put_array` stored under ``key`` (:class:`DecodeError` when missing or malformed)."""
+    if key not in fields or key + "_shape" not in fields:
+        raise DecodeError(f"message has no array {key!r}")
+    return array_from_bytes(fields[key], fields[key + "_shape"])
+
+
+def payload_size(fields: dict) -> int:
+    """Bytes of the payload values (securefed messages, arrays, strings) — what a site sends or receives."""
+    total = 0
+    for v in fields.values():
+        if isinstance(v, (bytes, str)):
+            total += len(v)
+        elif isinstance(v, list):
+            total += sum(len(x) if isinstance(x, (bytes, str)) else 8 for x in v)
+        else:
+            total += 8
+    return total
+
+
+def dumps(obj) -> str:
+    """Canonical JSON (sorted keys) for structured fields (a DP plan, ledger events)."""
+    return json.dumps(obj, sort_keys=True)
+
+
+def loads(text, what: str):
+    """Parse a JSON field; :class:`DecodeError` naming ``what`` when it is malformed."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"malformed {what}: {exc}") from None

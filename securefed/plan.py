@@ -1,0 +1,477 @@
+"""One run plan: every option of a federated job, validated once, frozen, with one vocabulary.
+
+The same options reach securefed three ways — ``securefed run`` flags, estimator parameters and the Flower
+run configuration — and :class:`RunPlan` is what all three become. The option names are the same
+everywhere (``--local-steps`` on the command line, ``local-steps`` in the Flower run config,
+``local_steps`` here); only the estimators keep their scikit-learn style names for a few of them
+(:data:`API_NAMES`). Every bad value raises one :class:`~securefed.errors.ConfigError` that names the
+option **as the user typed it** (:func:`option_name`), the value and the fix.
+
+Nothing after the plan mutates options: values that depend on the run (γ from the federated median
+heuristic, σ from the site sizes announced at ``hello``) are computed by the coordinator
+(:mod:`securefed.federation.coordinator`) from the plan and recorded in the run's result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from .errors import ConfigError, bad_value
+
+__all__ = ["RunPlan", "option_name", "API_NAMES", "METHODS", "NYSTROM_MODES", "AGGREGATIONS", "LANDMARK_METHODS",
+           "plan_defaults", "to_run_config", "from_run_config"]
+
+METHODS = ("tsne", "umap", "spectral", "none")
+NYSTROM_MODES = ("local", "rows")
+AGGREGATIONS = ("plain", "secagg", "ckks")
+LANDMARK_METHODS = ("feddl",)
+ACCOUNTANT_NAMES = ("exact", "prv", "rdp", "paper")
+SENSITIVITY_RULES = ("min", "theorem5", "kernel_shape", "lipschitz")
+
+#: estimator parameter names that differ from the plan's option names (scikit-learn style)
+API_NAMES = {"landmarks": "n_landmarks"}
+
+
+def option_name(option: str, source: str) -> str:
+    """How the user typed ``option``: ``--local-steps`` (``"cli"``), ``local-steps`` (``"flower"``) or the
+    estimator parameter (``"api"``)."""
+    if source == "cli":
+        return "--" + option.replace("_", "-")
+    if source == "flower":
+        return option.replace("_", "-")
+    return API_NAMES.get(option, option)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Every option of one federated job (see the module docstring). Build with :meth:`build`.
+
+    Groups: the landmarks (``landmarks`` … ``refine_min_cluster``), the secure sum (``aggregation`` …
+    ``ckks_verify``), differential privacy (``epsilon`` … ``run_id``; off unless ``epsilon`` or
+    ``noise_multiplier``), the audit gate (``audit_holdout`` … ``allow_audit_failure``), the embedding
+    (``method`` … ``reconstruction``) and the run (``seed`` … ``readmit``). The operator's guide in the
+    README lists every option with its meaning.
+    """
+
+    # ---- landmarks (papers/000 Algorithm 1)
+    landmarks: int = 300
+    landmark_method: str = "feddl"
+    rounds: int = 60
+    local_steps: int = 5
+    rule: str = "model"
+    lr: float | None = None          # None: landmarks.default_lr
+    gamma: float | None = None       # None: federated median heuristic (1/τ_X² under DP)
+    weights: str = "records"
+    init: object = "auto"            # "auto", "moments", "public" or an (n_y, m) array
+    refine_rounds: int | None = None  # None: 10 with nystrom="local" and no DP, else 0
+    refine_min_cluster: int = 10
+    monitor: bool | None = None      # None: on without DP (the MMD is an unaccounted release)
+    # ---- secure sum
+    aggregation: str = "plain"
+    value_bound: float | None = None  # public bound on |feature values| (secagg/ckks quantise into it)
+    modulus_bits: int = 32
+    fractional_bits: int | None = None
+    degree: int | None = None
+    threshold: int | None = None
+    stage_timeout: float | None = None
+    ckks_precision: float = 1e-6
+    key_holder: int = 0
+    ckks_min_survivors: int | None = None
+    ckks_quorum: int | None = None
+    ckks_verify: str = "recompute"
+    # ---- differential privacy (papers/000 §5)
+    epsilon: float | None = None
+    noise_multiplier: float | None = None
+    delta: float = 1e-5
+    accountant: str = "exact"
+    noise: str = "local"
+    clip_norm: float | None = None
+    sample_rate: float = 1.0
+    noise_seed_for_testing: int | None = None  # seeded noise: the ε is void (anyone with the seed removes it)
+    min_survivors: int | None = None
+    sensitivity_rule: str = "min"
+    rows_epsilon: float | None = None
+    run_id: str | None = None
+    # ---- audit gate
+    audit_holdout: float = 0.0
+    max_auc: float = 0.6
+    max_empirical_epsilon: float = 1.0
+    allow_audit_failure: bool = False
+    # ---- embedding (papers/000 Algorithms 2–3)
+    method: str = "tsne"
+    nystrom: str | None = None       # None: "local" under DP, else "rows" (the paper)
+    n_components: int = 2
+    perplexity: float = 30.0
+    n_iter: int = 750
+    n_neighbors: int = 15
+    min_dist: float = 0.1
+    n_clusters: int = 8
+    kernel_gamma: float | None = None
+    reconstruction: str = "auto"
+    keep_rows: bool = False
+    # ---- the run
+    seed: int = 0
+    min_sites: int = 1
+    request_timeout: float = 120.0
+    readmit: bool = True
+    n_jobs: int = 1
+    source: str = field(default="api", compare=False, repr=False)
+
+    # ------------------------------------------------------------------------------------ building
+    @classmethod
+    def build(cls, source: str = "api", **options) -> "RunPlan":
+        """The validated plan; ``source`` (``"cli"``, ``"api"``, ``"flower"``) only decides how errors name
+        options. Unknown options raise :class:`ConfigError`."""
+        known = {f.name for f in fields(cls)} - {"source"}
+        for k in options:
+            if k not in known:
+                raise ConfigError(bad_value(option_name(k, source), options[k], f"is not an option; use one of "
+                                            f"{', '.join(sorted(option_name(o, source) for o in known))}"))
+        return cls(source=source, **options)
+
+    def replace(self, **changes) -> "RunPlan":
+        """A new validated plan with some options changed."""
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self):
+        _Validator(self).run()
+
+    # ------------------------------------------------------------------------------------ derived
+    @property
+    def dp(self) -> bool:
+        """Differential privacy is on (``epsilon`` or ``noise_multiplier`` given)."""
+        return self.epsilon is not None or self.noise_multiplier is not None
+
+    @property
+    def refine(self) -> int:
+        """Lloyd refinement rounds after the landmarks (resolved ``refine_rounds``)."""
+        if self.refine_rounds is not None:
+            return int(self.refine_rounds)
+        return 10 if (self.nystrom == "local" and not self.dp and self.method != "none") else 0
+
+    @property
+    def monitoring(self) -> bool:
+        """Whether the sites report their MMD each round (never under DP unless asked)."""
+        return (not self.dp) if self.monitor is None else bool(self.monitor)
+
+    @property
+    def init_mode(self) -> str:
+        """``"moments"``, ``"public"`` or ``"array"``."""
+        if isinstance(self.init, np.ndarray):
+            return "array"
+        if self.init == "auto":
+            return "public" if self.dp else "moments"
+        return str(self.init)
+
+    @property
+    def sum_bound(self) -> float | None:
+        """The public bound B ≥ |x_ij| every secure-sum range derives from: ``value_bound``, or τ_X under DP."""
+        if self.value_bound is not None:
+            return float(self.value_bound)
+        if self.dp:
+            return float(self.clip_norm)
+        return None
+
+    def name(self, option: str) -> str:
+        """``option`` as the user of this plan typed it (CLI flag, run-config key or parameter)."""
+        return option_name(option, self.source)
+
+    def as_dict(self) -> dict:
+        """JSON-able options (arrays shown by shape)."""
+        out = {}
+        for f in fields(self):
+            if f.name == "source":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = f"array{tuple(v.shape)}" if isinstance(v, np.ndarray) else v
+        return out
+
+
+class _Validator:
+    """The one validation of a :class:`RunPlan` (one error per bad value, naming the option as typed)."""
+
+    def __init__(self, plan: RunPlan):
+        self.p = plan
+
+    def fail(self, option: str, value, fix: str):
+        raise ConfigError(bad_value(self.p.name(option), value, fix))
+
+    def int_(self, option: str, minimum: int = 1, maximum: int | None = None, optional: bool = False):
+        v = getattr(self.p, option)
+        if v is None and optional:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum or (maximum is not None and v > maximum):
+            rng = f"an integer ≥ {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
+            self.fail(option, v, f"use {rng}")
+        object.__setattr__(self.p, option, int(v))
+
+    def pos(self, option: str, optional: bool = False, allow_zero: bool = False):
+        v = getattr(self.p, option)
+        if v is None and optional:
+            return
+        ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(float(v)) \
+            and (float(v) >= 0 if allow_zero else float(v) > 0)
+        if not ok:
+            self.fail(option, v, "use a positive finite number" if not allow_zero else "use a finite number ≥ 0")
+        object.__setattr__(self.p, option, float(v))
+
+    def choice(self, option: str, choices):
+        v = getattr(self.p, option)
+        if v not in choices:
+            self.fail(option, v, f"use one of {', '.join(map(str, choices))}")
+
+    def run(self) -> None:
+        p = self.p
+        for opt in ("lr", "refine_rounds"):  # "auto" is the unset value of these two
+            if isinstance(getattr(p, opt), str) and getattr(p, opt) == "auto":
+                object.__setattr__(p, opt, None)
+        self.int_("landmarks", minimum=2)
+        self.choice("landmark_method", LANDMARK_METHODS)
+        self.int_("rounds")
+        self.int_("local_steps")
+        self.choice("rule", ("model", "gradient"))
+        self.pos("lr", optional=True)
+        self.pos("gamma", optional=True)
+        self.choice("weights", ("records", "uniform"))
+        if isinstance(p.init, np.ndarray):
+            if p.init.ndim != 2 or p.init.shape[0] != p.landmarks or not np.all(np.isfinite(p.init)):
+                self.fail("init", f"array{p.init.shape}", f"give a finite array with {p.landmarks} rows")
+        else:
+            self.choice("init", ("auto", "moments", "public"))
+        self.int_("refine_rounds", minimum=0, optional=True)
+        self.int_("refine_min_cluster", minimum=2)
+        self.choice("aggregation", AGGREGATIONS)
+        self.pos("value_bound", optional=True)
+        self.int_("modulus_bits", minimum=16, maximum=64)
+        self.int_("fractional_bits", minimum=0, maximum=62, optional=True)
+        self.int_("degree", optional=True)
+        self.int_("threshold", optional=True)
+        self.pos("stage_timeout", optional=True)
+        self.pos("ckks_precision")
+        self.int_("key_holder", minimum=0)
+        self.int_("ckks_min_survivors", optional=True)
+        self.int_("ckks_quorum", optional=True)
+        self.choice("ckks_verify", ("recompute", "signatures"))
+        self._privacy()
+        self.pos("audit_holdout", allow_zero=True)
+        if not p.audit_holdout < 0.9:
+            self.fail("audit_holdout", p.audit_holdout, "use a fraction in [0, 0.9), e.g. 0.2")
+        self.pos("max_auc")
+        self.pos("max_empirical_epsilon", allow_zero=True)
+        self.choice("method", METHODS)
+        if p.nystrom is None:
+            object.__setattr__(p, "nystrom", "local" if p.dp else "rows")
+        self.choice("nystrom", NYSTROM_MODES)
+        self.int_("n_components", minimum=1)
+        self.pos("perplexity")
+        self.int_("n_iter", minimum=1)
+        self.int_("n_neighbors", minimum=2)
+        self.pos("min_dist", allow_zero=True)
+        self.int_("n_clusters", minimum=2)
+        self.pos("kernel_gamma", optional=True)
+        self.choice("reconstruction", ("auto", "paper", "features"))
+        self.int_("seed", minimum=0)
+        self.int_("min_sites", minimum=1)
+        self.pos("request_timeout")
+        self.int_("n_jobs", minimum=1)
+        if p.aggregation != "plain" and p.sum_bound is None:
+            self.fail("value_bound", None, f"{p.aggregation} aggregation quantises into a public range: give a public bound "
+                                           "on |feature values| of the data (e.g. 16 for digits, 255 for pixels)")
+        if p.dp and p.nystrom == "rows" and p.method != "none" and p.rows_epsilon is None:
+            self.fail("rows_epsilon", None, f"with differential privacy and {p.name('nystrom')} rows every record's row is "
+                                            f"a release: give its ε (e.g. 1), or use {p.name('nystrom')} local")
+        if p.refine and p.dp:
+            self.fail("refine_rounds", p.refine_rounds, "Lloyd refinement is not covered by differential privacy; use 0")
+
+    def _privacy(self) -> None:
+        p = self.p
+        for opt in ("epsilon", "noise_multiplier", "rows_epsilon"):
+            v = getattr(p, opt)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                                  or not float(v) > 0 or not math.isfinite(float(v))):
+                self.fail(opt, v, "use a positive finite number (leave it unset for no differential privacy)")
+            if v is not None:
+                object.__setattr__(p, opt, float(v))
+        if p.epsilon is not None and p.noise_multiplier is not None:
+            self.fail("noise_multiplier", p.noise_multiplier, f"give {p.name('epsilon')} or "
+                                                               f"{p.name('noise_multiplier')}, not both")
+        if not (isinstance(p.delta, (int, float)) and 0 < float(p.delta) < 1):
+            self.fail("delta", p.delta, "use a probability in (0, 1), e.g. 1e-5")
+        self.choice("accountant", ACCOUNTANT_NAMES)
+        self.choice("noise", ("local", "distributed"))
+        self.pos("clip_norm", optional=True)
+        if not (isinstance(p.sample_rate, (int, float)) and 0 < float(p.sample_rate) <= 1):
+            self.fail("sample_rate", p.sample_rate, "use a rate in (0, 1]")
+        self.int_("min_survivors", optional=True)
+        self.int_("noise_seed_for_testing", minimum=0, optional=True)
+        self.choice("sensitivity_rule", SENSITIVITY_RULES)
+        if p.run_id is not None and (not isinstance(p.run_id, str) or not p.run_id or "/" in p.run_id
+                                     or p.run_id.startswith(".")):
+            self.fail("run_id", p.run_id, "use a non-empty name without '/' that does not start with '.'")
+        if not p.dp:
+            if p.rows_epsilon is not None:
+                self.fail("rows_epsilon", p.rows_epsilon, f"data perturbation of the rows is part of a differentially "
+                                                          f"private run: give {p.name('epsilon')} and {p.name('clip_norm')} too")
+            return
+        if p.clip_norm is None:
+            self.fail("clip_norm", None, "differential privacy needs a public bound τ_X on record norms, e.g. 10 "
+                                         "(√m always holds for m features in [0, 1])")
+        if p.init == "moments":
+            self.fail("init", "moments", "with differential privacy use 'public' or 'auto' (the moments are not accounted)")
+        if p.sample_rate < 1 and p.accountant == "exact":
+            self.fail("accountant", "exact", f"covers full participation only; with {p.name('sample_rate')} < 1 use "
+                                             "'prv' or 'rdp'")
+        if p.noise == "distributed":
+            if p.rule == "model":
+                self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
+                                                  f"only its noise share); use {p.name('rule')} gradient or noise local")
+            if p.aggregation == "plain":
+                self.fail("aggregation", "plain", "distributed noise needs a secure sum (the server would see each site's "
+                                                  "upload with only its noise share); use secagg or ckks, or noise local")
+
+
+# ------------------------------------------------------------------------------------- run configs
+
+#: options that make no sense in a Flower run configuration (arrays, process-local settings)
+_NOT_IN_RUN_CONFIG = ("source", "n_jobs", "keep_rows", "monitor")
+_OPTIONAL_TEXT = ("nystrom", "run_id")  # unset: "" in a run configuration (numbers: 0)
+_OPTIONAL_ZERO = ("nystrom", "noise_seed_for_testing", "lr", "gamma", "refine_rounds", "value_bound", "fractional_bits", "degree", "threshold",
+                  "stage_timeout", "ckks_min_survivors", "ckks_quorum", "epsilon", "noise_multiplier", "clip_norm",
+                  "min_survivors", "rows_epsilon", "kernel_gamma")
+
+
+def plan_defaults() -> dict:
+    """``{option: default}`` of every option (the plan's own defaults)."""
+    return {f.name: f.default for f in fields(RunPlan) if f.name != "source"}
+
+
+def to_run_config(plan_or_options) -> dict:
+    """A Flower run configuration (hyphenated keys, TOML scalars: an unset optional number is 0, an unset
+    run id ""). ``init`` travels as ``"auto"``, ``"moments"`` or ``"public"`` only."""
+    d = plan_or_options.as_dict() if isinstance(plan_or_options, RunPlan) else dict(plan_or_options)
+    out = {}
+    for k, v in d.items():
+        if k in _NOT_IN_RUN_CONFIG:
+            continue
+        if k == "init" and not isinstance(v, str) or (k == "init" and v.startswith("array")):
+            raise ConfigError(bad_value("init", v, "a Flower run configuration carries init as auto, moments, public or "
+                                        "the path of a .npy file on the coordinator's host"))
+        if v is None:
+            v = "" if k in _OPTIONAL_TEXT else 0
+        out[k.replace("_", "-")] = v
+    return out
+
+
+def from_run_config(rc: dict, **overrides) -> RunPlan:
+    """The plan of a Flower run configuration (inverse of :func:`to_run_config`); errors name the keys."""
+    defaults = plan_defaults()
+    opts = {}
+    for key, v in rc.items():
+        k = key.replace("-", "_")
+        if k not in defaults or k in _NOT_IN_RUN_CONFIG:
+            raise ConfigError(bad_value("run config key", key, f"use one of "
+                                        f"{', '.join(sorted(option_name(o, 'flower') for o in defaults if o not in _NOT_IN_RUN_CONFIG))}"))
+        if k == "init" and isinstance(v, str) and v.endswith(".npy"):
+            try:
+                v = np.load(v)  # a start array on the coordinator's host
+            except (OSError, ValueError) as exc:
+                raise ConfigError(bad_value(key, v, f"cannot read the .npy file ({exc})")) from None
+        elif k in _OPTIONAL_ZERO and (v == 0 or v == "" or v is None):
+            v = None
+        elif k in _OPTIONAL_TEXT and v == "":
+            v = None
+        else:
+            v = _cast(key, v, defaults[k])
+        opts[k] = v
+    opts.update(overrides)
+    return RunPlan.build("flower", **opts)
+
+
+def _cast(key: str, value, default):
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            s = value.strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off", ""):
+                return False
+            raise ConfigError(bad_value(key, value, "give true or false"))
+        return bool(value)
+    if default is None or isinstance(default, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                if default is None:
+                    return value
+                raise ConfigError(bad_value(key, value, f"give a number")) from None
+            return int(f) if (isinstance(default, int) and f == int(f)) else f
+        if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value == int(value):
+            return int(value)
+        return value
+    return type(default)(value)
+
+
+#: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
+HELP = {
+    "landmarks": "n_y, the number of landmarks the sites learn together",
+    "landmark_method": "how the landmarks are learned: feddl (papers/000 Algorithm 1)",
+    "rounds": "S, FedDL rounds",
+    "local_steps": "Q, local gradient steps per round (gradient averaging: summed steps per round)",
+    "rule": "model averaging (Eq. 15) or gradient averaging (Eq. 16)",
+    "lr": "FedDL step size (unset: n_y / (8γ), a damped mean-shift step)",
+    "gamma": "FedDL kernel bandwidth γ (unset: federated median heuristic; 1/τ_X² under DP)",
+    "weights": "each site weighs its upload by its record count (records) or by 1 (uniform)",
+    "init": "initial landmarks: auto (moments; the public radius under DP), moments, public (or a .npy path over Flower)",
+    "refine_rounds": "federated Lloyd rounds after FedDL (unset: 10 in the no-rows mode without DP, else 0)",
+    "refine_min_cluster": "a landmark moves only to the mean of at least this many records",
+    "monitor": "sites report their MMD each round (unset: on without DP)",
+    "aggregation": "how the server sums the sites' updates: plain (it sees each), secagg (SecAgg+) or ckks",
+    "value_bound": "public bound on |feature values|; secagg and ckks quantise into it (e.g. 16 for digits, 255 for pixels)",
+    "modulus_bits": "SecAgg+: bits of the ring Z_2^k (16-64)",
+    "fractional_bits": "SecAgg+: fixed-point fractional bits (unset: the largest that cannot overflow)",
+    "degree": "SecAgg+: neighbours per site in the masking graph (unset: from the threat model)",
+    "threshold": "SecAgg+: Shamir threshold t (unset: from the threat model)",
+    "stage_timeout": "seconds each secure-sum stage waits for the sites (unset: the protocol's defaults)",
+    "ckks_precision": "CKKS: rounding step of a released sum",
+    "key_holder": "CKKS: the site that generates the key pair",
+    "ckks_min_survivors": "CKKS: fewest sites a decrypted sum may cover (unset: 2; the DP t under distributed noise)",
+    "ckks_quorum": "CKKS: survivor-set signatures the decryptor needs (unset: a majority of all sites)",
+    "ckks_verify": "CKKS: recompute (the decryptor re-adds the signed uploads) or signatures (honest-but-curious server only)",
+    "epsilon": "differential privacy: target ε per record over the whole run (unset: no DP)",
+    "noise_multiplier": "differential privacy: σ/Δ instead of a target ε",
+    "delta": "differential privacy: target δ",
+    "accountant": "exact (μ-GDP), prv, rdp or paper (papers/000 Theorem 5's formula)",
+    "noise": "local (full σ on every site) or distributed (shares under a secure sum; gradient averaging only)",
+    "clip_norm": "τ_X, public bound on record norms (required with DP)",
+    "sample_rate": "Poisson sampling rate per local step (below 1 needs the prv or rdp accountant)",
+    "noise_seed_for_testing": "seed the DP noise (TESTING ONLY: the server knows the seed; the ε is void)",
+    "min_survivors": "distributed noise: t, the fewest sites a revealed sum may cover (unset: all)",
+    "sensitivity_rule": "Δ used: min of the valid bounds, or the paper's Theorem 5",
+    "rows_epsilon": "ε of the data-perturbed rows (DP with the rows mode)",
+    "run_id": "privacy-ledger run id (unset: derived from the options)",
+    "audit_holdout": "share of each site's records kept out of the landmarks as audit non-members (0: no audit)",
+    "max_auc": "audit policy: largest acceptable membership-attack AUC",
+    "max_empirical_epsilon": "audit policy: largest acceptable empirical ε lower bound",
+    "allow_audit_failure": "continue past a failed audit (recorded in the ledger and the report)",
+    "method": "tsne, umap, spectral or none (landmarks only)",
+    "nystrom": "rows: the paper, one row per record leaves each site (it reveals the records); local: only final coordinates",
+    "n_components": "dimensions of the map",
+    "perplexity": "t-SNE perplexity",
+    "n_iter": "t-SNE iterations (rows mode: 250 early exaggeration + the rest)",
+    "n_neighbors": "UMAP neighbours (spectral: k of the sparse affinity graph)",
+    "min_dist": "UMAP minimum distance",
+    "n_clusters": "spectral clustering: number of clusters",
+    "kernel_gamma": "spectral clustering: bandwidth of the kernel (unset: FedDL's γ)",
+    "reconstruction": "rows mode: auto, paper (dense Eq. 21) or features (feature map + kNN, no n×n)",
+    "keep_rows": "keep the rows the sites sent (for the reconstruction audit)",
+    "seed": "seed of the statistical randomness (never of masks, keys or DP noise)",
+    "min_sites": "fewest sites that must answer hello",
+    "request_timeout": "seconds the coordinator waits for a reply to a plain request",
+    "readmit": "re-admit restarted sites at round boundaries",
+    "n_jobs": "worker threads of the embedding libraries",
+}
