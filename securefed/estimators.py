@@ -145,14 +145,10 @@ def privacy_options(privacy, rows_privacy=None) -> dict:
 
 def plan_options(params: dict, method: str, method_options: dict, n_sites: int) -> dict:
     """Turn estimator parameters into :class:`~securefed.plan.RunPlan` options (no validation here)."""
+    from .plan import seed_of
+
     p = params
-    rs = p["random_state"]
-    if isinstance(rs, np.random.Generator):
-        seed = seed_from(rs)
-    elif rs is None:
-        seed = int(np.random.SeedSequence().entropy % (2**31 - 1))
-    else:
-        seed = rs
+    seed = seed_of(p["random_state"])
     weights = p["weights"]
     if not isinstance(weights, str):
         raise ConfigError(bad_value("weights", weights, "use 'records' or 'uniform': each site weighs its own upload by a "

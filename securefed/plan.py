@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import ConfigError, bad_value
 
-__all__ = ["RunPlan", "option_name", "API_NAMES", "METHODS", "NYSTROM_MODES", "AGGREGATIONS", "LANDMARK_METHODS",
+__all__ = ["RunPlan", "option_name", "seed_of", "API_NAMES", "METHODS", "NYSTROM_MODES", "AGGREGATIONS", "LANDMARK_METHODS",
            "plan_defaults", "to_run_config", "from_run_config"]
 
 METHODS = ("tsne", "umap", "spectral", "none")
@@ -34,6 +34,16 @@ SENSITIVITY_RULES = ("min", "theorem5", "kernel_shape", "lipschitz")
 
 #: estimator parameter names that differ from the plan's option names (scikit-learn style)
 API_NAMES = {"landmarks": "n_landmarks"}
+
+
+def seed_of(random_state) -> int:
+    """The run's statistical seed from a scikit-learn style ``random_state`` (None: fresh OS entropy; an int; a
+    Generator: one draw). Statistics only — never masks, keys or DP noise."""
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**31 - 1))
+    if random_state is None:
+        return int(np.random.SeedSequence().entropy % (2**31 - 1))
+    return random_state
 
 
 def option_name(option: str, source: str) -> str:

@@ -43,6 +43,10 @@ def _version() -> str:
 
 
 def main(argv=None) -> int:
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if args_in in (["--version"], ["-V"]):  # answered before any subcommand (and its imports) is loaded
+        print(_version())
+        return 0
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

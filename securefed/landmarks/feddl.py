@@ -350,22 +350,16 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
     callback : callable, optional
         ``callback(round, Y, mmd)`` after each round; ``mmd`` is that of the landmarks the round started from.
     """
-    from ..embedding.stages import seed_from
     from ..estimators import privacy_options
     from ..federation import run_in_process
     from ..federation.checkpoint import fingerprint, read_checkpoint, write_checkpoint
-    from ..plan import RunPlan
+    from ..plan import RunPlan, seed_of
 
     sites = check_sites(sites)
     if not isinstance(weights, str):
         raise ConfigError(bad_value("weights", weights, "use 'records' or 'uniform': each site weighs its own upload by "
                                     "a public rule (a weight chosen by the coordinator could single out one site)"))
-    if isinstance(random_state, np.random.Generator):
-        seed = seed_from(random_state)
-    elif random_state is None:
-        seed = int(np.random.SeedSequence().entropy % (2**31 - 1))
-    else:
-        seed = random_state
+    seed = seed_of(random_state)
     opts = dict(landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, rule=rule, lr=lr, gamma=gamma,
                 weights=weights, aggregation=aggregation, value_bound=value_bound, init=init, monitor=monitor,
                 method="none", refine_rounds=0, seed=seed, **(aggregation_options or {}), **privacy_options(privacy))
