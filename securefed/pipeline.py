@@ -19,6 +19,7 @@ from importlib import metadata
 import numpy as np
 
 from .errors import ConfigError, LedgerError, bad_value
+from .progress import ProgressPrinter
 from .report.layout import clean, write_json, write_run_result
 
 __all__ = ["run", "run_job", "FED_METHODS", "PEER_METHOD_NAMES"]
@@ -145,7 +146,7 @@ def _server_ledger(out: str, plan, run_id: str):
 def run_job(job: dict, options: dict) -> dict:
     """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options)."""
     from .federation import run_in_process
-    from .federation.checkpoint import fingerprint, read_checkpoint, write_checkpoint
+    from .federation.checkpoint import fingerprint, write_checkpoint
     from .federation.inprocess import site_names
     from .federation.privacy import derive_run_id
     from .metrics import clustering_metrics, embedding_metrics
@@ -153,11 +154,7 @@ def run_job(job: dict, options: dict) -> dict:
 
     log = _Log(job.get("quiet", False))
     t_all = time.perf_counter()
-    out = os.path.abspath(job["out"])
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(bad_value("--out", job["out"], f"cannot create the folder ({exc.strerror}); pick a writable path")) from None
+    out = _output_folder(job)
     method = job["method"]
     if method not in FED_METHODS + PEER_METHOD_NAMES:
         raise ConfigError(bad_value("--method", method, f"choose one of {', '.join(FED_METHODS + PEER_METHOD_NAMES)}"))
@@ -178,41 +175,25 @@ def run_job(job: dict, options: dict) -> dict:
     mode = {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
             "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks}
     metrics["mode"] = mode
-    config = {"run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
-              "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
-              "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions()}
-    write_json(os.path.join(out, "config.json"), config)
+    _claim_folder(out, run_id, bool(job.get("force")))
+    write_json(os.path.join(out, "config.json"), {
+        "run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
+        "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
+        "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions()})
     history = {"rounds": [], "mmd": [], "epsilon": []}
     fp = fingerprint(plan, [len(s) for s in sites], X.shape[1])
     ck_path = os.path.join(out, "checkpoint.npz")
-    try:
-        resume = read_checkpoint(ck_path, fp, plan.rounds)
-    except ConfigError:
-        log(f"[landmarks] discarding {ck_path}: it belongs to a run with other parameters")
-        os.remove(ck_path)
-        resume = None
-    if resume is not None:
-        log(f"[landmarks] resuming from {ck_path} (round {resume['round']})")
+    resume = _resume(ck_path, fp, plan, log)
+    printer = None if job.get("quiet") else ProgressPrinter()
 
     def on_event(ev):
-        kind = ev["event"]
-        if kind == "checkpoint":
+        if ev["event"] == "checkpoint":
             write_checkpoint(ck_path, ev["state"], fp)
-        elif kind == "round":
-            s = ev["round"]
-            history["rounds"].append(s)
-            history["mmd"].append(ev.get("mmd_at_start"))
+        elif ev["event"] == "round":
+            history["rounds"].append(ev["round"])
             history["epsilon"].append(ev.get("epsilon"))
-            if s == 1 or s % max(1, plan.rounds // 10) == 0 or s == plan.rounds:
-                extra = "" if ev.get("epsilon") is None else f" ε spent={ev['epsilon']:.3f}"
-                log(f"[landmarks] round {s}/{plan.rounds}{extra}")
-        elif kind == "audit":
-            log(f"[audit] membership inference on the landmarks: AUC={ev['auc']:.3f}, empirical ε ≥ "
-                f"{ev['empirical_epsilon']:.3f} → {ev['verdict']}")
-        elif kind == "hello":
-            log(f"[landmarks] {len(ev['sites'])} sites, {plan.landmarks} landmarks, {plan.rounds} rounds × "
-                f"{plan.local_steps} local steps, {plan.rule} averaging, {plan.aggregation} aggregation"
-                + (", differential privacy on" if plan.dp else ""))
+        if printer is not None:
+            printer(ev)
 
     t0 = time.perf_counter()
     try:
@@ -223,10 +204,7 @@ def run_job(job: dict, options: dict) -> dict:
         raise
     metrics["timings"]["federated_total"] = time.perf_counter() - t0
     write_run_result(out, res, plan)
-    history["mmd"] = list(res.mmd_history)  # MMD after each round (the events carry it one round late)
-    history["rounds"] = history["rounds"][: len(history["mmd"])] if history["mmd"] else history["rounds"]
-    if not history["mmd"]:
-        history["mmd"] = []  # not monitored (DP runs): the MMD would be an unaccounted release
+    history["mmd"] = list(res.mmd_history)  # of the landmarks each round started from (not under DP: unaccounted)
     if not any(e is not None for e in history["epsilon"]):
         history["epsilon"] = []
     write_json(os.path.join(out, "history.json"), history)
@@ -243,6 +221,56 @@ def run_job(job: dict, options: dict) -> dict:
     metrics["timings"]["total"] = time.perf_counter() - t_all
     write_json(os.path.join(out, "metrics.json"), metrics)
     return clean(metrics)
+
+
+def _output_folder(job: dict) -> str:
+    out = os.path.abspath(job["out"])
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(bad_value("--out", job["out"], f"cannot create the folder ({exc.strerror}); pick a writable "
+                                    "path")) from None
+    return out
+
+
+def _claim_folder(out: str, run_id: str, force: bool) -> None:
+    """A run folder belongs to one run: another run's outputs are overwritten only with ``--force``, and another
+    run's privacy ledger never (it is that run's record of spent budget)."""
+    import json
+
+    path = os.path.join(out, "config.json")
+    if not os.path.exists(path):
+        return
+    try:
+        previous = json.load(open(path)).get("run_id")
+    except (OSError, ValueError):
+        previous = None
+    if previous in (None, run_id):
+        return  # the same run again: it resumes from its checkpoint and ledger
+    if os.path.exists(os.path.join(out, "ledger.jsonl")) or os.path.isdir(os.path.join(out, "site-ledgers")):
+        raise ConfigError(bad_value("--out", out, f"holds the privacy ledgers of another run ({previous}); they record "
+                                    "spent privacy budget and are never overwritten: use another --out"))
+    if not force:
+        raise ConfigError(bad_value("--out", out, f"holds the outputs of another run ({previous}); use another --out, "
+                                    "or --force to overwrite them"))
+    for name in ("checkpoint.npz", "metrics.json", "result.json", "audit.json", "history.json", "report.html",
+                 "report.json"):
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+
+
+def _resume(ck_path: str, fp: dict, plan, log) -> dict | None:
+    from .federation.checkpoint import read_checkpoint
+
+    try:
+        resume = read_checkpoint(ck_path, fp, plan.rounds)
+    except ConfigError:
+        log(f"[landmarks] discarding {ck_path}: it belongs to a run with other parameters")
+        os.remove(ck_path)
+        return None
+    if resume is not None:
+        log(f"[landmarks] resuming from {ck_path} (round {resume['round']})")
+    return resume
 
 
 def _write_partial(out: str, metrics: dict, partial: dict) -> None:
@@ -281,7 +309,6 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
     if res.audit is not None:
         write_audit_files(out, mia=res.audit["mia_result"])
         metrics["audit"] = {k: v for k, v in res.audit.items() if k != "mia_result"}
-    log(f"[embedding] done ({emb.get('reconstruction')} reconstruction; each site sent: {emb.get('sent_kind')})")
     metrics["reconstruction_audit"] = _reconstruction_audit(plan, res, sites, out, log)
 
 

@@ -21,7 +21,8 @@ CLI_DEFAULTS = {"audit_holdout": 0.2,  # the command line runs the audit gate by
                 "n_clusters": None}  # spectral: the number of labels when the data have them, else 8
 PEER_METHODS = ("dsne", "fdsne", "dp-dsne", "gtm")
 JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "clients": 10, "partition": "label", "method": "tsne",
-                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300}
+                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
+                "force": False}
 
 
 def _type_of(default, name: str):
@@ -83,6 +84,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     job.add_argument("--reference-size", type=int, default=JOB_DEFAULTS["reference_size"],
                      help="dSNE: size of the public reference split")
     job.add_argument("--quiet", action="store_true", help="no progress output")
+    job.add_argument("--force", action="store_true",
+                     help="overwrite the outputs of another run in --out (never another run's privacy ledgers)")
     defaults = {f.name: f.default for f in dataclasses.fields(RunPlan)}
     defaults.update(CLI_DEFAULTS)
     for title, names in _GROUPS:

@@ -249,6 +249,7 @@ class Coordinator:
         if plan.method != "none":
             yield from self._readmit("before the embedding")
             embedding = yield from self._embed(lm["Y"], lm["gamma"], lm["rng"], released, warnings)
+            self.emit("embedded", what=embedding["sent_kind"], missing=sorted(embedding["missing"]))
         if privacy is not None:
             released.append(f"{plan.rounds * plan.local_steps} noisy landmark releases per site (DP, see privacy)")
             if embedding is not None and embedding.get("rows_privacy") is not None:
