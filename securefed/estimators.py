@@ -90,6 +90,8 @@ class FederatedParams:
     n_jobs : int, default 1
     keep_sent : bool, default False
         Keep the rows the sites sent (``sent_rows_``) for the reconstruction audit.
+    verbose : int, default 0
+        1: a progress line per stage on standard error.
     """
 
     n_landmarks: int = 300
@@ -118,6 +120,7 @@ class FederatedParams:
     callback: object = None
     n_jobs: int = 1
     keep_sent: bool = False
+    verbose: int = 0
 
 
 _SUM_OPTIONS = ("modulus_bits", "fractional_bits", "degree", "threshold", "stage_timeout", "ckks_precision",
@@ -229,7 +232,14 @@ class _FederatedEmbedding(_Estimator):
                     callback(ev["state"]["round"], ev["state"]["Y"], self._pending_mmd)
             elif ev["event"] == "round":
                 self._pending_mmd = ev.get("mmd_at_start")
+            if printer is not None:
+                printer(ev)
 
+        printer = None
+        if self.verbose:
+            from .progress import ProgressPrinter
+
+            printer = ProgressPrinter()
         self._pending_mmd = None
         ledger = self.privacy.ledger if self.privacy is not None else None
         res = run_in_process(plan, sites, ledger=ledger, resume=resume, on_event=on_event)

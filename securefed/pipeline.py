@@ -299,6 +299,11 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
     metrics["aggregation"] = res.aggregation
     metrics["released_before_rounds"] = [r for r in res.released if "Lloyd" not in r and "per record" not in r]
     metrics["released"] = res.released
+    metrics["inventory"] = res.inventory + [
+        {"what": "quality metrics of the map (CA-kNN, trustworthiness, NMI) computed against the pooled records",
+         "to": "this run folder", "covered_by_epsilon": False, "note": "exists only in this simulation"},
+        {"what": "the centralized comparison (the method on the pooled records) and its panel in embedding.png",
+         "to": "this run folder", "covered_by_epsilon": False, "note": "exists only in this simulation"}]
     metrics["warnings"] = res.warnings
     metrics["reconstruction"] = emb.get("reconstruction")
     metrics["sent_by_each_site"] = emb.get("sent_kind")

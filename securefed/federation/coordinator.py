@@ -120,6 +120,7 @@ class Coordinator:
         self.sites: Sites | None = None
         self.privacy = None
         self.steps: list = []
+        self.inventory: list = []
         self.round_trips = 0
         self.messages = 0
         self.bytes_to: dict = {}
@@ -168,6 +169,10 @@ class Coordinator:
         self.events.append(ev)
         if self.on_event is not None:
             self.on_event(ev)
+
+    def release(self, what: str, *, to: str = "the coordinator", covered: bool | str = False, note: str = "") -> None:
+        """Record one data-dependent release in the run's inventory: what, who receives it, whether ε covers it."""
+        self.inventory.append({"what": what, "to": to, "covered_by_epsilon": covered, "note": note})
 
     def traffic(self) -> tuple[dict, dict]:
         return dict(self.bytes_to), dict(self.bytes_from)
@@ -234,13 +239,15 @@ class Coordinator:
         plan = self.plan
         self.emit("start", run_id=self.run_id, method=plan.method, nystrom=plan.nystrom, aggregation=plan.aggregation)
         yield from self._hello(addresses)
-        released, warnings = [], []
-        lm = yield from self._landmarks(released)
+        warnings: list = []
+        self.release("each site's record count, hold-out count and feature count (hello)",
+                     note="public by design: the DP calibration uses the sizes")
+        lm = yield from self._landmarks()
         privacy = self.privacy.report() if self.privacy is not None else None  # the landmarks' ε, before any rows
         refinement = None
         if plan.refine:
             yield from self._readmit("before the refinement")
-            lm["Y"], refinement = yield from self._refine(lm["Y"], released)
+            lm["Y"], refinement = yield from self._refine(lm["Y"])
         audit = None
         if plan.audit_holdout > 0:
             yield from self._readmit("before the audit")
@@ -248,10 +255,14 @@ class Coordinator:
         embedding = None
         if plan.method != "none":
             yield from self._readmit("before the embedding")
-            embedding = yield from self._embed(lm["Y"], lm["gamma"], lm["rng"], released, warnings)
+            embedding = yield from self._embed(lm["Y"], lm["gamma"], lm["rng"], warnings)
             self.emit("embedded", what=embedding["sent_kind"], missing=sorted(embedding["missing"]))
         if privacy is not None:
-            released.append(f"{plan.rounds * plan.local_steps} noisy landmark releases per site (DP, see privacy)")
+            if plan.noise_seed_for_testing is not None:
+                privacy["epsilon_void"] = True
+                privacy["epsilon_void_reason"] = ("seeded noise (noise-seed-for-testing): anyone who knows the seed, the "
+                                                  "coordinator included, can subtract the noise; the ε holds for no one")
+                warnings.append("the DP noise was seeded for testing: the ε printed is void")
             if embedding is not None and embedding.get("rows_privacy") is not None:
                 privacy["rows"] = embedding.pop("rows_privacy")
                 privacy["epsilon_total"] = float(self.privacy.ledger.spent()[0])
@@ -260,7 +271,8 @@ class Coordinator:
         return RunResult(
             landmarks=lm["Y"], gamma=lm["gamma"], lr=lm["lr"], rule=plan.rule, rounds_done=plan.rounds,
             mmd_history=lm["history"], run_id=self.run_id, sites=list(s.names), site_sizes=list(s.sizes),
-            holdouts=list(s.holdouts), n_features=s.n_features, released=released, warnings=warnings, privacy=privacy,
+            holdouts=list(s.holdouts), n_features=s.n_features, released=[r["what"] for r in self.inventory],
+            inventory=list(self.inventory), warnings=warnings, privacy=privacy,
             audit=audit, refinement=refinement, embedding=embedding, survivors=sorted(s.live), steps=self.steps,
             readmitted=list(s.readmitted),
             site_errors={s.names[i]: str(e) for i, e in s.silent.items() if 0 <= i < len(s.names)},
@@ -353,7 +365,7 @@ class Coordinator:
         return back
 
     # ------------------------------------------------------------------------------ stage 1: landmarks
-    def _landmarks(self, released: list):
+    def _landmarks(self):
         """FedDL (``papers/000`` Algorithm 1): γ and the start from one secure sum of statistics, then ``S`` rounds
         of model averaging (Eq. 15) or gradient averaging (Eq. 16) through the secure sum (generator)."""
         from ..kernels import check_gamma, median_gamma
@@ -381,11 +393,11 @@ class Coordinator:
             if "gamma" in want:
                 gamma = median_gamma([tot[0] * 4.0 * m * (1.0 if B is None else B)])
                 tot = tot[1:]
-                released.append("one scalar per site: its local median squared distance, record-weighted (for γ)")
+                self.release("the sum over sites of each site's median squared distance × its record count (for γ)")
             if "moments" in want:
                 scale = 1.0 if B is None else B
                 stats = {"mean": tot[:m], "std": np.sqrt(np.maximum(tot[m:] * scale - tot[:m] ** 2, 0.0))}
-                released.append("per-feature means and mean squares (one secure sum, for the initial landmarks)")
+                self.release("the sum over sites of per-feature sums and sums of squares (for the initial landmarks)")
         gamma = check_gamma(ck["gamma"] if ck else gamma)
         lr = float(ck["lr"]) if ck else (plan.lr if plan.lr is not None else default_lr(plan.landmarks, gamma))
         if ck:
@@ -414,7 +426,20 @@ class Coordinator:
                       epsilon=float(self.privacy.ledger.spent()[0]) if self.privacy else None)
             self.emit("checkpoint", state={"round": rnd + 1, "Y": Y, "gamma": gamma, "lr": lr, "history": history,
                                            "rng": rng.bit_generator.state, "mmd_pending": mmd0 is not None})
+        self._inventory_rounds()
         return {"Y": Y, "gamma": gamma, "lr": lr, "history": history, "rng": rng}
+
+    def _inventory_rounds(self) -> None:
+        plan = self.plan
+        covered = f"yes (noise: {plan.noise})" if plan.dp else False
+        n = plan.rounds * (plan.local_steps if plan.rule == "gradient" else 1)
+        what = "each site's own landmark update" if plan.aggregation == "plain" else \
+            f"only the sum over sites of the landmark updates ({plan.aggregation})"
+        self.release(f"{what}, {n} times", covered=covered)
+        if plan.monitoring:
+            self.release("the sum over sites of each site's MMD to the landmarks, every round (progress monitor)")
+        self.release("the landmarks and γ, every round", to="every site",
+                     covered="post-processing of the DP releases" if plan.dp else False)
 
     def _init_landmarks(self, stats: dict, gamma: float, rng, init_landmarks) -> np.ndarray:
         plan, m = self.plan, self.sites.n_features
@@ -484,7 +509,7 @@ class Coordinator:
         self.privacy.after_aggregate(rnd, step, a.survivors)
 
     # ------------------------------------------------------------------------------ refinement
-    def _refine(self, Y, released: list):
+    def _refine(self, Y):
         """Federated Lloyd (k-means) refinement of the landmarks (beyond the paper, for the no-rows mode).
 
         Each round every site assigns its records to their nearest landmark and uploads, per landmark, its
@@ -519,7 +544,8 @@ class Coordinator:
                 Y[dead] = Y[big[np.arange(len(dead)) % len(big)]] + scale * rng.standard_normal((len(dead), m))
             self.emit("refine", round=r + 1, rounds=plan.refine, frozen=frozen)
         Y[~ok] = Y_start[~ok]  # a landmark that never gathered enough records keeps its FedDL position
-        released.append(f"{plan.refine} Lloyd rounds: per-landmark record-weighted sums and counts (one secure sum each)")
+        self.release(f"{plan.refine} Lloyd rounds: summed per-landmark record sums and counts (a landmark moves only to a "
+                     f"mean of at least {plan.refine_min_cluster} records)")
         return Y, {"rounds": plan.refine, "min_cluster_size": plan.refine_min_cluster, "frozen": frozen}
 
     # ------------------------------------------------------------------------------ stage 2: the audit gate
@@ -551,6 +577,8 @@ class Coordinator:
         out["mia"] = {k: v for k, v in mia.to_dict().items() if k != "per_score"}
         out["mia"]["n_sites"] = len(a.survivors)
         out["mia_result"] = mia
+        self.release("the sum over sites of the membership-audit ROC counts (members vs held-out records)",
+                     note="aggregate counts on public score grids")
         self.emit("audit", auc=mia.auc, empirical_epsilon=mia.empirical_epsilon, verdict=out["verdict"])
         if not dec.passed and not plan.allow_audit_failure:
             out.update(verdict="fail", overridden=False, proceed=False, ledger_event=None,
@@ -562,11 +590,12 @@ class Coordinator:
         return out
 
     # ------------------------------------------------------------------------------ stage 3: the embedding
-    def _embed(self, Y, gamma: float, rng, released: list, warnings: list):
+    def _embed(self, Y, gamma: float, rng, warnings: list):
         plan = self.plan
         if plan.nystrom == "local":
             emb = yield from self._embed_local(Y, gamma, rng)
-            released.append(emb["sent_kind"])
+            self.release(f"each site's {emb['sent_kind']}",
+                         note="a record's own coordinate is a function of that record: no ε covers it")
             if plan.dp:
                 warnings.append(f"each site's {emb['sent_kind']} are computed from its raw records; they are not "
                                 "covered by the differential-privacy accounting")
@@ -577,7 +606,8 @@ class Coordinator:
                 "these rows give back each record's projection onto the landmarks' span (all of it once n_y > m)")
         warnings.append(f"every site sent one row per record ({emb['sent_kind']}); {leak}"
                         + (" — computed from data-perturbed records (rows-epsilon)" if plan.rows_epsilon else ""))
-        released.append(emb["sent_kind"])
+        self.release(f"each site's {emb['sent_kind']}", covered="by rows-epsilon" if plan.rows_epsilon else False,
+                     note=leak)
         return emb
 
     def _ask_live(self, req: dict):

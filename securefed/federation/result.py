@@ -29,7 +29,10 @@ class RunResult:
         Site names in site order, their FedDL record counts and audit hold-out counts.
     n_features : int
     released : list of str
-        Everything data-dependent the coordinator received besides the secure sums' purpose.
+        Every data-dependent release of the run (the ``what`` of :attr:`inventory`).
+    inventory : list of dict
+        Every data-dependent release: ``what``, ``to`` (who receives it), ``covered_by_epsilon`` (False, or how),
+        ``note``.
     warnings : list of str
     privacy : dict or None
         The DP block (ε spent, σ and Δ per site, releases, ...).
@@ -65,6 +68,7 @@ class RunResult:
     holdouts: list
     n_features: int
     released: list = field(default_factory=list)
+    inventory: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     privacy: dict | None = None
     audit: dict | None = None

@@ -67,7 +67,8 @@ def result_document(res, plan) -> dict:
     return {"status": "completed", "run_id": res.run_id, "options": plan.as_dict(), "gamma": res.gamma, "lr": res.lr,
             "rounds_done": res.rounds_done, "mmd_history": res.mmd_history, "sites": res.sites,
             "site_sizes": res.site_sizes, "holdouts": res.holdouts, "n_features": res.n_features,
-            "survivors": [res.sites[i] for i in res.survivors], "released": res.released, "warnings": res.warnings,
+            "survivors": [res.sites[i] for i in res.survivors], "released": res.released,
+            "inventory": res.inventory, "warnings": res.warnings,
             "privacy": res.privacy, "audit": audit, "refinement": res.refinement, "embedding": emb or None,
             "steps": res.steps, "readmitted": res.readmitted, "site_errors": res.site_errors, "seconds": res.seconds,
             "round_trips": res.round_trips, "messages": res.messages, "aggregation": res.aggregation}
