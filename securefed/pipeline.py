@@ -310,7 +310,12 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
     metrics["round_trips"] = res.round_trips
     metrics["timings"]["coordinator"] = res.seconds
     if res.privacy is not None:
-        metrics["privacy"] = res.privacy
+        from .accounting import clip_records
+
+        # each site counts its own clipped records; the count never leaves it (the simulation reads them here)
+        per_site = [int(clip_records(X_p, plan.clip_norm)[1]) for X_p in sites]
+        metrics["privacy"] = dict(res.privacy, clipped_per_site=per_site, clipped_records=int(sum(per_site)),
+                                  clipped_note="counted on each site for its own records; not sent to the coordinator")
     if res.audit is not None:
         write_audit_files(out, mia=res.audit["mia_result"])
         metrics["audit"] = {k: v for k, v in res.audit.items() if k != "mia_result"}

@@ -307,7 +307,7 @@ class ServerPrivacy:
         self.plan = public_plan(plan, run_id, sizes, gamma, weights)
         self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
         self.gp = build_mechanism(self.plan, self.ledger)
-        self.gp.clipped_per_site = [0] * len(sizes)
+        self.gp.clipped_per_site = [None] * len(sizes)  # counted on each site; never sent
         self._pending: dict = {}
         self.unsettled: list = []  # [[round, step, survivors]] to tell the sites
 
@@ -336,9 +336,6 @@ class ServerPrivacy:
             self._pending.setdefault((ev["round"], ev["step"]), {})[int(site)] = ev["id"]
         if want - got:
             raise ProtocolError(f"site {site} returned a noisy update without its ledger events for {sorted(want - got)}")
-        if "clipped" in reply:
-            self.gp.clipped_per_site[int(site)] = int(reply["clipped"])
-            self.gp.clipped_records = int(sum(self.gp.clipped_per_site))
 
     def after_aggregate(self, rnd: int, step: int, survivors) -> None:
         """Settle a distributed-noise aggregation with the actual survivors (server ledger)."""

@@ -256,7 +256,7 @@ class SiteWorker:
         gp = site_mechanism(plan, self.options, site, self._dp_cache())
         self._save_dp_cache()
         site_settle(gp, site, loads(fields.get("dp_settle") or "[]", "settlements"))
-        Xc, n_clipped = clip_records(X, gp.tau_x)
+        Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site (a count of its records)
         Y = get_array(fields, "Y")
         if Y.shape[1] != X.shape[1]:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
@@ -271,7 +271,7 @@ class SiteWorker:
             u = gp.perturb(mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, round=rnd, step=t)
             steps = [t]
         # the ledger events are on disk (fsync'd) before this returns, i.e. before the reply leaves
-        return u, {"dp_events": release_events(gp, site, rnd, steps), "clipped": int(n_clipped)}
+        return u, {"dp_events": release_events(gp, site, rnd, steps)}
 
     # ------------------------------------------------------------------------------ dispatch
     def handle(self, fields: dict) -> dict:
