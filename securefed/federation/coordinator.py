@@ -280,13 +280,16 @@ class Coordinator:
             aggregation=self._aggregation_summary())
 
     def _aggregation_summary(self) -> dict:
-        agg = [st for st in self.steps]
-        return {"protocol": self.plan.aggregation, "aggregations": len(agg),
-                "clipped": int(sum(st["clipped"] for st in agg)),
-                "min_survivors": min((len(st["survivors"]) for st in agg), default=len(self.sites.names)),
-                "seconds": float(sum(st["seconds"] for st in agg)),
-                "bytes_up_per_client": int(np.mean([sum(st["bytes_from_site"].values()) for st in agg]) / max(1, len(self.sites.names))) if agg else 0,
-                "bytes_down": int(sum(sum(st["bytes_from_site"].values()) for st in agg))}
+        """Totals over the run's secure sums (the figures FedDLResult.aggregation always had)."""
+        sums = self.steps
+        up = [np.mean([st["bytes_from_site"][self.sites.names[i]] for i in st["survivors"]]) for st in sums
+              if st["survivors"]]
+        return {"protocol": self.plan.aggregation, "aggregations": len(sums),
+                "clipped": int(sum(st["clipped"] for st in sums)),
+                "min_survivors": min((len(st["survivors"]) for st in sums), default=len(self.sites.names)),
+                "seconds": float(sum(st["seconds"] for st in sums)),
+                "bytes_up_per_client": int(sum(up)),
+                "bytes_down": int(sum(sum(st["bytes_to_site"].values()) for st in sums))}
 
     # ------------------------------------------------------------------------------ hello and re-admission
     def _hello_request(self) -> dict:

@@ -449,33 +449,7 @@ class FedDSNE:
             sigma = calibrate_noise_multiplier(float(self.epsilon), rounds, float(self.delta),
                                                str(self.accountant)) * delta_rec
 
-        # Initial reference embedding (server) and local embeddings (sites).
-        if self.init == "pca":
-            if ref.shape[1] < d:
-                raise DataError(bad_value("n_components", d, f"PCA init needs at most {ref.shape[1]} components; use init='random'"))
-            mean, comps, scale = pca_init(ref, d)
-            Y_s = (ref - mean) @ comps / scale
-        else:
-            Y_s = rng.normal(0.0, 1e-2, size=(n_s, d))
-        noise_ss = np.random.SeedSequence(
-            self.noise_seed if self.noise_seed is not None else int.from_bytes(os.urandom(32), "big"))
-        states = []
-        for idx, (X, nss) in enumerate(zip(sites, noise_ss.spawn(len(sites)))):
-            n_l = len(X)
-            P = knn_affinities(np.vstack([X, ref]), perplexity=float(self.perplexity))
-            if self.init == "pca":
-                Y_l = (X - mean) @ comps / scale
-            else:
-                Y_l = rng.normal(0.0, 1e-2, size=(n_l, d))
-            Y = np.vstack([Y_l, Y_s])
-            mech = None
-            if self.noise == "adaclip":
-                mech = AdaCliP((n_s, d), sigma, random_state=np.random.default_rng(nss), **ada)
-            elif self.noise == "gaussian":
-                mech = GaussianRows((n_s, d), sigma, float(self.clip_norm), random_state=np.random.default_rng(nss))
-            states.append({"n": n_l, "P": P, "index": (np.repeat(np.arange(P.shape[0]), np.diff(P.indptr)), P.indices),
-                           "Y": Y, "update": np.zeros_like(Y), "gains": np.ones_like(Y), "mech": mech})
-
+        Y_s, states = self._init_states(sites, ref, d, sigma, ada, rng)
         history = []
         bytes_up = 0
         log_every = max(1, rounds // 20)
@@ -523,6 +497,42 @@ class FedDSNE:
         self.releases_ = rounds
         self.history_ = history
         self.bytes_up_ = bytes_up
+        self._set_privacy_attributes(sigma, delta_rec, rounds)
+        self.fit_seconds_ = time.perf_counter() - t0
+        return self
+
+    def _init_states(self, sites, ref, d: int, sigma, ada: dict, rng):
+        """Initial reference embedding (server) and each site's local state (affinities, embedding, mechanism)."""
+        n_s = len(ref)
+        if self.init == "pca":
+            if ref.shape[1] < d:
+                raise DataError(bad_value("n_components", d, f"PCA init needs at most {ref.shape[1]} components; use init='random'"))
+            mean, comps, scale = pca_init(ref, d)
+            Y_s = (ref - mean) @ comps / scale
+        else:
+            Y_s = rng.normal(0.0, 1e-2, size=(n_s, d))
+        noise_ss = np.random.SeedSequence(
+            self.noise_seed if self.noise_seed is not None else int.from_bytes(os.urandom(32), "big"))
+        states = []
+        for idx, (X, nss) in enumerate(zip(sites, noise_ss.spawn(len(sites)))):
+            n_l = len(X)
+            P = knn_affinities(np.vstack([X, ref]), perplexity=float(self.perplexity))
+            if self.init == "pca":
+                Y_l = (X - mean) @ comps / scale
+            else:
+                Y_l = rng.normal(0.0, 1e-2, size=(n_l, d))
+            Y = np.vstack([Y_l, Y_s])
+            mech = None
+            if self.noise == "adaclip":
+                mech = AdaCliP((n_s, d), sigma, random_state=np.random.default_rng(nss), **ada)
+            elif self.noise == "gaussian":
+                mech = GaussianRows((n_s, d), sigma, float(self.clip_norm), random_state=np.random.default_rng(nss))
+            states.append({"n": n_l, "P": P, "index": (np.repeat(np.arange(P.shape[0]), np.diff(P.indptr)), P.indices),
+                           "Y": Y, "update": np.zeros_like(Y), "gains": np.ones_like(Y), "mech": mech})
+
+        return Y_s, states
+
+    def _set_privacy_attributes(self, sigma, delta_rec: float, rounds: int) -> None:
         self.delta_ = float(self.delta) if sigma is not None else None
         self.noise_multiplier_ = sigma
         if sigma is None:
@@ -533,8 +543,6 @@ class FedDSNE:
             self.record_noise_multiplier_ = sigma / delta_rec
             self.epsilon_ = _epsilon(sigma / delta_rec, rounds, float(self.delta), str(self.accountant))
             self.epsilon_per_row_ = _epsilon(sigma / 2.0, rounds, float(self.delta), str(self.accountant))
-        self.fit_seconds_ = time.perf_counter() - t0
-        return self
 
     def fit_transform(self, sites, y=None) -> np.ndarray:
         """Fit and return the embedding of the sites' records, concatenated in site order."""
