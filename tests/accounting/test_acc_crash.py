@@ -21,7 +21,8 @@ SCRIPT = textwrap.dedent(
     rng = np.random.default_rng(0)
     sites = [rng.normal(size=(40, 3)) + p for p in range(3)]
     led = PrivacyLedger(os.path.join(out, "ledger.jsonl"), "crash", budget_epsilon=3.0, delta=1e-5)
-    priv = GradientPerturbation(epsilon=3.0, tau_x=3.0, ledger=led, random_state=11, secure_mode=secure)
+    priv = GradientPerturbation(epsilon=3.0, tau_x=3.0, ledger=led, random_state=11,
+                                insecure_noise_seed_for_testing=None if secure else 11)
     calls = [0]
     real = priv.perturb
     def perturb(g, **kw):
@@ -44,13 +45,15 @@ SCRIPT = textwrap.dedent(
 def _run(tmp_path, mode, out, secure=False):
     script = tmp_path / "run_feddl.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return subprocess.run([sys.executable, str(script), mode, str(out), "1" if secure else "0"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=os.getcwd())
 
 
 def _releases(out):
-    led = PrivacyLedger(out / "ledger.jsonl", "crash", delta=1e-5)
+    led = PrivacyLedger(out / "ledger.jsonl", "crash", delta=1e-5, read_only=True)
     return led, [(e["id"], e["noise_multiplier"], e["sigma"], e.get("release_digest")) for e in led.events("release")]
 
 
@@ -81,17 +84,20 @@ def test_seeded_crash_resume_matches_uninterrupted(tmp_path, reference, mode):
     assert led_b.spent()[0] == pytest.approx(3.0, rel=1e-9)
 
 
-def test_secure_crash_mid_round_counts_redone_releases(tmp_path):
+def test_secure_crash_mid_round_resume_rechecks_plan_before_any_release(tmp_path):
     out = tmp_path / "sec"
     out.mkdir()
     assert _run(tmp_path, "crash_mid", out, secure=True).returncode == -9
     led, ev = _releases(out)
     assert len(ev) == 16
-    # resuming redoes round 2 with fresh noise: the 4 releases already sent are counted again,
-    # which the ε=3 budget (planned for exactly 24 releases) cannot absorb -> refused before sending
+    before = open(out / "ledger.jsonl", "rb").read()
+    # resuming redoes round 2 with fresh noise: the 2 releases sites 0 and 1 already made in round 2 would be
+    # counted again (6 spent + 4 planned = 10 > the 8 the ε=3 budget was planned for). The plan is re-checked
+    # on the first release after reopening, so the run stops before releasing anything (the old code
+    # released round 2 again and died in round 3 with the budget spent and no result).
     r = _run(tmp_path, "resume", out, secure=True)
-    assert r.returncode != 0 and "BudgetExceededError" in r.stderr
+    assert r.returncode != 0 and "BudgetExceededError" in r.stderr and "remaining plan" in r.stderr
+    assert "nothing was released" in r.stderr
+    assert open(out / "ledger.jsonl", "rb").read() == before
     led, ev = _releases(out)
-    ids = [e[0] for e in ev]
-    assert len(ids) == len(set(ids)) and any(i.endswith("attempt1") for i in ids)
-    assert led.spent()[0] <= 3.0 * (1 + 1e-9)
+    assert len(ev) == 16 and led.spent()[0] <= 3.0 * (1 + 1e-9)
