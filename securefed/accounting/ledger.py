@@ -471,12 +471,23 @@ class PrivacyLedger:
 
     def epsilon_by_round(self, site: int | None = None) -> list[tuple[int, float]]:
         """Cumulative ε after each round (global = max over sites), for the report plot."""
-        rounds = sorted({e["round"] for e in self._events if e["type"] == "release" and e["round"] is not None})
+        rels = [e for e in self._events if e["type"] == "release"]
+        rounds = sorted({e["round"] for e in rels if e["round"] is not None})
         sites = [int(site)] if site is not None else self.sites()
-        out = []
-        for r in rounds:
-            out.append((int(r), max((self.epsilon_of(self.history(p, max_round=r)) for p in sites), default=0.0)))
-        return out
+        # one pass per site: releases sorted by round, the history accumulated (same as history(p, max_round=r))
+        per_site = {}
+        for p in sites:
+            mine = sorted((e["round"], self._z[e["id"]], float(e["sample_rate"])) for e in rels
+                          if e["site"] == p and e["round"] is not None)
+            c: Counter = Counter()
+            eps_at, i = {}, 0
+            for r in rounds:
+                while i < len(mine) and mine[i][0] <= r:
+                    c[(mine[i][1], mine[i][2])] += 1
+                    i += 1
+                eps_at[r] = self.epsilon_of(sorted((z, q, n) for (z, q), n in c.items())) if c else 0.0
+            per_site[p] = eps_at
+        return [(int(r), max((per_site[p][r] for p in sites), default=0.0)) for r in rounds]
 
     # ------------------------------------------------------------------ budget checks
 
