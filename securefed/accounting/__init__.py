@@ -8,6 +8,9 @@ See ``papers/000`` §5 (Theorems 3 and 5) and DESIGN §3. Public API:
   :func:`compose_gdp`, :func:`gdp_epsilon`, :func:`gdp_mu`, :func:`gdp_delta`
 * mechanisms: :class:`GradientPerturbation` (FedDL's ``LandmarkPrivacy`` hook), :func:`perturb_data`
 * ledger: :class:`PrivacyLedger`
+* distributed integer noise for modular secure sums: :class:`DistributedDiscreteGaussian`,
+  :class:`DistributedSkellam` (:mod:`securefed.accounting.distributed`); CSPRNG samplers in
+  :mod:`securefed.accounting.samplers`
 * CLI: :mod:`securefed.accounting.cli` (``securefed budget``; ``add_privacy_arguments``/``privacy_from_args``)
 """
 
@@ -24,6 +27,7 @@ from .accountants import (
     paper_epsilon,
     paper_noise_multiplier,
 )
+from .distributed import DistributedDiscreteGaussian, DistributedSkellam
 from .bounds import clip_records, default_tau_x, default_tau_y, enforced_upsilon, project_spectral
 from .ledger import PrivacyLedger
 from .mechanisms import (
@@ -64,4 +68,6 @@ __all__ = [
     "perturb_data",
     "Sensitivity",
     "gradient_sensitivity",
+    "DistributedDiscreteGaussian",
+    "DistributedSkellam",
 ]

@@ -443,6 +443,76 @@ class GradientPerturbation:
             self.ledger.check_plan(p, self.z, self.sample_rate, self.remaining_releases(round, step, p))
         self._plan_rechecked = True
 
+    def gradient_norm_bound(self, site: int) -> float:
+        """A public bound on ``‖mmd_grad(Xb, Y, γ, n_norm)‖_F`` at any ``Y`` (``papers/000`` Eq. 13).
+
+        Every row of the data term is a sum of ``n_b`` vectors ``φ(x − y)`` of norm ``≤ h(∞) = e^{−1/2}/√(2γ)``
+        and every row of the repulsion term a sum of ``n_y − 1`` such vectors, so
+        ``‖∇‖_F ≤ 4γ h(∞)/√n_y · (n_b/n_norm + 1)``. Full batch: ``n_b = n_norm``. Subsampled: ``n_b`` is
+        random; the bound takes ``n_b ≤ n_norm (1 + 4√((1 − q)/(q n_p)))`` (4 standard deviations) — a rarer
+        larger batch is clipped, which costs accuracy, never privacy (clipping is 1-Lipschitz).
+        """
+        from .sensitivity import kernel_shape_peak
+
+        self._need_prepared()
+        h = kernel_shape_peak(self.gamma)
+        q, n = self.sample_rate, self.sizes[int(site)]
+        ratio = 1.0 if q == 1.0 else 1.0 + 4.0 * math.sqrt((1.0 - q) / (q * n))
+        return 4.0 * self.gamma * h / math.sqrt(self.n_landmarks) * (ratio + 1.0)
+
+    def distributed_mechanism(self, kind: str = "ddg", *, n_features: int, rotation_seed: str, weights=None, clip=None,
+                              **options):
+        """The integer distributed-noise mechanism for this run's landmark gradients (:mod:`securefed.accounting.distributed`).
+
+        Each site ``p`` sends ``w_p · g_p`` (its batched gradient times its aggregation weight, default 1) through
+        ``encode``; the server ``decode``-s the secure sum, which is ``Σ_p w_p g_p`` plus integer noise, and takes
+        the server step with it. Public numbers only: record sensitivity ``max_p w_p Δ_p`` (this mechanism's Δ,
+        valid at any ``Y``), clip ``max_p w_p · gradient_norm_bound(p)``, ``dim = n_landmarks · n_features``,
+        ``releases = rounds · local_steps``, the sites and the secure sum's threshold ``min_survivors``, and
+        this mechanism's ε target and δ. Needs ``rule="gradient"`` (model averaging would release each site's
+        hidden trajectory) and an ε target.
+
+        Parameters
+        ----------
+        kind : {"ddg", "skellam"}
+        n_features : int
+        rotation_seed : str
+            Public, shared by all sites (e.g. the run id).
+        weights : sequence of float, optional
+            The aggregation weights ``w_p`` the sites apply before encoding (default: all 1).
+        clip : float, optional
+            Override the public clip norm (default from :meth:`gradient_norm_bound`).
+        **options
+            Passed on (``granularity``, ``rounding_slack``, ``wrap_probability``, ``max_bits``).
+
+        Returns
+        -------
+        DistributedDiscreteGaussian or DistributedSkellam
+        """
+        from .distributed import DistributedDiscreteGaussian, DistributedSkellam
+
+        self._need_prepared()
+        if kind not in ("ddg", "skellam"):
+            raise ConfigError(bad_value("kind", kind, "use 'ddg' (distributed discrete Gaussian) or 'skellam'"))
+        if self.rule != "gradient":
+            raise ConfigError(bad_value("rule", self.rule, "integer distributed noise needs rule='gradient' (every noisy step "
+                                        "is summed and the server steps); with model averaging each site's hidden local "
+                                        "trajectory carries only its noise share"))
+        if self.epsilon_target is None:
+            raise ConfigError(bad_value("epsilon", None, "the integer mechanisms calibrate their own noise: build "
+                                        "GradientPerturbation with a target epsilon"))
+        P = self.n_clients
+        w = np.ones(P) if weights is None else np.asarray(weights, dtype=float)
+        if w.shape != (P,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
+            raise ConfigError(bad_value("weights", weights, f"give {P} positive finite weights"))
+        sens = float(max(w[p] * self.sens[p].value for p in range(P)))
+        c = float(max(w[p] * self.gradient_norm_bound(p) for p in range(P))) if clip is None else clip
+        cls = DistributedDiscreteGaussian if kind == "ddg" else DistributedSkellam
+        t = self.min_survivors_given if self.min_survivors_given is not None else P
+        return cls(dim=self.n_landmarks * int(n_features), n_sites=P, min_survivors=t, rotation_seed=rotation_seed,
+                   epsilon=self.epsilon_target, delta=self.delta, releases=self.releases_planned, l2_sensitivity=sens,
+                   clip=c, adjacency="record", **options)
+
     def _mu_sum(self, site: int, survivors) -> float:
         """μ of ``site``'s record in the revealed sum of the survivors' noisy uploads."""
         deltas = np.array([s.value for s in self.sens])
