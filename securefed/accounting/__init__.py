@@ -11,6 +11,7 @@ See ``papers/000`` §5 (Theorems 3 and 5) and DESIGN §3. Public API:
 * distributed integer noise for modular secure sums: :class:`DistributedDiscreteGaussian`,
   :class:`DistributedSkellam` (:mod:`securefed.accounting.distributed`); CSPRNG samplers in
   :mod:`securefed.accounting.samplers`
+* budget figures: :func:`budget_figures` (what ``securefed budget`` prints)
 * CLI: :mod:`securefed.accounting.cli` (``securefed budget``; ``add_privacy_arguments``/``privacy_from_args``)
 """
 
@@ -27,6 +28,7 @@ from .accountants import (
     paper_epsilon,
     paper_noise_multiplier,
 )
+from .budget import budget_figures
 from .distributed import DistributedDiscreteGaussian, DistributedSkellam
 from .bounds import clip_records, default_tau_x, default_tau_y, enforced_upsilon, project_spectral
 from .ledger import PrivacyLedger
@@ -70,4 +72,5 @@ __all__ = [
     "gradient_sensitivity",
     "DistributedDiscreteGaussian",
     "DistributedSkellam",
+    "budget_figures",
 ]

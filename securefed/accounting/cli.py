@@ -22,29 +22,10 @@ import json
 import math
 
 from ..errors import ConfigError, bad_value
-from .accountants import ACCOUNTANTS, calibrate_noise_multiplier, check_delta, epsilon_from_noise, paper_epsilon
+from .accountants import ACCOUNTANTS, check_delta
+from .budget import budget_figures
 
 __all__ = ["register", "budget_command", "add_privacy_arguments", "privacy_from_args", "budget_figures"]
-
-
-def budget_figures(*, epsilon=None, noise_multiplier=None, releases, delta, sample_rate=1.0, accountant="exact") -> dict:
-    """The JSON object ``securefed budget`` prints (one of ``epsilon`` / ``noise_multiplier`` given)."""
-    if (epsilon is None) == (noise_multiplier is None):
-        raise ConfigError(bad_value("--epsilon/--noise-multiplier", (epsilon, noise_multiplier), "give exactly one of them"))
-    if noise_multiplier is None:
-        z = calibrate_noise_multiplier(epsilon, delta, releases, accountant, sample_rate)
-        eps = float(epsilon)
-    else:
-        z = float(noise_multiplier)
-        eps = epsilon_from_noise(z, releases, delta, accountant, sample_rate)
-    paper = paper_epsilon(z, releases, delta)
-    if noise_multiplier is None:  # the figure at the calibrated z, not the target
-        eps_at_z = epsilon_from_noise(z, releases, delta, accountant, sample_rate)
-    else:
-        eps_at_z = eps
-    return {"epsilon": eps, "delta": float(delta), "noise_multiplier": z, "releases": int(releases),
-            "accountant": accountant, "sample_rate": float(sample_rate),
-            "epsilon_paper_formula": paper, "paper_formula_below_true_epsilon": bool(paper < eps_at_z)}
 
 
 def budget_command(args) -> int:

@@ -21,6 +21,12 @@ aggregation when the aggregator is passed to :meth:`prepare`), (ii) honest sites
 the ledger with the actual survivors (:meth:`after_aggregate`); if (iii) is violated the actual ε is
 recorded and the run stops with :class:`BudgetExceededError` once over budget.
 
+Real-valued shares cannot go through an integer secure sum unchanged (quantising and clipping them to
+an aggregation range breaks the "sum of Gaussians" the analysis assumes — issue 14 §3). For SecAgg+ use
+the integer mechanisms of :mod:`securefed.accounting.distributed` instead
+(:meth:`GradientPerturbation.distributed_mechanism`): distributed discrete Gaussian or Skellam noise
+added to rounded integers mod ``2^bits``, with their own accounting and a bounded wrap-around probability.
+
 Distributed noise is sound only when what the server learns is a function of the noisy *sum*
 alone, i.e. with gradient averaging (every noisy step is summed; the server steps and projects).
 With model averaging and ``Q > 1`` local steps a site's hidden trajectory ``Y_p^{s,1..Q}`` depends on
@@ -551,7 +557,15 @@ class GradientPerturbation:
             self.ledger.record_settlement(round=int(round), step=int(step), survivors=surv, releases=settled)
 
     def report(self) -> dict:
-        """The ``metrics.json`` ``"privacy"`` block."""
+        """The ``metrics.json`` ``"privacy"`` block.
+
+        Keys of note: ``epsilon`` (the ledger's ε with the run's accountant — an upper bound),
+        ``epsilon_void`` / ``epsilon_void_reason`` (seeded noise: the ε means nothing),
+        ``epsilon_paper_formula`` (``papers/000`` Theorem 5's formula at this noise multiplier and release
+        count — a formula, not a bound), ``paper_formula_below_true_epsilon`` (True where that formula is
+        below ``epsilon``), ``epsilon_paper_recipe`` (the same formula at the paper's own Theorem 5 Δ),
+        ``sensitivity_domain`` (Δ holds at any ``Y``) and ``normaliser`` (announced site sizes).
+        """
         self._need_prepared()
         eps, delta = self.ledger.spent()
         releases = max((sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == self.mechanism)
