@@ -255,6 +255,8 @@ class GradientPerturbation:
                                             "the PrivacyLedger (it is stored in the ledger's header)"))
         self.ledger = ledger
         self._noise = _NoiseSource(insecure_noise_seed_for_testing)
+        #: the testing seed (None = secret noise); public so that a run plan can pass it on to the sites
+        self.insecure_noise_seed_for_testing = _check_testing_seed(insecure_noise_seed_for_testing)
         if isinstance(random_state, np.random.Generator):
             self._stats_rng = random_state
         else:
