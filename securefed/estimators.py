@@ -134,12 +134,12 @@ def privacy_options(privacy, rows_privacy=None) -> dict:
             raise ConfigError(bad_value("rows_privacy", type(rows_privacy).__name__, "perturbed rows are part of a DP run: "
                                         "give privacy=GradientPerturbation(...) too"))
         return {}
-    seeded = not getattr(privacy, "secure_mode", True)
+    seed = getattr(privacy, "insecure_noise_seed_for_testing", None)
     out = {"epsilon": privacy.epsilon_target, "noise_multiplier": privacy.noise_multiplier_given, "delta": privacy.delta,
            "accountant": privacy.accountant, "noise": privacy.noise, "clip_norm": privacy.tau_x,
            "sample_rate": privacy.sample_rate, "sensitivity_rule": privacy.sensitivity_rule,
            "min_survivors": privacy.min_survivors_given,
-           "noise_seed_for_testing": int(privacy._noise.entropy) if seeded else None,
+           "noise_seed_for_testing": seed,
            "run_id": privacy.ledger.run_id}
     if rows_privacy is not None:
         out["rows_epsilon"] = float(rows_privacy.epsilon)

@@ -8,7 +8,11 @@ See ``papers/000`` §5 (Theorems 3 and 5) and DESIGN §3. Public API:
   :func:`compose_gdp`, :func:`gdp_epsilon`, :func:`gdp_mu`, :func:`gdp_delta`
 * mechanisms: :class:`GradientPerturbation` (FedDL's ``LandmarkPrivacy`` hook), :func:`perturb_data`
 * ledger: :class:`PrivacyLedger`
-* CLI: :mod:`securefed.cli.budget` (``securefed budget``; ``add_privacy_arguments``/``privacy_from_args``)
+* distributed integer noise for modular secure sums: :class:`DistributedDiscreteGaussian`,
+  :class:`DistributedSkellam` (:mod:`securefed.accounting.distributed`); CSPRNG samplers in
+  :mod:`securefed.accounting.samplers`
+* budget figures: :func:`budget_figures` (what ``securefed budget`` prints)
+* CLI: :mod:`securefed.cli.budget` (``securefed budget``)
 """
 
 from .accountants import (
@@ -24,6 +28,8 @@ from .accountants import (
     paper_epsilon,
     paper_noise_multiplier,
 )
+from .budget import budget_figures
+from .distributed import DistributedDiscreteGaussian, DistributedSkellam
 from .bounds import clip_records, default_tau_x, default_tau_y, enforced_upsilon, project_spectral
 from .ledger import PrivacyLedger
 from .mechanisms import (
@@ -64,4 +70,7 @@ __all__ = [
     "perturb_data",
     "Sensitivity",
     "gradient_sensitivity",
+    "DistributedDiscreteGaussian",
+    "DistributedSkellam",
+    "budget_figures",
 ]

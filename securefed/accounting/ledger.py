@@ -29,14 +29,26 @@ Semantics
   not parse, the crash happened while writing it, hence before the release was returned (write-ahead),
   so nothing was sent — the fragment is moved to ``<path>.torn`` and dropped. Any other unparseable
   line, or a header of another run, raises :class:`~securefed.errors.LedgerError`.
-* **Resume.** Reopening an existing ledger restores every site's spent budget.
-* **Single writer.** One process appends to a ledger at a time (the simulator); a real deployment
-  keeps one ledger per site plus the server's settlements.
+* **Validation.** Every line is checked on load: valid JSON, an object, a known ``type`` with every
+  required field of the right type and a release id that matches its coordinates; anything else raises
+  :class:`~securefed.errors.LedgerError` naming the line number and the fix. A duplicated event id (a
+  line written twice) is refused — it would otherwise be counted twice.
+* **Resume.** Reopening an existing ledger restores every site's spent budget. Before the first new
+  release after reopening, :meth:`PrivacyLedger.check_plan` checks that what was spent **plus** what the
+  remaining plan will still release fits the budget (``GradientPerturbation`` calls it on its first
+  release); otherwise :class:`~securefed.errors.BudgetExceededError` is raised before anything is released.
+* **Single writer.** A writer holds an exclusive, non-blocking OS lock (``fcntl.flock``) on the sidecar
+  ``<path>.lock`` for the ledger's lifetime (released by :meth:`PrivacyLedger.close`, the context
+  manager, or garbage collection). A second writer — another process, or a second ``PrivacyLedger`` on
+  the same path in this process — gets :class:`~securefed.errors.LedgerError` naming the path and the
+  holder's pid. Readers open with ``read_only=True`` (no lock, no writes, a torn last line handled in
+  memory). A real deployment keeps one ledger per site plus the server's aggregate copy.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import math
@@ -65,6 +77,42 @@ def array_digest(a: np.ndarray) -> str:
     return hashlib.sha256(b).hexdigest()[:32]
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def _is_coord(v) -> bool:
+    return v is None or (_is_int(v) and v >= 0)
+
+
+_RELEASE_FIELDS = {
+    "id": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "site": (lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    "round": (_is_coord, "null or a non-negative integer"),
+    "step": (_is_coord, "null or a non-negative integer"),
+    "attempt": (lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    "mechanism": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "sensitivity": (lambda v: _is_num(v) and v > 0, "a positive finite number"),
+    "sigma": (lambda v: _is_num(v) and v > 0, "a positive finite number"),
+    "noise_multiplier": (lambda v: _is_num(v) and v > 0, "a positive finite number"),
+    "sample_rate": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+}
+_SETTLE_FIELDS = {
+    "id": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "round": (_is_coord, "null or a non-negative integer"),
+    "step": (_is_coord, "null or a non-negative integer"),
+    "survivors": (lambda v: isinstance(v, list) and all(_is_int(k) and k >= 0 for k in v), "a list of site indices"),
+    "releases": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_num(z) and z > 0 for k, z in v.items()),
+                 "an object {release id: positive noise multiplier}"),
+}
+_FIX_LINE = ("restore the ledger from its backup (spent budget cannot be reconstructed from a damaged file); "
+             "never edit a ledger by hand")
+
+
 def _fsync_dir(path: str) -> None:
     dfd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
     try:
@@ -90,10 +138,26 @@ class PrivacyLedger:
         Accountant used for spent ε and budget checks.
     site_budgets : dict, optional
         ``{site: epsilon}`` stricter per-site budgets.
+    read_only : bool
+        Open an existing ledger to read it: no lock is taken, nothing is written (a torn last line is
+        handled in memory only), and every write raises :class:`LedgerError`.
+
+    Raises
+    ------
+    LedgerError
+        another writer holds the ledger (names the path and its pid), or the file is malformed (names the
+        line), or it belongs to another run / was started with another δ, accountant or budget.
+
+    Notes
+    -----
+    Use it as a context manager, or call :meth:`close`, to release the writer's lock::
+
+        with PrivacyLedger("ledger.jsonl", "run-1", budget_epsilon=1.0) as led:
+            ...
     """
 
     def __init__(self, path, run_id: str, budget_epsilon=None, delta: float = 1e-5, accountant: str = "exact",
-                 site_budgets=None):
+                 site_budgets=None, *, read_only: bool = False):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ConfigError(bad_value("run_id", run_id, "use a non-empty string without '/'"))
         if accountant not in ACCOUNTANTS:
@@ -111,6 +175,19 @@ class PrivacyLedger:
         self._by_coord: dict[tuple, list[dict]] = defaultdict(list)
         self._z: dict[str, float] = {}  # release id -> effective noise multiplier (after settlement)
         self._plan: dict[int, tuple[float, float, int, float]] = {}
+        self.read_only = bool(read_only)
+        self._lock_fd: int | None = None
+        if self.read_only and (self.path is None or not os.path.exists(self.path)):
+            raise LedgerError(bad_value("path", self.path, "read_only=True opens an existing ledger file; it does not exist"))
+        if self.path is not None and not self.read_only:
+            self._acquire_lock()
+        try:
+            self._open_or_create(run_id, accountant)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_or_create(self, run_id: str, accountant: str) -> None:
         if self.path is not None and os.path.exists(self.path):
             self._load()
         else:
@@ -120,6 +197,68 @@ class PrivacyLedger:
                             "created": _dt.datetime.now(_dt.timezone.utc).isoformat()}
             if self.path is not None:
                 self._create()
+
+    # ------------------------------------------------------------------ the writer's lock
+
+    @property
+    def lock_path(self) -> str | None:
+        """The sidecar lock file ``<path>.lock`` (``None`` for an in-memory ledger)."""
+        return None if self.path is None else self.path + ".lock"
+
+    def _acquire_lock(self) -> None:
+        lp = self.lock_path
+        try:
+            fd = os.open(lp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            raise LedgerError(bad_value("path", self.path, f"cannot open its lock file {lp} ({exc.strerror}); "
+                                        "make the ledger directory writable")) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise LedgerError(bad_value("path", self.path, f"is held by another writer (pid {holder}, lock {lp}); one "
+                                        "writer per ledger — wait for that run to finish (or stop it), use another "
+                                        "ledger path, or open it with read_only=True to read it")) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.fsync(fd)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Release the writer's lock (idempotent). The ledger stays readable in memory; writes raise."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        """True once a file-backed writer has released its lock (:meth:`close`)."""
+        return bool(getattr(self, "_closed", False))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # best effort: a dropped writer releases its lock
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise LedgerError(bad_value("ledger", self.path, "was opened read_only=True; open it as the (single) writer to append"))
+        if self.path is not None and self._lock_fd is None:
+            raise LedgerError(bad_value("ledger", self.path, "is closed (its writer's lock was released); reopen it to append"))
 
     # ------------------------------------------------------------------ persistence
 
@@ -136,6 +275,11 @@ class PrivacyLedger:
         _fsync_dir(self.path)
 
     def _append(self, event: dict) -> None:
+        self._check_writable()
+        self._validate(event, None)
+        if event["id"] in self._by_id:
+            raise LedgerError(bad_value("event id", event["id"], "is already in the ledger; an event is written once "
+                                        "(reuse the existing one)"))
         line = (json.dumps(event, sort_keys=True, allow_nan=False) + "\n").encode()
         if self.path is not None:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -158,36 +302,26 @@ class PrivacyLedger:
         parsed = []
         for i, raw in enumerate(lines):
             try:
-                parsed.append(json.loads(raw))
+                parsed.append((i + 1, json.loads(raw)))
             except (ValueError, UnicodeDecodeError):
-                raise LedgerError(bad_value(f"{self.path}:line {i + 1}", raw[:60], "corrupt ledger line (not the last one); "
-                                            "restore the file from backup — spent budget cannot be reconstructed")) from None
+                raise LedgerError(bad_value(f"{self.path}:line {i + 1}", raw[:60], "corrupt ledger line (not the last "
+                                            f"one: not valid JSON); {_FIX_LINE}")) from None
+        repair = None
         if tail:
             try:
                 ev = json.loads(tail)
-                if not isinstance(ev, dict) or "type" not in ev:
-                    raise ValueError
             except (ValueError, UnicodeDecodeError):
                 # torn during the write: the release had not been returned yet (write-ahead) -> drop it
-                with open(self.path + ".torn", "ab") as fh:
-                    fh.write(tail + b"\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                with open(self.path, "r+b") as fh:
-                    fh.truncate(len(data) - len(tail))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                self.recovered = {"torn_last_line": "discarded", "bytes": len(tail), "moved_to": self.path + ".torn"}
+                self.recovered = {"torn_last_line": "discarded", "bytes": len(tail)}
+                repair = "drop"
             else:
-                with open(self.path, "ab") as fh:
-                    fh.write(b"\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                parsed.append(ev)
+                # complete JSON without its newline: it was written in full, so it may have been released — count it
+                parsed.append((len(lines) + 1, ev))
                 self.recovered = {"torn_last_line": "kept_and_counted"}
-        if not parsed or not isinstance(parsed[0], dict) or parsed[0].get("type") != "header":
-            raise LedgerError(bad_value("path", self.path, "has no ledger header; it is not a securefed ledger"))
-        h = parsed[0]
+                repair = "newline"
+        if not parsed or not isinstance(parsed[0][1], dict) or parsed[0][1].get("type") != "header":
+            raise LedgerError(bad_value("path", self.path, "has no ledger header on line 1; it is not a securefed ledger"))
+        h = parsed[0][1]
         if h.get("run_id") != self.run_id:
             raise LedgerError(bad_value("run_id", self.run_id, f"the ledger at {self.path} belongs to run {h.get('run_id')!r}; "
                                         "use that run id or another ledger path"))
@@ -197,16 +331,77 @@ class PrivacyLedger:
             if h.get(key) != mine:
                 raise LedgerError(bad_value(key, mine, f"the ledger was started with {key}={h.get(key)!r}; resume with the same value"))
         hb = h.get("budget_epsilon")
+        if hb is not None and not (_is_num(hb) and hb > 0):
+            raise LedgerError(bad_value(f"{self.path}:line 1 budget_epsilon", hb, f"must be a positive number; {_FIX_LINE}"))
         if self.budget_epsilon is not None and hb is not None and not math.isclose(hb, self.budget_epsilon):
             raise LedgerError(bad_value("budget_epsilon", self.budget_epsilon, f"the ledger was started with budget {hb}; a budget cannot change mid-run"))
         self.budget_epsilon = hb if hb is not None else self.budget_epsilon
-        hs = {int(k): float(v) for k, v in (h.get("site_budgets") or {}).items()}
+        try:
+            hs = {int(k): float(v) for k, v in (h.get("site_budgets") or {}).items()}
+        except (TypeError, ValueError, AttributeError):
+            raise LedgerError(bad_value(f"{self.path}:line 1 site_budgets", h.get("site_budgets"),
+                                        f"must be an object {{site: epsilon}}; {_FIX_LINE}")) from None
         self.site_budgets = {**hs, **self.site_budgets}
         self._header = h
-        for ev in parsed[1:]:
+        first_line: dict[str, int] = {}
+        for lineno, ev in parsed[1:]:
+            self._validate(ev, lineno)
+            if ev["id"] in first_line:
+                raise LedgerError(bad_value(f"{self.path}:line {lineno}", ev["id"], f"duplicates the event id of line "
+                                            f"{first_line[ev['id']]}: a line written twice would be counted twice; "
+                                            f"{_FIX_LINE}"))
+            first_line[ev["id"]] = lineno
             self._ingest(ev)
+        if repair is not None and not self.read_only:  # only once the whole file has been validated
+            if repair == "drop":
+                with open(self.path + ".torn", "ab") as fh:
+                    fh.write(tail + b"\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                with open(self.path, "r+b") as fh:
+                    fh.truncate(len(data) - len(tail))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                self.recovered["moved_to"] = self.path + ".torn"
+            else:
+                with open(self.path, "ab") as fh:
+                    fh.write(b"\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+
+    def _validate(self, ev, lineno: int | None) -> None:
+        """Raise :class:`LedgerError` unless ``ev`` is a well-formed event of this ledger (``lineno`` for the message)."""
+        where = f"{self.path}:line {lineno}" if lineno is not None else "event"
+        if not isinstance(ev, dict):
+            raise LedgerError(bad_value(where, ev, f"is valid JSON but not a ledger event (an object); {_FIX_LINE}"))
+        t = ev.get("type")
+        if t == "release":
+            fields = _RELEASE_FIELDS
+        elif t == "settle":
+            fields = _SETTLE_FIELDS
+        else:
+            raise LedgerError(bad_value(f"{where} type", t, "unknown ledger event type (expected 'release' or 'settle'; "
+                                        f"the header only on line 1); {_FIX_LINE}"))
+        for name, (ok, what) in fields.items():
+            if name not in ev:
+                raise LedgerError(bad_value(f"{where} {name}", None, f"a {t} event needs the field {name!r} ({what}); {_FIX_LINE}"))
+            if not ok(ev[name]):
+                raise LedgerError(bad_value(f"{where} {name}", ev[name], f"must be {what}; {_FIX_LINE}"))
+        if ev.get("run_id", self.run_id) != self.run_id:
+            raise LedgerError(bad_value(f"{where} run_id", ev.get("run_id"), f"this ledger is run {self.run_id!r}; "
+                                        f"an event of another run does not belong here; {_FIX_LINE}"))
+        if t == "release":
+            want = release_id(self.run_id, ev["site"], ev["round"], ev["step"], ev["attempt"])
+            if ev["id"] != want:
+                raise LedgerError(bad_value(f"{where} id", ev["id"], f"does not match its coordinates (expected {want!r}); {_FIX_LINE}"))
+        else:
+            for rid in ev["releases"]:
+                if rid not in self._by_id or self._by_id[rid]["type"] != "release":
+                    raise LedgerError(bad_value(f"{where} releases", rid, "names a release that is not earlier in the "
+                                                f"ledger; {_FIX_LINE}"))
 
     def _ingest(self, ev: dict) -> None:
+        """Add a validated event to the in-memory indexes (callers validate and refuse duplicates first)."""
         t = ev.get("type")
         if t == "release":
             self._events.append(ev)
@@ -247,7 +442,10 @@ class PrivacyLedger:
         return min(b) if b else None
 
     def history(self, site: int, *, max_round=None, extra=()) -> list[tuple[float, float, int]]:
-        """Accountant history ``[(noise_multiplier, sample_rate, count)]`` of one site (settled values)."""
+        """Accountant history ``[(noise_multiplier, sample_rate, count)]`` of one site (settled values).
+
+        ``extra``: hypothetical further releases, as ``(z, q)`` pairs (one release each) or ``(z, q, count)``.
+        """
         c: Counter = Counter()
         for e in self._events:
             if e["type"] != "release" or e["site"] != site:
@@ -255,8 +453,9 @@ class PrivacyLedger:
             if max_round is not None and (e["round"] is None or e["round"] > max_round):
                 continue
             c[(self._z[e["id"]], float(e["sample_rate"]))] += 1
-        for z, q in extra:
-            c[(float(z), float(q))] += 1
+        for item in extra:
+            z, q = item[0], item[1]
+            c[(float(z), float(q))] += int(item[2]) if len(item) > 2 else 1
         return sorted((z, q, n) for (z, q), n in c.items())
 
     def epsilon_of(self, history) -> float:
@@ -272,12 +471,23 @@ class PrivacyLedger:
 
     def epsilon_by_round(self, site: int | None = None) -> list[tuple[int, float]]:
         """Cumulative ε after each round (global = max over sites), for the report plot."""
-        rounds = sorted({e["round"] for e in self._events if e["type"] == "release" and e["round"] is not None})
+        rels = [e for e in self._events if e["type"] == "release"]
+        rounds = sorted({e["round"] for e in rels if e["round"] is not None})
         sites = [int(site)] if site is not None else self.sites()
-        out = []
-        for r in rounds:
-            out.append((int(r), max((self.epsilon_of(self.history(p, max_round=r)) for p in sites), default=0.0)))
-        return out
+        # one pass per site: releases sorted by round, the history accumulated (same as history(p, max_round=r))
+        per_site = {}
+        for p in sites:
+            mine = sorted((e["round"], self._z[e["id"]], float(e["sample_rate"])) for e in rels
+                          if e["site"] == p and e["round"] is not None)
+            c: Counter = Counter()
+            eps_at, i = {}, 0
+            for r in rounds:
+                while i < len(mine) and mine[i][0] <= r:
+                    c[(mine[i][1], mine[i][2])] += 1
+                    i += 1
+                eps_at[r] = self.epsilon_of(sorted((z, q, n) for (z, q), n in c.items())) if c else 0.0
+            per_site[p] = eps_at
+        return [(int(r), max((per_site[p][r] for p in sites), default=0.0)) for r in rounds]
 
     # ------------------------------------------------------------------ budget checks
 
@@ -298,9 +508,39 @@ class PrivacyLedger:
         self._plan[int(site)] = (float(noise_multiplier), float(sample_rate), int(count), eps)
         return eps
 
-    def prospective_epsilon(self, site: int, noise_multiplier: float, sample_rate: float) -> tuple[float, bool]:
-        """ε of ``site`` if one more release at ``(z, q)`` were made; second item: exact (False = plan bound)."""
-        hist = self.history(site, extra=[(noise_multiplier, sample_rate)])
+    def check_plan(self, site: int, noise_multiplier: float, sample_rate: float, count: int) -> float:
+        """Refuse (before anything is released) when what ``site`` spent **plus** ``count`` more releases at
+        ``(z, q)`` would exceed its budget; returns that prospective ε.
+
+        Call it before the first new release after reopening a ledger, with ``count`` = the releases the
+        remaining plan will still make (a crash mid-round followed by a resume redoes that round: with
+        secret noise the redone releases are new and counted again, so a plan that fit at the start may
+        no longer fit). :class:`~securefed.accounting.GradientPerturbation` calls it on its first release.
+
+        Raises
+        ------
+        BudgetExceededError
+            naming the site, the spent and the planned releases, the ε they would reach and the budget.
+        ConfigError
+            ``count`` is not a non-negative integer.
+        """
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ConfigError(bad_value("count", count, "use the number of releases the remaining plan will make (≥ 0)"))
+        site, count = int(site), int(count)
+        spent_n = sum(c for _, _, c in self.history(site))
+        eps, _ = self._epsilon_with(site, [(float(noise_multiplier), float(sample_rate), count)])
+        budget = self.budget_for(site)
+        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
+            raise BudgetExceededError(bad_value("remaining plan", f"site {site}: {spent_n} release(s) already spent + {count} "
+                                                f"planned reach ε={eps:.4g} at δ={self.delta:g}",
+                                                f"exceeds the budget ε={budget:g}; nothing was released — the run cannot "
+                                                "finish within its budget (a resumed run redoes releases that were already "
+                                                "sent). Start a new run with a larger budget or more noise"))
+        return eps
+
+    def _epsilon_with(self, site: int, extra) -> tuple[float, bool]:
+        """ε of ``site``'s history plus ``extra``; second item: exact (False = the registered plan's ε, which dominates)."""
+        hist = self.history(site, extra=extra)
         plan = self._plan.get(int(site))
         if plan is not None:
             zp, qp, cp, ep = plan
@@ -308,6 +548,10 @@ class PrivacyLedger:
             if n <= cp and all(z >= zp * (1 - 1e-12) and q <= qp for z, q, _ in hist):
                 return ep, False
         return self.epsilon_of(hist), True
+
+    def prospective_epsilon(self, site: int, noise_multiplier: float, sample_rate: float) -> tuple[float, bool]:
+        """ε of ``site`` if one more release at ``(z, q)`` were made; second item: exact (False = plan bound)."""
+        return self._epsilon_with(site, [(noise_multiplier, sample_rate)])
 
     def check(self, site: int, noise_multiplier: float, sample_rate: float = 1.0) -> float:
         """Raise :class:`BudgetExceededError` if one more release would exceed ``site``'s budget."""
@@ -331,7 +575,10 @@ class PrivacyLedger:
         Raises :class:`BudgetExceededError` (nothing written) when the release would exceed the budget,
         and :class:`LedgerError` when the id already exists (callers reuse existing events instead).
         """
+        self._check_writable()
         site = int(site)
+        round = None if round is None else int(round)
+        step = None if step is None else int(step)
         rid = release_id(self.run_id, site, round, step, attempt)
         if rid in self._by_id:
             raise LedgerError(bad_value("release id", rid, "is already in the ledger; reuse the existing event (idempotent redo)"))
@@ -361,6 +608,7 @@ class PrivacyLedger:
         site is now over budget (possible only if fewer sites survived than the worst case planned for);
         the run must stop — the figure is already in the ledger.
         """
+        self._check_writable()
         sid = f"{self.run_id}/settle/round{round}/step{step}/attempt{attempt}"
         old = self._by_id.get(sid)
         clean = {str(k): float(v) for k, v in releases.items()}
@@ -389,7 +637,9 @@ class PrivacyLedger:
     def summary(self) -> dict:
         """Small dict for reports: spent ε per site and global, δ, accountant, budget, recovery note."""
         per_site = {str(p): self.spent(p)[0] for p in self.sites()}
+        seeded = sum(1 for e in self._events if e["type"] == "release" and e.get("noise_source") in ("seeded-testing", "seeded"))
         return {"epsilon": max(per_site.values(), default=0.0), "delta": self.delta, "accountant": self.accountant_name,
                 "budget_epsilon": self.budget_epsilon, "epsilon_per_site": per_site,
                 "releases": sum(1 for e in self._events if e["type"] == "release"),
+                "seeded_testing_releases": seeded, "epsilon_void": seeded > 0,
                 "path": self.path, "recovered": self.recovered or None}

@@ -21,6 +21,12 @@ aggregation when the aggregator is passed to :meth:`prepare`), (ii) honest sites
 the ledger with the actual survivors (:meth:`after_aggregate`); if (iii) is violated the actual ε is
 recorded and the run stops with :class:`BudgetExceededError` once over budget.
 
+Real-valued shares cannot go through an integer secure sum unchanged (quantising and clipping them to
+an aggregation range breaks the "sum of Gaussians" the analysis assumes — issue 14 §3). For SecAgg+ use
+the integer mechanisms of :mod:`securefed.accounting.distributed` instead
+(:meth:`GradientPerturbation.distributed_mechanism`): distributed discrete Gaussian or Skellam noise
+added to rounded integers mod ``2^bits``, with their own accounting and a bounded wrap-around probability.
+
 Distributed noise is sound only when what the server learns is a function of the noisy *sum*
 alone, i.e. with gradient averaging (every noisy step is summed; the server steps and projects).
 With model averaging and ``Q > 1`` local steps a site's hidden trajectory ``Y_p^{s,1..Q}`` depends on
@@ -30,7 +36,26 @@ onto the τ_Y ball *before* upload, a non-linear map, so ``Σ_p w_p Y_p`` is not
 (stricter than "Q = 1 is fine": the per-site projection breaks it).
 
 Subsampling (``sample_rate = q < 1``): Poisson sampling per step with the fixed normaliser ``q·n_p``,
-add/remove adjacency, accounted by Opacus' PRV or RDP accountant.
+where ``n_p`` is the site's **public, announced** size (``sizes[site]`` of :meth:`GradientPerturbation.calibrate`),
+never ``len(X)`` — under add/remove adjacency the neighbour holds one record more or less, and a
+normaliser read off the data would change with it. Accounted by Opacus' PRV or RDP accountant.
+
+Noise is secret by default
+--------------------------
+Every release draws its noise from the CSPRNG (:func:`~securefed.accounting.noise.secure_standard_normal`:
+ChaCha20 keyed by ``os.urandom``). Reproducible noise exists only for tests, behind
+``insecure_noise_seed_for_testing=<int>``; then anyone who knows the seed can subtract the noise, so
+``report()`` says ``"epsilon_void": True`` and every ledger event records ``noise_source: "seeded-testing"``.
+``random_state`` seeds only the Poisson subsampling (a statistics RNG), never noise.
+
+Sensitivity and the projection
+------------------------------
+Δ is computed with ``y_domain="any"`` (:mod:`securefed.accounting.sensitivity`): it holds at every
+landmark matrix ``Y``, projected or not, so neither a caller that forgets to project nor a server that
+sends an arbitrary ``Y`` to a site can push a release over Δ. Callers must still project ``Y`` with
+:meth:`GradientPerturbation.project` after **every** local and server step (``fed_dl``, the Flower
+coordinator and each site on the ``Y`` it receives): it keeps the landmarks near the data (utility)
+and is what the paper's Theorem 5 figure (reported as ``epsilon_paper_recipe``) assumes.
 """
 
 from __future__ import annotations
@@ -64,13 +89,42 @@ _DATA_ROUND = None  # data perturbation is one-shot, outside the FedDL rounds
 _DATA_KEY = 2**31  # seeded-noise key component for data releases
 
 
-class _NoiseSource:
-    """Seeded or secure standard normals plus the idempotent write-ahead release."""
+SEEDED_NOISE = "seeded-testing"
+SECURE_NOISE = "secure"
+VOID_REASON = "seeded noise: anyone who knows the seed can subtract it"
 
-    def __init__(self, secure_mode: bool, random_state):
-        self.secure = bool(secure_mode)
-        self.entropy = None if self.secure else seed_entropy(random_state)
+
+def _check_testing_seed(seed):
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
+        raise ConfigError(bad_value("insecure_noise_seed_for_testing", seed, "use None (secret CSPRNG noise, the default) or, "
+                                    "for reproducible tests only, a non-negative int"))
+    return int(seed)
+
+
+def _check_legacy_secure_mode(secure_mode):
+    """``secure_mode`` is gone: noise is secure by default. ``True`` is accepted (a no-op) for old callers;
+    ``False`` is refused with the fix, since it used to mean seeded noise."""
+    if secure_mode is None or secure_mode is True:
+        return
+    raise ConfigError(bad_value("secure_mode", secure_mode, "noise is now drawn from the CSPRNG by default and secure_mode "
+                                "was removed; for reproducible tests pass insecure_noise_seed_for_testing=<int> (the "
+                                "report then marks the ε void)"))
+
+
+class _NoiseSource:
+    """Secure (default) or seeded-testing standard normals plus the idempotent write-ahead release."""
+
+    def __init__(self, insecure_seed):
+        seed = _check_testing_seed(insecure_seed)
+        self.secure = seed is None
+        self.entropy = None if self.secure else seed_entropy(seed)
         self.tag = None if self.secure else seed_tag(self.entropy)
+
+    @property
+    def name(self) -> str:
+        return SECURE_NOISE if self.secure else SEEDED_NOISE
 
     def normal(self, key, shape):
         if self.secure:
@@ -82,13 +136,13 @@ class _NoiseSource:
         existing = ledger.releases_at(site, round, step)
         if not self.secure:
             for ev in existing:
-                if ev.get("noise_source") == "seeded" and ev.get("seed_tag") == self.tag:
+                if ev.get("noise_source") in (SEEDED_NOISE, "seeded") and ev.get("seed_tag") == self.tag:
                     noisy = value + sigma * self.normal(key + (ev["attempt"],), value.shape)
                     if array_digest(noisy) == ev.get("release_digest"):
                         return noisy, ev, True
         attempt = len(existing)
         noisy = value + sigma * self.normal(key + (attempt,), value.shape)
-        extra = {"noise_source": "secure" if self.secure else "seeded"}
+        extra = {"noise_source": self.name}
         if not self.secure:
             extra.update(seed_tag=self.tag, release_digest=array_digest(noisy))
         ev = ledger.record_release(site=site, round=round, step=step, attempt=attempt, sigma=sigma, **fields, **extra)
@@ -116,14 +170,18 @@ class GradientPerturbation:
         Spectral-norm bound of ``Y``; default ``√n_y · τ_X``.
     sample_rate : float
         Poisson sampling rate per step (1.0 = full batch).
-    secure_mode : bool
-        Draw the noise from a CSPRNG (ChaCha20 keyed by ``os.urandom``) instead of the seeded PRNG.
     ledger : PrivacyLedger, optional
         Where releases are written (write-ahead). Default: an in-memory ledger.
     budget : float, optional
         ε budget (default: ``epsilon``). With a ledger, it must agree with the ledger's budget.
     random_state : None, int or Generator
-        Seed of the (non-secure) noise and of the fallback subsampling RNG.
+        Seed of the fallback **subsampling** RNG only (when :meth:`batch` gets no ``rng``). Never noise.
+    insecure_noise_seed_for_testing : int, optional
+        Reproducible (PCG64) noise for tests. Anyone who knows the seed can subtract the noise: the
+        report then carries ``"epsilon_void": True`` and every ledger event ``noise_source:
+        "seeded-testing"``. Default ``None``: secret CSPRNG noise.
+    secure_mode : None or True
+        Removed (noise is secure by default); ``True`` is accepted as a no-op, ``False`` is refused.
     sensitivity_rule : {"min", "theorem5", "kernel_shape", "lipschitz"}
         Which Δ to use (``"theorem5"`` reproduces the paper's recipe).
     min_survivors : int, optional
@@ -142,8 +200,10 @@ class GradientPerturbation:
     mechanism = "gaussian-gradient"
 
     def __init__(self, epsilon=None, delta=1e-5, noise_multiplier=None, accountant="exact", noise="local", tau_x=None,
-                 tau_y=None, sample_rate=1.0, secure_mode=False, ledger=None, budget=None, random_state=None,
-                 sensitivity_rule="min", min_survivors=None, landmark_radius="tau_x"):
+                 tau_y=None, sample_rate=1.0, ledger=None, budget=None, random_state=None,
+                 sensitivity_rule="min", min_survivors=None, landmark_radius="tau_x", *,
+                 insecure_noise_seed_for_testing=None, secure_mode=None):
+        _check_legacy_secure_mode(secure_mode)
         if (epsilon is None) == (noise_multiplier is None):
             raise ConfigError(bad_value("epsilon/noise_multiplier", (epsilon, noise_multiplier),
                                         "give exactly one: a target epsilon (e.g. 1.0) or a noise multiplier"))
@@ -178,7 +238,6 @@ class GradientPerturbation:
         if min_survivors is not None and (isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or min_survivors < 1):
             raise ConfigError(bad_value("min_survivors", min_survivors, "use a positive integer (the secure aggregator's threshold)"))
         self.min_survivors_given = None if min_survivors is None else int(min_survivors)
-        self.secure_mode = bool(secure_mode)
         budget = None if budget is None else check_epsilon(budget)
         if ledger is None:
             ledger = PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", budget_epsilon=budget if budget is not None else self.epsilon_target,
@@ -195,12 +254,27 @@ class GradientPerturbation:
                 raise ConfigError(bad_value("budget", budget, "the ledger has no budget; pass budget_epsilon when creating "
                                             "the PrivacyLedger (it is stored in the ledger's header)"))
         self.ledger = ledger
-        self._noise = _NoiseSource(self.secure_mode, random_state)
-        self._stats_rng = np.random.default_rng(None if random_state is None or isinstance(random_state, np.random.Generator)
-                                                else int(random_state) + 1)
+        self._noise = _NoiseSource(insecure_noise_seed_for_testing)
+        #: the testing seed (None = secret noise); public so that a run plan can pass it on to the sites
+        self.insecure_noise_seed_for_testing = _check_testing_seed(insecure_noise_seed_for_testing)
+        if isinstance(random_state, np.random.Generator):
+            self._stats_rng = random_state
+        else:
+            self._stats_rng = np.random.default_rng(None if random_state is None else int(random_state) + 1)
         self._prepared = False
+        self._plan_rechecked = False
         self._pending: dict[tuple, dict[int, str]] = {}
         self.clipped_records = 0
+
+    @property
+    def secure_mode(self) -> bool:
+        """True unless ``insecure_noise_seed_for_testing`` was given (kept for callers that read it)."""
+        return self._noise.secure
+
+    @property
+    def epsilon_void(self) -> bool:
+        """True when the noise is seeded (anyone who knows the seed can subtract it): the ε means nothing."""
+        return not self._noise.secure
 
     # ------------------------------------------------------------------ LandmarkPrivacy protocol
 
@@ -258,10 +332,12 @@ class GradientPerturbation:
         self.adjacency = "replace" if q == 1.0 else "add_remove"
         self.sizes = list(sizes)
         self.n_norm = [n if q == 1.0 else q * n for n in self.sizes]
-        self.sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon,
-                                          rule=self.sensitivity_rule, adjacency=self.adjacency) for n in self.n_norm]
+        # Δ valid at every Y (y_domain="any"): it does not rely on the caller projecting before each release
+        self.sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, None,
+                                          rule=self.sensitivity_rule, adjacency=self.adjacency, y_domain="any")
+                     for n in self.n_norm]
         self.paper_sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon,
-                                                rule="theorem5").value for n in self.sizes]
+                                                rule="theorem5", y_domain="ball").value for n in self.sizes]
         R = self.releases_planned
         if self.noise_multiplier_given is not None:
             self.z = self.noise_multiplier_given
@@ -297,16 +373,35 @@ class GradientPerturbation:
             raise ConfigError(bad_value("GradientPerturbation", "unprepared", "call prepare(...) first (fed_dl does)"))
 
     def batch(self, site, round, step, X, rng):
-        """Full batch ``(X, n_p)``, or a Poisson sample with rate ``q`` and the fixed normaliser ``q·n_p``."""
+        """The records and normaliser of one release (``papers/000`` Eq. 13 with ``n_norm``).
+
+        Full batch: ``(X, n_p)`` with ``n_p = sizes[site]``, the public announced size (``len(X)`` must equal
+        it: σ was calibrated for that count). Poisson subsampling: each record independently with
+        probability ``q`` (from ``rng``, else the statistics RNG seeded by ``random_state``), and the fixed
+        normaliser ``q·sizes[site]`` — public, hence identical on add/remove neighbours, which is what the
+        add/remove Δ assumes (``q·len(X)`` would change with the added record).
+        """
+        self._need_prepared()
+        site = int(site)
+        if not (0 <= site < self.n_clients):
+            raise ConfigError(bad_value("site", site, f"use 0..{self.n_clients - 1}"))
+        n_pub = self.sizes[site]
         if self.sample_rate == 1.0:
-            return X, len(X)
+            if len(X) != n_pub:
+                raise ConfigError(bad_value("len(X)", len(X), f"site {site} announced {n_pub} records and its noise was "
+                                            "calibrated for that count; pass the site's announced records"))
+            return X, n_pub
         rng = self._stats_rng if rng is None else rng
         mask = rng.random(len(X)) < self.sample_rate
-        return X[mask], self.sample_rate * len(X)
+        return X[mask], self.sample_rate * n_pub
 
     def project(self, Y):
-        """Rows onto the ball ``‖y‖ ≤ landmark_radius``, then ``Y`` onto the spectral ball ``‖Y‖₂ ≤ τ_Y``
-        (after every local and server step; the second step never undoes the first)."""
+        """Rows onto the ball ``‖y‖ ≤ landmark_radius``, then ``Y`` onto the spectral ball ``‖Y‖₂ ≤ τ_Y``.
+
+        **Callers must apply it after every local and server step** (and a site to the ``Y`` it receives):
+        it keeps the landmarks near the data and is the assumption of the paper's Theorem 5 figure. Δ itself
+        does not depend on it (it holds at every ``Y``; module docstring). Idempotent on a projected ``Y``;
+        the second step never undoes the first."""
         self._need_prepared()
         if self.landmark_radius is not None:
             Y = clip_records(Y, self.landmark_radius)[0]
@@ -321,6 +416,8 @@ class GradientPerturbation:
         g = np.asarray(grad, dtype=np.float64)
         if g.shape[0] != self.n_landmarks or not np.all(np.isfinite(g)):
             raise ConfigError(bad_value("grad", f"array{g.shape}", f"give a finite ({self.n_landmarks}, m) gradient"))
+        if not self._plan_rechecked:
+            self.check_remaining_plan(round=round, step=step)
         noisy, ev, _ = self._noise.release(
             self.ledger, g, site=site, round=round, step=step, key=(site, round, step), sigma=float(self.sigma[site]),
             mechanism=self.mechanism, sensitivity=float(self.sens[site].value), noise_multiplier=float(self.z),
@@ -328,6 +425,101 @@ class GradientPerturbation:
             min_survivors=self.t, sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
         self._pending.setdefault((round, step), {})[site] = ev["id"]
         return noisy
+
+    def remaining_releases(self, round: int, step: int, site: int) -> int:
+        """Releases ``site`` will still make from ``(round, step)`` on (this one included), counting a
+        coordinate already in the ledger again — with secret noise a redo is a fresh release — except a
+        seeded-testing redo with the same seed, which reproduces the logged value and is not counted."""
+        self._need_prepared()
+        first = int(round) * self.local_steps + int(step)
+        n = 0
+        for k in range(max(first, 0), self.releases_planned):
+            r, t = divmod(k, self.local_steps)
+            if not self._noise.secure and any(ev.get("noise_source") in (SEEDED_NOISE, "seeded") and ev.get("seed_tag") == self._noise.tag
+                                              for ev in self.ledger.releases_at(int(site), r, t)):
+                continue
+            n += 1
+        return n
+
+    def check_remaining_plan(self, *, round: int, step: int) -> None:
+        """Before the first release of this mechanism (e.g. after reopening a ledger to resume): refuse with
+        :class:`BudgetExceededError` — before anything is released — when any site's spent ε plus the
+        releases the plan still makes from ``(round, step)`` (:meth:`remaining_releases`) would exceed its
+        budget (:meth:`PrivacyLedger.check_plan`). :meth:`perturb` calls it once, on its first release."""
+        self._need_prepared()
+        for p in range(self.n_clients):
+            self.ledger.check_plan(p, self.z, self.sample_rate, self.remaining_releases(round, step, p))
+        self._plan_rechecked = True
+
+    def gradient_norm_bound(self, site: int) -> float:
+        """A public bound on ``‖mmd_grad(Xb, Y, γ, n_norm)‖_F`` at any ``Y`` (``papers/000`` Eq. 13).
+
+        Every row of the data term is a sum of ``n_b`` vectors ``φ(x − y)`` of norm ``≤ h(∞) = e^{−1/2}/√(2γ)``
+        and every row of the repulsion term a sum of ``n_y − 1`` such vectors, so
+        ``‖∇‖_F ≤ 4γ h(∞)/√n_y · (n_b/n_norm + 1)``. Full batch: ``n_b = n_norm``. Subsampled: ``n_b`` is
+        random; the bound takes ``n_b ≤ n_norm (1 + 4√((1 − q)/(q n_p)))`` (4 standard deviations) — a rarer
+        larger batch is clipped, which costs accuracy, never privacy (clipping is 1-Lipschitz).
+        """
+        from .sensitivity import kernel_shape_peak
+
+        self._need_prepared()
+        h = kernel_shape_peak(self.gamma)
+        q, n = self.sample_rate, self.sizes[int(site)]
+        ratio = 1.0 if q == 1.0 else 1.0 + 4.0 * math.sqrt((1.0 - q) / (q * n))
+        return 4.0 * self.gamma * h / math.sqrt(self.n_landmarks) * (ratio + 1.0)
+
+    def distributed_mechanism(self, kind: str = "ddg", *, n_features: int, rotation_seed: str, weights=None, clip=None,
+                              **options):
+        """The integer distributed-noise mechanism for this run's landmark gradients (:mod:`securefed.accounting.distributed`).
+
+        Each site ``p`` sends ``w_p · g_p`` (its batched gradient times its aggregation weight, default 1) through
+        ``encode``; the server ``decode``-s the secure sum, which is ``Σ_p w_p g_p`` plus integer noise, and takes
+        the server step with it. Public numbers only: record sensitivity ``max_p w_p Δ_p`` (this mechanism's Δ,
+        valid at any ``Y``), clip ``max_p w_p · gradient_norm_bound(p)``, ``dim = n_landmarks · n_features``,
+        ``releases = rounds · local_steps``, the sites and the secure sum's threshold ``min_survivors``, and
+        this mechanism's ε target and δ. Needs ``rule="gradient"`` (model averaging would release each site's
+        hidden trajectory) and an ε target.
+
+        Parameters
+        ----------
+        kind : {"ddg", "skellam"}
+        n_features : int
+        rotation_seed : str
+            Public, shared by all sites (e.g. the run id).
+        weights : sequence of float, optional
+            The aggregation weights ``w_p`` the sites apply before encoding (default: all 1).
+        clip : float, optional
+            Override the public clip norm (default from :meth:`gradient_norm_bound`).
+        **options
+            Passed on (``granularity``, ``rounding_slack``, ``wrap_probability``, ``max_bits``).
+
+        Returns
+        -------
+        DistributedDiscreteGaussian or DistributedSkellam
+        """
+        from .distributed import DistributedDiscreteGaussian, DistributedSkellam
+
+        self._need_prepared()
+        if kind not in ("ddg", "skellam"):
+            raise ConfigError(bad_value("kind", kind, "use 'ddg' (distributed discrete Gaussian) or 'skellam'"))
+        if self.rule != "gradient":
+            raise ConfigError(bad_value("rule", self.rule, "integer distributed noise needs rule='gradient' (every noisy step "
+                                        "is summed and the server steps); with model averaging each site's hidden local "
+                                        "trajectory carries only its noise share"))
+        if self.epsilon_target is None:
+            raise ConfigError(bad_value("epsilon", None, "the integer mechanisms calibrate their own noise: build "
+                                        "GradientPerturbation with a target epsilon"))
+        P = self.n_clients
+        w = np.ones(P) if weights is None else np.asarray(weights, dtype=float)
+        if w.shape != (P,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
+            raise ConfigError(bad_value("weights", weights, f"give {P} positive finite weights"))
+        sens = float(max(w[p] * self.sens[p].value for p in range(P)))
+        c = float(max(w[p] * self.gradient_norm_bound(p) for p in range(P))) if clip is None else clip
+        cls = DistributedDiscreteGaussian if kind == "ddg" else DistributedSkellam
+        t = self.min_survivors_given if self.min_survivors_given is not None else P
+        return cls(dim=self.n_landmarks * int(n_features), n_sites=P, min_survivors=t, rotation_seed=rotation_seed,
+                   epsilon=self.epsilon_target, delta=self.delta, releases=self.releases_planned, l2_sensitivity=sens,
+                   clip=c, adjacency="record", **options)
 
     def _mu_sum(self, site: int, survivors) -> float:
         """μ of ``site``'s record in the revealed sum of the survivors' noisy uploads."""
@@ -367,7 +559,15 @@ class GradientPerturbation:
             self.ledger.record_settlement(round=int(round), step=int(step), survivors=surv, releases=settled)
 
     def report(self) -> dict:
-        """The ``metrics.json`` ``"privacy"`` block."""
+        """The ``metrics.json`` ``"privacy"`` block.
+
+        Keys of note: ``epsilon`` (the ledger's ε with the run's accountant — an upper bound),
+        ``epsilon_void`` / ``epsilon_void_reason`` (seeded noise: the ε means nothing),
+        ``epsilon_paper_formula`` (``papers/000`` Theorem 5's formula at this noise multiplier and release
+        count — a formula, not a bound), ``paper_formula_below_true_epsilon`` (True where that formula is
+        below ``epsilon``), ``epsilon_paper_recipe`` (the same formula at the paper's own Theorem 5 Δ),
+        ``sensitivity_domain`` (Δ holds at any ``Y``) and ``normaliser`` (announced site sizes).
+        """
         self._need_prepared()
         eps, delta = self.ledger.spent()
         releases = max((sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == self.mechanism)
@@ -375,18 +575,24 @@ class GradientPerturbation:
         R = max(releases, 1)
         worst = int(np.argmax([s.value for s in self.sens]))
         sigma_sum = self.z * max(s.value for s in self.sens)
+        paper_formula = paper_epsilon(self.z, R, self.delta)
         return {
             "epsilon": eps,
             "delta": delta,
             "accountant": self.accountant,
             "epsilon_target": self.epsilon_target,
-            "epsilon_paper_bound": paper_epsilon(self.z, R, self.delta),
+            "epsilon_void": self.epsilon_void,
+            "epsilon_void_reason": VOID_REASON if self.epsilon_void else None,
+            "epsilon_paper_formula": paper_formula,
+            "paper_formula_below_true_epsilon": bool(paper_formula < eps),
             "epsilon_paper_recipe": paper_epsilon(sigma_sum / max(self.paper_sens), R, self.delta),
             "noise_multiplier": self.z,
             "sensitivity": self.sens[worst].value,
             "sensitivity_rule": self.sens[worst].rule,
             "sensitivity_per_site": [s.value for s in self.sens],
             "sensitivity_bounds": {k: v for k, v in asdict(self.sens[worst]).items() if k in ("theorem5", "kernel_shape", "lipschitz")},
+            "sensitivity_domain": "any Y (valid whether or not the landmarks were projected)",
+            "normaliser": ("announced site size" if self.sample_rate == 1.0 else "sample_rate × announced site size"),
             "adjacency": self.adjacency,
             "sigma_per_site": list(map(float, self.sigma)),
             "releases": releases,
@@ -402,7 +608,8 @@ class GradientPerturbation:
             "noise": self.noise,
             "min_survivors": self.t,
             "secure_sum": self.secure_sum,
-            "noise_source": "secure (ChaCha20 / os.urandom, Box-Muller; float caveat)" if self.secure_mode else "seeded PRNG (reproducible; not secret)",
+            "noise_source": ("secure (ChaCha20 / os.urandom, Box-Muller; float caveat)" if self._noise.secure else
+                             f"{SEEDED_NOISE} (insecure_noise_seed_for_testing: anyone who knows the seed can subtract it)"),
             "epsilon_by_round": [[r, e] for r, e in self.ledger.epsilon_by_round()],
             "epsilon_per_site": self.ledger.summary()["epsilon_per_site"],
             "budget_epsilon": self.ledger.budget_epsilon,
@@ -481,15 +688,19 @@ class DataPerturbationEvent:
     sigma_analytic: float
     noise_source: str
     ledger_id: str | None
+    epsilon_void: bool = False
 
 
-def perturb_data(X, epsilon, delta, tau_x, *, method="auto", secure_mode=False, random_state=None, ledger=None,
-                 site: int = 0):
+def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: int = 0,
+                 insecure_noise_seed_for_testing=None, secure_mode=None):
     """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (``papers/000`` §5.1, Theorem 3).
 
     Each record appears in one row, so releasing all rows is one Gaussian mechanism per record with
     ℓ₂ sensitivity ``2τ_X`` (replace-one). Anything computed from the noisy rows — FedDL on them, or the
     Nyström rows ``D(X̃_p, Y)`` / ``K(X̃_p, Y)`` — is post-processing and costs nothing more.
+
+    The noise is secret (CSPRNG) unless ``insecure_noise_seed_for_testing=<int>`` is given (tests only;
+    the event then has ``epsilon_void=True`` and the ledger ``noise_source: "seeded-testing"``).
 
     Returns
     -------
@@ -500,7 +711,8 @@ def perturb_data(X, epsilon, delta, tau_x, *, method="auto", secure_mode=False, 
     sens = data_sensitivity(tau_x)
     sig_a = analytic_gaussian_sigma(epsilon, delta, sens)
     sig_c = classical_gaussian_sigma(epsilon, delta, sens) if float(epsilon) < 1.0 else None
-    src = _NoiseSource(secure_mode, random_state)
+    _check_legacy_secure_mode(secure_mode)
+    src = _NoiseSource(insecure_noise_seed_for_testing)
     led = ledger if ledger is not None else PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", delta=check_delta(delta))
     noisy, ev, _ = src.release(led, Xc, site=int(site), round=_DATA_ROUND, step=None, key=(int(site), _DATA_KEY, 0),
                                sigma=float(sigma), mechanism="gaussian-data", sensitivity=float(sens),
@@ -509,8 +721,8 @@ def perturb_data(X, epsilon, delta, tau_x, *, method="auto", secure_mode=False, 
     event = DataPerturbationEvent(site=int(site), epsilon=float(epsilon), delta=float(delta), sigma=float(sigma),
                                   sensitivity=float(sens), noise_multiplier=float(sigma / sens), method=used,
                                   n_records=int(len(Xc)), n_clipped=nc, sigma_theorem3=sig_c, sigma_analytic=sig_a,
-                                  noise_source="secure" if secure_mode else "seeded",
-                                  ledger_id=ev["id"] if ledger is not None else None)
+                                  noise_source=src.name, ledger_id=ev["id"] if ledger is not None else None,
+                                  epsilon_void=not src.secure)
     return noisy, event
 
 
@@ -530,32 +742,39 @@ class DataPerturbation:
         Public clip norm.
     method : {"auto", "theorem3", "analytic"}
         See :func:`data_perturbation_sigma`.
-    secure_mode : bool
-        CSPRNG noise.
     ledger : PrivacyLedger, optional
-    random_state : None, int or Generator
-        Seed of the (non-secure) noise; ``None`` uses the ``rng`` the caller passes per site.
+    insecure_noise_seed_for_testing : int, optional
+        Reproducible noise for tests (site ``p`` uses the seed plus its index as a key); the report then
+        says ``"epsilon_void": True``. Default: secret CSPRNG noise.
+    secure_mode : None or True
+        Removed (secure is the default); ``False`` is refused with the fix.
+    random_state : ignored
+        Accepted for old callers; it never seeds noise any more.
     """
 
-    def __init__(self, epsilon, delta=1e-5, tau_x=None, method="auto", secure_mode=False, ledger=None, random_state=None):
+    def __init__(self, epsilon, delta=1e-5, tau_x=None, method="auto", secure_mode=None, ledger=None, random_state=None, *,
+                 insecure_noise_seed_for_testing=None):
+        _check_legacy_secure_mode(secure_mode)
         self.epsilon = check_epsilon(epsilon)
         self.delta = check_delta(delta)
         if tau_x is None:
             raise ConfigError(bad_value("tau_x", None, "give a public clip norm for the records (see securefed.accounting.default_tau_x)"))
         self.tau_x = check_bound("tau_x", tau_x)
         self.sigma, self.method = data_perturbation_sigma(self.epsilon, self.delta, self.tau_x, method)
-        self.secure_mode = bool(secure_mode)
+        self.insecure_seed = _check_testing_seed(insecure_noise_seed_for_testing)
+        self.secure_mode = self.insecure_seed is None
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise ConfigError(bad_value("ledger", type(ledger).__name__, "pass a PrivacyLedger or None"))
         self.ledger = ledger
-        self.random_state = random_state
         self.events: list[DataPerturbationEvent] = []
 
     def perturb_site(self, X, *, site, rng=None):
-        """Return site ``site``'s clipped records plus Gaussian noise (ledger event written first)."""
-        rs = self.random_state if self.random_state is not None else rng
-        Xn, ev = perturb_data(X, self.epsilon, self.delta, self.tau_x, method=self.method, secure_mode=self.secure_mode,
-                              random_state=rs, ledger=self.ledger, site=int(site))
+        """Return site ``site``'s clipped records plus Gaussian noise (ledger event written first).
+
+        ``rng`` is accepted for the caller protocol and never used: the noise is secret (CSPRNG) unless the
+        object was built with ``insecure_noise_seed_for_testing``."""
+        Xn, ev = perturb_data(X, self.epsilon, self.delta, self.tau_x, method=self.method, ledger=self.ledger, site=int(site),
+                              insecure_noise_seed_for_testing=self.insecure_seed)
         self.events.append(ev)
         return Xn
 
@@ -564,7 +783,8 @@ class DataPerturbation:
         out = {"mechanism": "gaussian-data (papers/000 Sec. 5.1, corrected Theorem 3)", "epsilon": self.epsilon,
                "delta": self.delta, "method": self.method, "sigma": self.sigma, "sensitivity": data_sensitivity(self.tau_x),
                "tau_x": self.tau_x, "sites": len(self.events), "clipped_records": int(sum(e.n_clipped for e in self.events)),
-               "noise_source": "secure" if self.secure_mode else "seeded"}
+               "noise_source": SECURE_NOISE if self.secure_mode else SEEDED_NOISE,
+               "epsilon_void": not self.secure_mode, "epsilon_void_reason": None if self.secure_mode else VOID_REASON}
         if self.ledger is not None:
             out["epsilon_total_with_ledger"] = self.ledger.spent()[0]
         return out

@@ -1,16 +1,18 @@
-"""Gaussian noise sources: seeded (reproducible, for experiments) and secure (CSPRNG, for deployment).
+"""Gaussian noise sources: secure (CSPRNG — the default everywhere) and seeded (tests only, ε void).
 
-Seeded noise
-    ``numpy`` PCG64 keyed by a 128-bit ``SeedSequence`` entropy and the release coordinates
-    ``(site, round, step, attempt)``. Anyone who knows the seed (it is in ``config.json``) can
-    recompute the noise and subtract it: seeded noise gives **no** privacy against the holder of
-    the seed. It exists for reproducible experiments and for idempotent crash recovery (a redone
-    release with the same seed is bit-identical, so it costs nothing extra — see the ledger).
-
-Secure noise (``secure_mode=True``)
+Secure noise (the default of every mechanism)
     A ChaCha20 keystream (``cryptography``) under a fresh 256-bit key from ``os.urandom`` per draw
     is turned into 53-bit uniforms and then into standard normals by the Box–Muller transform.
     The key is discarded after the draw; nothing about the noise is stored.
+
+Seeded noise (``insecure_noise_seed_for_testing=<int>`` only)
+    ``numpy`` PCG64 keyed by a 128-bit ``SeedSequence`` entropy and the release coordinates
+    ``(site, round, step, attempt)``. Anyone who knows the seed can recompute the noise and subtract
+    it: seeded noise gives **no** privacy against the holder of the seed, so every report of a
+    mechanism using it says ``"epsilon_void": True`` and its ledger events ``noise_source:
+    "seeded-testing"``. It exists for reproducible tests and idempotent crash recovery in tests (a
+    redone release with the same seed is bit-identical, so it costs nothing extra — see the ledger).
+    A run's own seed never seeds DP noise.
 
 Floating-point caveat (stated honestly)
     Both sources produce IEEE-754 doubles. Mironov (CCS 2012) showed that textbook floating-point
@@ -18,9 +20,11 @@ Floating-point caveat (stated honestly)
     possible only for some inputs), and Jin et al. (IEEE S&P 2022) extended such attacks to
     floating-point Gaussian samplers. securefed's Box–Muller sampler is subject to the same class of
     attack in principle: the (ε, δ) figures are exact for *real-valued* Gaussian noise, not for its
-    double-precision rendering. A remedy (a discrete Gaussian on a fixed grid, Canonne–Kamath–Steinke
-    2020, combined with integer secure aggregation) is not implemented here. Mitigation in practice:
-    the released quantity is further post-processed (averaged, projected), but that is not a proof.
+    double-precision rendering. The remedy — a discrete Gaussian on a fixed grid (Canonne–Kamath–Steinke
+    2020) combined with integer secure aggregation — is :mod:`securefed.accounting.distributed`
+    (with the exact sampler in :mod:`securefed.accounting.samplers`); this module's float noise remains
+    for local noise. Mitigation in practice: the released quantity is further post-processed
+    (averaged, projected), but that is not a proof.
 """
 
 from __future__ import annotations

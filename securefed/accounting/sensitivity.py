@@ -35,7 +35,25 @@ Lipschitz bound, which the paper's own proof route implies, and uses ``min(Δ_li
 
 *Add/remove one record* (Poisson-subsampled steps, the adjacency Opacus' accountants assume) with
 the fixed normaliser: ``‖Δ∇‖_F = 4γ/(n n_y) · ‖T(x)‖_F ≤ 4γ√n_y/(n n_y) · h(Υ)`` = ``Δ_shape / 2``.
-The Lipschitz argument does not apply there (there is no partner record).
+The Lipschitz argument does not apply there (there is no partner record). The normaliser ``n`` must be
+a **public** number that is the same on both neighbours — the announced site size times ``q``
+(``GradientPerturbation.batch``), never ``q·len(X)``, which changes when a record is added.
+
+Where ``Y`` may be (``y_domain``)
+---------------------------------
+The kernel-shape bound with ``h(Υ)`` needs ``‖x − y_i‖ ≤ Υ`` at the moment the gradient is computed, i.e.
+``Y`` projected onto the τ_Y ball before **every** release. The FedDL code path that skipped the
+projection between server steps (gradient rule, ``Q ≥ 2``) measured 1.66–1.75 × Δ (issue 14). Two
+bounds do not need the projection at all:
+
+* the Lipschitz bound (``φ`` is 1-Lipschitz on all of ``R^m``), and
+* the kernel-shape bound with ``h(∞) = max_{d ≥ 0} d e^{−γd²} = e^{−1/2}/√(2γ)``.
+
+``y_domain="any"`` (the default, and what :class:`~securefed.accounting.GradientPerturbation` uses) takes
+only those, so Δ holds at **any** ``Y`` — also one a buggy caller forgot to project or a malicious server
+chose. It costs nothing unless ``γ < 1/(2Υ²)`` (a kernel wider than the whole data-plus-landmark ball),
+where ``h(∞) > h(Υ)``. ``y_domain="ball"`` gives the tighter ``h(Υ)`` and is valid only if the caller
+projects ``Y`` before every release.
 """
 
 from __future__ import annotations
@@ -79,7 +97,9 @@ class Sensitivity:
     adjacency : str
         ``"replace"`` or ``"add_remove"``.
     upsilon : float
-        The ``Υ`` used (after reduction to ``τ_X + τ_Y``).
+        The ``Υ`` the kernel-shape bound used (after reduction to ``τ_X + τ_Y``); ``inf`` with ``y_domain="any"``.
+    y_domain : str
+        ``"any"`` (Δ holds at every ``Y``) or ``"ball"`` (only at ``Y`` projected onto the τ_Y ball).
     """
 
     value: float
@@ -89,6 +109,7 @@ class Sensitivity:
     lipschitz: float = math.inf
     adjacency: str = "replace"
     upsilon: float = math.inf
+    y_domain: str = "any"
 
 
 def _pos(name: str, v, *, allow_zero: bool = False) -> float:
@@ -101,10 +122,14 @@ def _pos(name: str, v, *, allow_zero: bool = False) -> float:
     return f
 
 
-def kernel_shape_peak(gamma: float, upsilon: float) -> float:
-    """``h(Υ) = max_{0≤d≤Υ} d·e^{−γd²}``, attained at ``d = min(Υ, 1/√(2γ))`` (DESIGN §3)."""
+def kernel_shape_peak(gamma: float, upsilon: float = math.inf) -> float:
+    """``h(Υ) = max_{0≤d≤Υ} d·e^{−γd²}``, attained at ``d = min(Υ, 1/√(2γ))`` (DESIGN §3).
+
+    ``upsilon=math.inf`` (default) gives the global maximum ``e^{−1/2}/√(2γ)``, valid for any ``Y``.
+    """
     gamma = _pos("gamma", gamma)
-    upsilon = _pos("upsilon", upsilon, allow_zero=True)
+    if not (isinstance(upsilon, (int, float)) and upsilon == math.inf):
+        upsilon = _pos("upsilon", upsilon, allow_zero=True)
     d = min(upsilon, 1.0 / math.sqrt(2.0 * gamma))
     return d * math.exp(-gamma * d * d)
 
@@ -138,6 +163,7 @@ def gradient_sensitivity(
     rule: str = "min",
     *,
     adjacency: str = "replace",
+    y_domain: str = "any",
 ) -> Sensitivity:
     """Frobenius sensitivity Δ of one site's MMD gradient (``papers/000`` Eq. 13, Theorem 5).
 
@@ -156,13 +182,18 @@ def gradient_sensitivity(
     tau_y : float
         Enforced spectral-norm bound of ``Y`` (``Y`` projected onto it).
     upsilon : float, optional
-        Bound on ``‖y_i − x_j‖``; ``None`` or anything above ``τ_X + τ_Y`` means ``τ_X + τ_Y`` (implied
-        by the two enforced bounds). A smaller value is only valid if the caller enforces it.
+        Bound on ``‖y_i − x_j‖`` (only with ``y_domain="ball"``); ``None`` or anything above ``τ_X + τ_Y``
+        means ``τ_X + τ_Y`` (implied by the two enforced bounds). A smaller value is only valid if the
+        caller enforces it.
     rule : {"min", "theorem5", "kernel_shape", "lipschitz"}
         Which bound to use; ``"min"`` takes the smallest valid one.
     adjacency : {"replace", "add_remove"}
         Replace-one (full-batch steps) or add/remove-one (Poisson-subsampled steps); add/remove has
         only the kernel-shape bound ``Δ_shape/2``.
+    y_domain : {"any", "ball"}
+        ``"any"`` (default): Δ holds at every ``Y`` (Lipschitz and ``h(∞)``; module docstring). ``"ball"``:
+        the kernel-shape bound uses ``h(Υ)``, valid only when ``Y`` is projected onto the τ_Y ball before
+        every release.
 
     Returns
     -------
@@ -175,25 +206,31 @@ def gradient_sensitivity(
     gamma = _pos("gamma", gamma)
     tau_x = _pos("tau_x", tau_x)
     tau_y = _pos("tau_y", tau_y)
+    if y_domain not in ("any", "ball"):
+        raise ConfigError(bad_value("y_domain", y_domain, "use 'any' (Δ valid at every Y) or 'ball' (Y projected before every release)"))
     cap = tau_x + tau_y
+    if y_domain == "any" and upsilon is not None:
+        raise ConfigError(bad_value("upsilon", upsilon, "a bound on ‖y − x‖ is used only with y_domain='ball' (Y projected "
+                                    "before every release); drop it, or pass y_domain='ball'"))
     ups = cap if upsilon is None else min(_pos("upsilon", upsilon), cap)
     if rule not in SENSITIVITY_RULES:
         raise ConfigError(bad_value("rule", rule, f"use one of {', '.join(SENSITIVITY_RULES)}"))
     if adjacency not in ("replace", "add_remove"):
         raise ConfigError(bad_value("adjacency", adjacency, "use 'replace' or 'add_remove'"))
-    t5 = theorem5_sensitivity(n, ny, gamma, tau_x, tau_y, ups)
-    ks = kernel_shape_sensitivity(n, ny, gamma, ups)
+    t5 = theorem5_sensitivity(n, ny, gamma, tau_x, tau_y, ups)  # ≥ Δ_lip, which holds at every Y
+    ks_ups = math.inf if y_domain == "any" else ups
+    ks = kernel_shape_sensitivity(n, ny, gamma, ks_ups)
     lip = lipschitz_sensitivity(n, ny, gamma, tau_x)
     if adjacency == "add_remove":
         if rule not in ("min", "kernel_shape"):
             raise ConfigError(bad_value("rule", rule, "with add/remove adjacency (subsampling) only 'min' or 'kernel_shape' apply"))
-        return Sensitivity(ks / 2.0, "kernel_shape_add_remove", t5, ks, lip, adjacency, ups)
+        return Sensitivity(ks / 2.0, "kernel_shape_add_remove", t5, ks, lip, adjacency, ks_ups, y_domain)
     cands = {"theorem5": t5, "kernel_shape": ks, "lipschitz": lip}
     if rule == "min":
         chosen = min(("lipschitz", "kernel_shape", "theorem5"), key=lambda k: cands[k])
     else:
         chosen = rule
-    return Sensitivity(cands[chosen], chosen, t5, ks, lip, adjacency, ups)
+    return Sensitivity(cands[chosen], chosen, t5, ks, lip, adjacency, ks_ups, y_domain)
 
 
 def data_sensitivity(tau_x) -> float:

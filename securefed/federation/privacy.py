@@ -75,8 +75,8 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
         eps, z = None, float(noise_multiplier)
     gp = GradientPerturbation(epsilon=eps, delta=plan["delta"], noise_multiplier=z,
                               accountant=plan["accountant"], noise=plan["noise"], tau_x=plan["tau_x"],
-                              sample_rate=plan["sample_rate"], secure_mode=plan["noise_seed"] is None, ledger=ledger,
-                              random_state=plan["noise_seed"],
+                              sample_rate=plan["sample_rate"], ledger=ledger,
+                              insecure_noise_seed_for_testing=plan["noise_seed"],
                               sensitivity_rule=plan["sensitivity_rule"], min_survivors=plan["min_survivors"])
     gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
                  local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
@@ -171,7 +171,8 @@ def earlier_spending(node_config: dict, run_id: str) -> dict:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             copy = shutil.copy(path, os.path.join(tmp, name))
-            spent = PrivacyLedger(copy, head["run_id"], delta=head["delta"], accountant=head["accountant"]).spent()[0]
+            spent = PrivacyLedger(copy, head["run_id"], delta=head["delta"], accountant=head["accountant"],
+                                  read_only=True).spent()[0]
         if spent > 0:
             eps, delta = eps + float(spent), delta + float(head["delta"])
             runs.append(head["run_id"])

@@ -368,8 +368,8 @@ class SiteWorker:
             ledger = open_site_ledger(rp, self.options, self._dp_cache())
             self._save_dp_cache()
             seed = rp.get("noise_seed")
-            dp = DataPerturbation(rp["epsilon"], delta=rp["delta"], tau_x=rp["tau_x"], secure_mode=seed is None,
-                                  ledger=ledger, random_state=None if seed is None else int(seed) + site)
+            dp = DataPerturbation(rp["epsilon"], delta=rp["delta"], tau_x=rp["tau_x"], ledger=ledger,
+                                  insecure_noise_seed_for_testing=None if seed is None else int(seed) + site)
             X = dp.perturb_site(X, site=site)
             extra = {"rows_dp_event": dumps(ledger.releases_at(site, None, None)[-1]), "rows_dp_report": dumps(dp.report())}
         if fields.get("kind") == "kernel":

@@ -375,7 +375,7 @@ def build_report(run_dir: str) -> tuple[dict, dict]:
     eps_hist = [float(e) for e in (history.get("epsilon") or []) if e is not None]
     if privacy:
         budget = {"available": True, "epsilon": privacy.get("epsilon"), "delta": privacy.get("delta"),
-                  "epsilon_paper_bound": privacy.get("epsilon_paper_bound"), "accountant": privacy.get("accountant"),
+                  "epsilon_paper_formula": privacy.get("epsilon_paper_formula"), "accountant": privacy.get("accountant"),
                   "epsilon_per_round": eps_hist, "details": privacy}
     else:
         budget = {"available": False, "reason": "no differential privacy in this run: the landmarks carry no (ε, δ) guarantee",

@@ -12,8 +12,8 @@ from securefed.errors import BudgetExceededError, ConfigError, LedgerError
 
 def _mech(tmp_path, *, budget=None, epsilon=None, z=None, secure=False, seed=7, name="l.jsonl", noise="local", P=2):
     led = PrivacyLedger(tmp_path / name, "run", budget_epsilon=budget if budget is not None else epsilon, delta=1e-5)
-    m = GradientPerturbation(epsilon=epsilon, noise_multiplier=z, tau_x=1.0, ledger=led, secure_mode=secure,
-                             random_state=seed, noise=noise)
+    m = GradientPerturbation(epsilon=epsilon, noise_multiplier=z, tau_x=1.0, ledger=led, noise=noise,
+                             insecure_noise_seed_for_testing=None if secure else seed)
     rng = np.random.default_rng(0)
     sites = [rng.normal(size=(30, 3)) for _ in range(P)]
     m.prepare(sites, gamma=1.0, n_landmarks=4, rounds=3, local_steps=2, rule="gradient", n_clients=P)
@@ -49,7 +49,7 @@ def test_budget_refusal_writes_and_sends_nothing(tmp_path):
     one = epsilon_from_noise(z, 1, 1e-5)
     two = epsilon_from_noise(z, 2, 1e-5)
     led = PrivacyLedger(tmp_path / "b.jsonl", "run", budget_epsilon=(one + two) / 2, delta=1e-5)
-    m = GradientPerturbation(noise_multiplier=z, tau_x=1.0, ledger=led, random_state=1)
+    m = GradientPerturbation(noise_multiplier=z, tau_x=1.0, ledger=led)
     sites = [np.ones((5, 2)) * 0.1]
     # the whole plan (6 releases) does not fit: refused at prepare, nothing written
     with pytest.raises(BudgetExceededError, match="budget"):
@@ -71,9 +71,17 @@ def test_resume_restores_spent_and_checks_identity(tmp_path):
         for p in range(2):
             m.perturb(np.zeros((4, 3)), site=p, round=0, step=t)
     spent = led.spent()
+    with pytest.raises(LedgerError, match=f"another writer \\(pid {os.getpid()}"):  # the writer holds its lock
+        PrivacyLedger(led.path, "run", delta=1e-5)
+    peek = PrivacyLedger(led.path, "run", delta=1e-5, read_only=True)  # readers need no lock
+    assert peek.spent() == spent
+    with pytest.raises(LedgerError, match="read_only"):
+        peek.record_release(site=0, round=9, step=0, attempt=0, mechanism="x", sensitivity=1.0, sigma=1.0, noise_multiplier=1.0)
+    led.close()
     again = PrivacyLedger(led.path, "run", delta=1e-5)
     assert again.spent() == spent and again.budget_epsilon == led.budget_epsilon
     assert [e["id"] for e in again.events()] == [e["id"] for e in led.events()]
+    again.close()
     with pytest.raises(LedgerError, match="belongs to run"):
         PrivacyLedger(led.path, "other", delta=1e-5)
     with pytest.raises(LedgerError, match="delta"):
@@ -89,10 +97,12 @@ def test_torn_last_line(tmp_path):
     full = open(led.path, "rb").read()
     spent2 = led.spent(0)[0]
     spent1 = epsilon_from_noise(m.z, 1, 1e-5)
+    led.close()
     # (a) crash in the middle of writing the last event: dropped (it had not been returned)
     torn = full[: len(full) - 40]
     open(led.path, "wb").write(torn)
     r = PrivacyLedger(led.path, "run", delta=1e-5)
+    r.close()
     assert r.recovered["torn_last_line"] == "discarded"
     assert r.spent(0)[0] == pytest.approx(spent1)
     assert os.path.exists(str(led.path) + ".torn")
@@ -100,6 +110,7 @@ def test_torn_last_line(tmp_path):
     # (b) complete JSON but no newline: kept and counted
     open(led.path, "wb").write(full[:-1])
     r = PrivacyLedger(led.path, "run", delta=1e-5)
+    r.close()
     assert r.recovered["torn_last_line"] == "kept_and_counted"
     assert r.spent(0)[0] == pytest.approx(spent2)
     assert open(led.path, "rb").read() == full
@@ -115,7 +126,9 @@ def test_seeded_redo_is_idempotent_secure_redo_counts(tmp_path):
     g = np.arange(12.0).reshape(4, 3) * 1e-3
     m, led = _mech(tmp_path, epsilon=2.0, name="s.jsonl")
     a = m.perturb(g, site=0, round=0, step=0)
-    m2 = GradientPerturbation(epsilon=2.0, tau_x=1.0, ledger=PrivacyLedger(led.path, "run", delta=1e-5), random_state=7)
+    led.close()
+    m2 = GradientPerturbation(epsilon=2.0, tau_x=1.0, ledger=PrivacyLedger(led.path, "run", delta=1e-5),
+                              insecure_noise_seed_for_testing=7)
     m2.prepare([np.zeros((30, 3))] * 2, gamma=1.0, n_landmarks=4, rounds=3, local_steps=2, rule="gradient", n_clients=2)
     b = m2.perturb(g, site=0, round=0, step=0)
     np.testing.assert_array_equal(a, b)
@@ -132,6 +145,8 @@ def test_seeded_redo_is_idempotent_secure_redo_counts(tmp_path):
     ev = ls.events("release")
     assert [e["attempt"] for e in ev] == [0, 1]
     assert "release_digest" not in ev[0] and ev[0]["noise_source"] == "secure"
+    assert all(e["noise_source"] == "seeded-testing" for e in m2.ledger.events("release"))
+    assert m2.report()["epsilon_void"] and not ms.report()["epsilon_void"]
     assert ls.spent(0)[0] == pytest.approx(epsilon_from_noise(ms.z, 2, 1e-5))
 
 

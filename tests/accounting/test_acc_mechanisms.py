@@ -99,7 +99,8 @@ def test_data_perturbation():
         data_perturbation_sigma(2.0, 1e-5, 2.0, method="theorem3")
     X = np.random.default_rng(0).normal(size=(400, 10))
     led = PrivacyLedger(None, "dp", delta=1e-5)
-    Xn, ev = perturb_data(X, 4.0, 1e-5, 3.0, ledger=led, site=2, random_state=1)
+    Xn, ev = perturb_data(X, 4.0, 1e-5, 3.0, ledger=led, site=2)
+    assert ev.noise_source == "secure" and not ev.epsilon_void
     Xc = X * np.minimum(1, 3.0 / np.linalg.norm(X, axis=1))[:, None]
     assert abs((Xn - Xc).std() / ev.sigma - 1) < 0.05
     assert ev.sensitivity == 6.0 and led.spent(2)[0] == pytest.approx(4.0, rel=1e-6)
@@ -113,11 +114,14 @@ def test_report_block_and_paper_figure():
             for p in range(3):
                 m.perturb(np.zeros((6, 4)), site=p, round=r, step=t)
     rep = m.report()
-    for k in ("epsilon", "delta", "accountant", "epsilon_paper_bound", "noise_multiplier", "sensitivity",
-              "sensitivity_rule", "releases", "clipped_records"):
+    for k in ("epsilon", "delta", "accountant", "epsilon_paper_formula", "paper_formula_below_true_epsilon",
+              "epsilon_void", "noise_multiplier", "sensitivity", "sensitivity_rule", "releases", "clipped_records"):
         assert k in rep
+    assert not any("bound" in k and "paper" in k for k in rep)  # the paper's formula is never called a bound
     assert rep["releases"] == 4 and rep["epsilon"] == pytest.approx(1.0, rel=1e-9)
-    assert rep["epsilon_paper_bound"] > 1.5  # Theorem 5 at the same σ is looser
+    assert rep["epsilon_paper_formula"] > 1.5  # at small ε the paper's formula is the larger figure
+    assert rep["paper_formula_below_true_epsilon"] is False
+    assert rep["epsilon_void"] is False and rep["epsilon_void_reason"] is None
     json.dumps(rep)
 
 
@@ -141,6 +145,9 @@ def test_subsampled_batch_and_prv():
     m.prepare(_sites(2, n=200), gamma=1.0, n_landmarks=4, rounds=5, local_steps=2, rule="model", n_clients=2)
     Xb, n = m.batch(0, 0, 0, np.ones((200, 4)), np.random.default_rng(0))
     assert n == pytest.approx(40.0) and 20 < len(Xb) < 60
+    # the normaliser is the announced size (200 at site 0), not len(X): an add/remove neighbour gets the same
+    assert m.batch(0, 0, 0, np.ones((201, 4)), np.random.default_rng(0))[1] == n
+    assert m.batch(0, 0, 0, np.ones((199, 4)), np.random.default_rng(0))[1] == n
     assert m.sens[0].adjacency == "add_remove"
     assert m.z < 2.0  # subsampling amplification
 
@@ -152,8 +159,10 @@ def test_cli_budget_and_run_args(tmp_path, capsys):
     args = parser.parse_args(["budget", "--noise-multiplier", "5", "--releases", "100", "--delta", "1e-5"])
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) >= {"epsilon", "delta", "noise_multiplier", "releases", "accountant", "epsilon_paper_bound"}
-    assert out["epsilon_paper_bound"] > out["epsilon"]
+    assert set(out) >= {"epsilon", "delta", "noise_multiplier", "releases", "accountant", "epsilon_paper_formula",
+                        "paper_formula_below_true_epsilon"}
+    assert not any("bound" in k for k in out)
+    assert out["epsilon_paper_formula"] > out["epsilon"] and out["paper_formula_below_true_epsilon"] is False
     args = parser.parse_args(["budget", "--epsilon", str(out["epsilon"]), "--releases", "100", "--delta", "1e-5"])
     args.func(args)
     back = json.loads(capsys.readouterr().out)
@@ -173,9 +182,15 @@ def test_rows_privacy_object_composes_in_ledger():
     X = np.random.default_rng(1).normal(size=(50, 3))
     Xn = dp.perturb_site(X, site=0, rng=np.random.default_rng(2))
     Xn2 = DataPerturbation(1.0, 1e-5, tau_x=2.0).perturb_site(X, site=0, rng=np.random.default_rng(2))
-    np.testing.assert_array_equal(Xn, Xn2)  # seeded from the caller's rng: reproducible
+    assert not np.array_equal(Xn, Xn2)  # the caller's rng never seeds noise: secret by default
+    Xs = [DataPerturbation(1.0, 1e-5, tau_x=2.0, insecure_noise_seed_for_testing=5).perturb_site(X, site=0) for _ in range(2)]
+    np.testing.assert_array_equal(*Xs)  # reproducible only behind the explicit testing seed ...
+    seeded = DataPerturbation(1.0, 1e-5, tau_x=2.0, insecure_noise_seed_for_testing=5)
+    assert seeded.report()["epsilon_void"] is True  # ... which voids the ε
+    with pytest.raises(ConfigError, match="^secure_mode=False is invalid: .*insecure_noise_seed_for_testing"):
+        DataPerturbation(1.0, 1e-5, tau_x=2.0, secure_mode=False)
     rep = dp.report()
-    assert rep["method"] == "analytic" and rep["sites"] == 1
+    assert rep["method"] == "analytic" and rep["sites"] == 1 and rep["epsilon_void"] is False
     assert rep["epsilon_total_with_ledger"] == pytest.approx(1.0, rel=1e-6)
     # a second, independent release of the same site composes (μ² add): ε grows beyond 1
     dp.perturb_site(X, site=0, rng=np.random.default_rng(3))

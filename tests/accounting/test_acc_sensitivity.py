@@ -88,10 +88,15 @@ def test_add_remove_sensitivity_with_fixed_normaliser(seed, n, ny, m, log_gamma,
        tau_y=st.floats(1e-3, 1e4))
 def test_bound_relations(n, ny, log_gamma, tau_x, tau_y):
     g = 10.0**log_gamma
-    s = gradient_sensitivity(n, ny, g, tau_x, tau_y)
+    s = gradient_sensitivity(n, ny, g, tau_x, tau_y, y_domain="ball")
     assert s.lipschitz <= s.theorem5 * (1 + 1e-12)
     assert s.value == min(s.lipschitz, s.kernel_shape, s.theorem5)
     assert s.upsilon == tau_x + tau_y
+    a = gradient_sensitivity(n, ny, g, tau_x, tau_y)  # y_domain="any": valid at every Y, never below "ball"
+    assert a.upsilon == math.inf and a.value >= s.value * (1 - 1e-12)
+    assert math.isclose(a.kernel_shape, 8 * g * math.sqrt(ny) / (n * ny) * math.exp(-0.5) / math.sqrt(2 * g), rel_tol=1e-12)
+    if g >= 1 / (2 * (tau_x + tau_y) ** 2):  # the kernel's peak lies inside the ball: no cost for "any"
+        assert math.isclose(a.value, s.value, rel_tol=1e-12)
     assert math.isclose(s.theorem5, 8 * math.sqrt(ny) * g * tau_x / (n * ny) * (1 + 2 * g * (tau_x + tau_y) * (2 * tau_x + tau_y)), rel_tol=1e-12)
 
 
@@ -99,9 +104,14 @@ def test_kernel_peak_and_upsilon_cap():
     g = 0.5
     assert math.isclose(kernel_shape_peak(g, 10.0), math.exp(-0.5))  # d* = 1/√(2γ) = 1
     assert math.isclose(kernel_shape_peak(g, 0.5), 0.5 * math.exp(-0.125))
-    a = gradient_sensitivity(10, 4, g, 1.0, 2.0, upsilon=100.0)
-    b = gradient_sensitivity(10, 4, g, 1.0, 2.0)
+    a = gradient_sensitivity(10, 4, g, 1.0, 2.0, upsilon=100.0, y_domain="ball")
+    b = gradient_sensitivity(10, 4, g, 1.0, 2.0, y_domain="ball")
     assert a == b  # Υ above τ_X + τ_Y is reduced to it
+    with pytest.raises(ConfigError, match="^upsilon=.*y_domain"):
+        gradient_sensitivity(10, 4, g, 1.0, 2.0, upsilon=3.0)  # Υ means nothing when Y may be anywhere
+    with pytest.raises(ConfigError, match="^y_domain="):
+        gradient_sensitivity(10, 4, g, 1.0, 2.0, y_domain="box")
+    assert kernel_shape_peak(g) == kernel_shape_peak(g, 10.0)
     with pytest.raises(ConfigError, match="rule"):
         gradient_sensitivity(10, 4, g, 1.0, 2.0, rule="best")
 

@@ -211,10 +211,10 @@ def test_dp_run_writes_privacy_block_and_ledger(tmp_path):
     assert code == 0
     m = json.loads((out / "metrics.json").read_text())
     priv = m["privacy"]
-    for key in ("epsilon", "delta", "accountant", "epsilon_paper_bound", "noise_multiplier", "sensitivity",
+    for key in ("epsilon", "delta", "accountant", "epsilon_paper_formula", "noise_multiplier", "sensitivity",
                 "sensitivity_rule", "releases", "clipped_records"):
         assert key in priv, key
-    assert 0 < priv["epsilon"] <= 2.0 + 1e-9 and priv["epsilon_paper_bound"] > priv["epsilon"]
+    assert 0 < priv["epsilon"] <= 2.0 + 1e-9 and priv["epsilon_paper_formula"] > priv["epsilon"]
     assert m["mode"]["nystrom"] == "local"  # with DP no per-record rows leave a site by default
     lines = (out / "ledger.jsonl").read_text().splitlines()
     assert len(lines) > 1 and json.loads(lines[0])["type"] == "header"

@@ -179,7 +179,7 @@ def test_dp_and_rows_over_flower_match_in_process_with_site_ledgers(dp_rows_run)
 
     res, out, arrays, ledgers = dp_rows_run()
     assert res["status"] == "completed", res
-    gp = GradientPerturbation(epsilon=2.0, tau_x=2.0, random_state=5)
+    gp = GradientPerturbation(epsilon=2.0, tau_x=2.0, insecure_noise_seed_for_testing=5)
     ref = fed_dl(arrays, 6, rounds=1, local_steps=2, privacy=gp, random_state=5)
     np.testing.assert_array_equal(np.load(os.path.join(out, "landmarks.npy")), ref.landmarks)  # same noise streams
     assert res["privacy"]["epsilon"] == pytest.approx(ref.privacy["epsilon"], rel=1e-12)
