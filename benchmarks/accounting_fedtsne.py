@@ -5,7 +5,7 @@ Recipes
   ours-local : min valid Δ + exact μ-GDP accountant + local noise, model averaging
   ours-dist  : min valid Δ + exact accountant + distributed noise (σ²/P shares) under SecAgg+, gradient averaging
 
-What ε covers (the paper's Fed-tSNE+, ``papers/000`` Sec. 5.3: noise in Algorithm 1 only): the landmarks.
+What ε covers (the paper's Fed-tSNE+, Qiao et al. Sec. 5.3: noise in Algorithm 1 only): the landmarks.
 With ``--nystrom rows`` (default, the paper) every site then sends one distance row per record **in the
 clear** — those rows are not covered by ε and give the records back (the reconstruction audit measures
 it). ``--rows-epsilon E`` perturbs the records before the rows are computed (Sec. 5.1, analytic Gaussian),

@@ -3,7 +3,7 @@
 For several landmark sets Y (300 × 784) the script computes the squared-distance rows ``B = D²(X, Y)``,
 ``W = D²(Y, Y)``, reconstructs all pairwise distances with
 
-* ``eq21``   — ``securefed.embedding.nystrom.nystrom_distance`` (``papers/000`` Eq. 21, dense ``B W^† Bᵀ``),
+* ``eq21``   — ``securefed.embedding.nystrom.nystrom_distance`` (Qiao et al. Eq. 21, dense ``B W^† Bᵀ``),
 * ``featmap`` — ``securefed.embedding.nystrom.distance_feature_map`` (landmark MDS: projection of every record onto
   the affine hull of the landmarks),
 

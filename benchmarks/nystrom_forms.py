@@ -1,4 +1,4 @@
-"""Which reading of Eq. (21) of papers/000 reproduces distances better: squared or plain distances?
+"""Which reading of Eq. (21) of Qiao et al. reproduces distances better: squared or plain distances?
 
 For digits and mnist5k, with landmark sets Y of several sizes, compare the estimated distance matrix
 with the true one (relative Frobenius error) and the 10-NN recall of each reconstruction:

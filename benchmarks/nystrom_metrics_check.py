@@ -1,6 +1,6 @@
 """Plausibility of securefed.metrics: centralized openTSNE on a built-in dataset, all metrics + timing.
 
-Compare with the paper's tSNE column (papers/001 Table 1, MNIST-70k: CA-10NN 0.966, NPA-1NN 0.418,
+Compare with the paper's tSNE column (Qiao et al. (arXiv:2412.13495) Table 1, MNIST-70k: CA-10NN 0.966, NPA-1NN 0.418,
 NPA-10NN 0.391). Usage: ``OMP_NUM_THREADS=1 python benchmarks/nystrom_metrics_check.py [digits|mnist5k]``
 """
 

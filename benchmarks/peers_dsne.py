@@ -1,4 +1,4 @@
-"""dSNE / DP-dSNE / F-dSNE on MNIST-5k, the two set-ups of papers/002 §4 (scaled to MNIST-5k).
+"""dSNE / DP-dSNE / F-dSNE on MNIST-5k, the two set-ups of Saha et al. 2023 §4 (scaled to MNIST-5k).
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/peers_dsne.py [--setup four|all|both]
 

@@ -1,8 +1,8 @@
-"""Distributed GTM (papers/003) vs centralized GTM: map quality against local granularity.
+"""Distributed GTM (Zhang & Cheung) vs centralized GTM: map quality against local granularity.
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/peers_gtm.py
 
-Data, each split at random into three equal sites (papers/003 §3):
+Data, each split at random into three equal sites (Zhang & Cheung §3):
 * S-curve: sklearn make_s_curve(2000, noise=0.05); labels = 6 equal-width bins of the position t
   along the S (the paper's six coloured parts).
 * oil-flow stand-in: the oil-flow data (Bishop & James 1993) is not shipped by any installable

@@ -1,4 +1,4 @@
-"""Fed-tSNE, Fed-UMAP and Fed-SpeClust (``papers/000`` Algorithms 2–3) as scikit-learn estimators.
+"""Fed-tSNE, Fed-UMAP and Fed-SpeClust (Qiao et al. Algorithms 2–3) as scikit-learn estimators.
 
 ``fit(sites)`` takes one record array per site, turns the estimator's parameters into a
 :class:`~securefed.plan.RunPlan` and runs the federated job in this process
@@ -66,7 +66,7 @@ class FederatedParams:
         Differential privacy of the landmark stage (:class:`securefed.accounting.GradientPerturbation`): its
         options become the run's, its ledger the coordinator's aggregate ledger.
     rows_privacy : DataPerturbation, optional
-        Data perturbation of the rows (``papers/000`` §5.1): its ε becomes the run's ``rows_epsilon``.
+        Data perturbation of the rows (Qiao et al. §5.1): its ε becomes the run's ``rows_epsilon``.
     nystrom : {"rows", "local"}, optional
         ``"rows"``: the paper — one row per record leaves each site (it gives the records back);
         ``"local"``: only final coordinates / labels leave. Unset: ``"local"`` under DP, else ``"rows"``.
@@ -287,7 +287,7 @@ class _FederatedEmbedding(_Estimator):
 
 @_with_init
 class FedTSNE(_FederatedEmbedding):
-    """Federated t-SNE (Fed-tSNE, ``papers/000`` Algorithm 2) on openTSNE.
+    """Federated t-SNE (Fed-tSNE, Qiao et al. Algorithm 2) on openTSNE.
 
     Parameters: ``n_components`` (2), ``perplexity`` (30), ``n_iter`` (750: openTSNE's 250 early-exaggeration
     iterations + the rest) and every :class:`FederatedParams` field.
@@ -310,7 +310,7 @@ class FedTSNE(_FederatedEmbedding):
 
 @_with_init
 class FedUMAP(_FederatedEmbedding):
-    """Federated UMAP (Fed-UMAP, ``papers/000`` Algorithm 2) on umap-learn.
+    """Federated UMAP (Fed-UMAP, Qiao et al. Algorithm 2) on umap-learn.
 
     Parameters: ``n_components`` (2), ``n_neighbors`` (15), ``min_dist`` (0.1) and every :class:`FederatedParams`
     field. Attributes as :class:`FedTSNE`.
@@ -330,7 +330,7 @@ class FedUMAP(_FederatedEmbedding):
 
 @_with_init
 class FedSpectralClustering(_FederatedEmbedding):
-    """Federated spectral clustering (Fed-SpeClust, ``papers/000`` Algorithm 3) on scikit-learn.
+    """Federated spectral clustering (Fed-SpeClust, Qiao et al. Algorithm 3) on scikit-learn.
 
     Parameters: ``n_clusters`` (8), ``kernel_gamma`` (the kernel rows' bandwidth; default FedDL's γ),
     ``n_neighbors`` (15: k of the sparse affinity graph on the scalable path) and every

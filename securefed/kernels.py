@@ -1,6 +1,6 @@
 """Squared distances, the Gaussian kernel and bandwidth heuristics (rows = points).
 
-``papers/000`` §3.1: ``K_{X,Y} = exp(−γ D²)`` with
+Qiao et al. §3.1: ``K_{X,Y} = exp(−γ D²)`` with
 ``D² = diag(X Xᵀ) 1ᵀ − 2 X Yᵀ + 1 diag(Y Yᵀ)ᵀ`` (row convention).
 """
 
@@ -14,7 +14,7 @@ __all__ = ["sq_dists", "gaussian_kernel", "median_gamma", "local_median_sq_dist"
 
 
 def sq_dists(A: np.ndarray, B: np.ndarray | None = None) -> np.ndarray:
-    """Squared Euclidean distances between the rows of ``A`` and ``B`` (``papers/000`` §3.1, D²).
+    """Squared Euclidean distances between the rows of ``A`` and ``B`` (Qiao et al. §3.1, D²).
 
     Negative round-off is clamped to zero; the diagonal of ``sq_dists(A)`` is exactly zero.
     """
@@ -31,7 +31,7 @@ def sq_dists(A: np.ndarray, B: np.ndarray | None = None) -> np.ndarray:
 
 
 def gaussian_kernel(A: np.ndarray, B: np.ndarray | None = None, gamma: float = 1.0) -> np.ndarray:
-    """Gaussian kernel matrix ``K_{A,B} = exp(−γ ‖a_i − b_j‖²)`` (``papers/000`` §3.1)."""
+    """Gaussian kernel matrix ``K_{A,B} = exp(−γ ‖a_i − b_j‖²)`` (Qiao et al. §3.1)."""
     check_gamma(gamma)
     return np.exp(-gamma * sq_dists(A, B))
 

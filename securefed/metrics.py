@@ -1,4 +1,4 @@
-"""Embedding and clustering quality metrics (definitions: ``papers/001`` App. A.2).
+"""Embedding and clustering quality metrics (definitions: Qiao et al. (arXiv:2412.13495) App. A.2).
 
 * **CA k-NN** — accuracy of a k-NN classifier trained on 70 % of the embedded points and tested on
   the other 30 % (stratified, seeded split), k ∈ {1, 10, 50}.
@@ -52,7 +52,7 @@ def _check_labels(y, n: int, name: str = "y") -> np.ndarray:
 
 
 def classification_accuracy(emb, y, ks=_KS, test_size: float = 0.3, random_state=None) -> dict[int, float]:
-    """CA k-NN (``papers/001`` App. A.2): k-NN accuracy on a 70/30 stratified split of the embedding.
+    """CA k-NN (Qiao et al. (arXiv:2412.13495) App. A.2): k-NN accuracy on a 70/30 stratified split of the embedding.
 
     One seeded split is shared by all ``ks``. ``k`` is capped at the training-set size. If some
     class has fewer than 2 points a stratified split is impossible; the split is then unstratified.
@@ -98,7 +98,7 @@ def _knn_without_self(A: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 
 
 def neighbor_preservation(X_high, emb, ks=_KS, max_queries: int = 10_000, random_state=None) -> dict[int, float]:
-    """NPA k-NN (``papers/001`` App. A.2): mean over points of ``|kNN_high(i) ∩ kNN_low(i)| / k``.
+    """NPA k-NN (Qiao et al. (arXiv:2412.13495) App. A.2): mean over points of ``|kNN_high(i) ∩ kNN_low(i)| / k``.
 
     Euclidean neighbours, self excluded. Above ``max_queries`` points the mean runs over a seeded
     random subsample of query points; their neighbours are still found among all ``n`` points.
@@ -123,7 +123,7 @@ def neighbor_preservation(X_high, emb, ks=_KS, max_queries: int = 10_000, random
 
 
 def clustering_metrics(labels_pred, y, features=None, max_silhouette_points: int = 10_000, random_state=None) -> dict:
-    """NMI and ARI of a predicted partition against true labels (``papers/001`` App. A.2).
+    """NMI and ARI of a predicted partition against true labels (Qiao et al. (arXiv:2412.13495) App. A.2).
 
     With ``features`` (n × d) also ``sc``: the silhouette coefficient of ``labels_pred`` in that space
     (seeded subsample of ``max_silhouette_points`` above that size; ``nan`` when only one cluster).
@@ -148,7 +148,7 @@ def clustering_metrics(labels_pred, y, features=None, max_silhouette_points: int
 
 
 def kmeans_metrics(emb, y, n_clusters: int | None = None, random_state=None) -> dict:
-    """NMI, ARI and SC of k-means on the embedding, k = number of classes (``papers/001`` App. A.2)."""
+    """NMI, ARI and SC of k-means on the embedding, k = number of classes (Qiao et al. (arXiv:2412.13495) App. A.2)."""
     from sklearn.cluster import KMeans
 
     E = _check_points(emb, "emb")
@@ -200,7 +200,7 @@ def trustworthiness(X_high, emb, n_neighbors: int = 5, max_points: int = 10_000,
 
 
 def embedding_metrics(X_high, emb, y=None, random_state=None) -> dict:
-    """All metrics of ``papers/001`` App. A.2 for one embedding.
+    """All metrics of Qiao et al. (arXiv:2412.13495) App. A.2 for one embedding.
 
     Returns
     -------

@@ -385,7 +385,7 @@ def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all) ->
     if reference is not None:
         opts["reference"] = reference
     if method == "gtm":
-        # each site summarises its records by at most 60 Gaussian components (papers/003), never more than it holds
+        # each site summarises its records by at most 60 Gaussian components (Zhang & Cheung), never more than it holds
         opts["n_components_per_site"] = int(min(60, min(len(s) for s in sites)))
     est = PEER_METHODS[method](random_state=seed, **opts)
     t0 = time.perf_counter()

@@ -67,7 +67,7 @@ class RunPlan:
     README lists every option with its meaning.
     """
 
-    # ---- landmarks (papers/000 Algorithm 1)
+    # ---- landmarks (Qiao et al. Algorithm 1)
     landmarks: int = 300
     landmark_method: str = "feddl"
     rounds: int = 60
@@ -93,7 +93,7 @@ class RunPlan:
     ckks_min_survivors: int | None = None
     ckks_quorum: int | None = None
     ckks_verify: str = "recompute"
-    # ---- differential privacy (papers/000 §5)
+    # ---- differential privacy (Qiao et al. §5)
     epsilon: float | None = None
     noise_multiplier: float | None = None
     delta: float = 1e-5
@@ -111,7 +111,7 @@ class RunPlan:
     max_auc: float = 0.6
     max_empirical_epsilon: float = 1.0
     allow_audit_failure: bool = False
-    # ---- embedding (papers/000 Algorithms 2–3)
+    # ---- embedding (Qiao et al. Algorithms 2–3)
     method: str = "tsne"
     nystrom: str | None = None       # None: "local" under DP, else "rows" (the paper)
     n_components: int = 2
@@ -429,7 +429,7 @@ def _cast(key: str, value, default):
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
     "landmarks": "n_y, the number of landmarks the sites learn together",
-    "landmark_method": "how the landmarks are learned: feddl (papers/000 Algorithm 1)",
+    "landmark_method": "how the landmarks are learned: feddl (Qiao et al. Algorithm 1)",
     "rounds": "S, FedDL rounds",
     "local_steps": "Q, local gradient steps per round (gradient averaging: summed steps per round)",
     "rule": "model averaging (Eq. 15) or gradient averaging (Eq. 16)",
@@ -455,7 +455,7 @@ HELP = {
     "epsilon": "differential privacy: target ε per record over the whole run (unset: no DP)",
     "noise_multiplier": "differential privacy: σ/Δ instead of a target ε",
     "delta": "differential privacy: target δ",
-    "accountant": "exact (μ-GDP), prv, rdp or paper (papers/000 Theorem 5's formula)",
+    "accountant": "exact (μ-GDP), prv, rdp or paper (Qiao et al. Theorem 5's formula)",
     "noise": "local (full σ on every site) or distributed (shares under a secure sum; gradient averaging only)",
     "clip_norm": "τ_X, public bound on record norms (required with DP)",
     "sample_rate": "Poisson sampling rate per local step (below 1 needs the prv or rdp accountant)",

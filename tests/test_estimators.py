@@ -1,4 +1,4 @@
-"""Fed-tSNE / Fed-UMAP / Fed-SpeClust estimators (papers/000 Algorithms 2-3): quality floors, what each
+"""Fed-tSNE / Fed-UMAP / Fed-SpeClust estimators (Qiao et al. Algorithms 2-3): quality floors, what each
 Nyström mode sends, the audit gate, the scikit-learn parameter protocol and bad input.
 
 (The Nyström algebra itself — kernel form exact when the landmarks are the data, feature-map distances —

@@ -1,6 +1,6 @@
 """Differential privacy for securefed: enforced bounds, sensitivity, accountants, mechanisms, ledger.
 
-See ``papers/000`` §5 (Theorems 3 and 5) and DESIGN §3. Public API:
+See Qiao et al. §5 (Theorems 3 and 5) and docs/maths.md. Public API:
 
 * bounds: :func:`clip_records`, :func:`default_tau_x`, :func:`project_spectral`, :func:`enforced_upsilon`
 * sensitivity: :func:`gradient_sensitivity` → :class:`Sensitivity`

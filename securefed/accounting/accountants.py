@@ -11,7 +11,7 @@
 * ``"prv"`` / ``"rdp"`` — Opacus' ``PRVAccountant`` (Gopi et al. 2021) and ``RDPAccountant``
   (Mironov 2017; Poisson-subsampled Gaussian) for subsampled steps with ``sample_rate`` q; both use
   add/remove adjacency.
-* ``"paper"`` — ``papers/000`` Theorem 5's formula ``σ² = 8 R Δ² log(e + ε/δ)/ε²``, i.e.
+* ``"paper"`` — Qiao et al. Theorem 5's formula ``σ² = 8 R Δ² log(e + ε/δ)/ε²``, i.e.
   ``z² = 8 R log(e + ε/δ)/ε²``, solved for ε given z (:func:`paper_epsilon`). **The paper's formula is
   not a bound**: at large ε it is below the true ε of the composed Gaussian mechanism (z = 0.5, R = 1000,
   δ = 1e-5: the formula gives 762, the exact μ-GDP accountant 2269). The ``"paper"`` accountant therefore
@@ -178,13 +178,13 @@ def compose_gdp(mus: Iterable[float]) -> float:
 
 
 def paper_noise_multiplier(epsilon: float, delta: float, releases: int) -> float:
-    """``papers/000`` Theorem 5: ``z = σ/Δ = √(8 R log(e + ε/δ)) / ε``."""
+    """Qiao et al. Theorem 5: ``z = σ/Δ = √(8 R log(e + ε/δ)) / ε``."""
     epsilon, delta, releases = check_epsilon(epsilon), check_delta(delta), check_releases(releases)
     return math.sqrt(8.0 * releases * math.log(math.e + epsilon / delta)) / epsilon
 
 
 def paper_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
-    """The paper's formula (``papers/000`` Theorem 5) solved for ε: ``z² ε² = 8R log(e + ε/δ)``.
+    """The paper's formula (Qiao et al. Theorem 5) solved for ε: ``z² ε² = 8R log(e + ε/δ)``.
 
     This is what the paper *claims* for ``R`` Gaussian releases at ``z = σ/Δ``; it is **not** an upper
     bound on the true ε (e.g. ``z = 0.5, R = 1000, δ = 1e-5``: 762 against the exact 2269). Report it as
@@ -325,7 +325,7 @@ class OpacusAccountant(Accountant):
 
 
 class PaperAccountant(Accountant):
-    """``papers/000`` Theorem 5's formula, floored by the exact accountant so that it is a valid bound.
+    """Qiao et al. Theorem 5's formula, floored by the exact accountant so that it is a valid bound.
 
     ``ε = max(paper formula, exact μ-GDP ε at full participation)``. The paper's formula
     (``σ² = 8 R Δ² log(e + ε/δ)/ε²``; smallest noise multiplier and total count of a heterogeneous history)
@@ -385,7 +385,7 @@ def calibrate_noise_multiplier(epsilon, delta, releases, accountant="exact", sam
 
     ``exact``: ``z = √R / μ(ε, δ)`` in closed form (plus a numerical inversion of δ(ε); Dong, Roth & Su
     2022, Cor. 2.13 and 3.3).
-    ``paper``: the paper's recipe ``z = √(8 R log(e + ε/δ))/ε`` (``papers/000`` Theorem 5), raised to the
+    ``paper``: the paper's recipe ``z = √(8 R log(e + ε/δ))/ε`` (Qiao et al. Theorem 5), raised to the
     exact μ-GDP ``z`` where the recipe's ε is not a valid bound (see :class:`PaperAccountant`).
     ``prv`` / ``rdp``: bracket ``z`` by doubling from the μ-GDP estimate (:func:`gdp_estimate_noise_multiplier`;
     for PRV from the RDP-calibrated ``z``, which PRV's ε — never above RDP's here — also meets) until the

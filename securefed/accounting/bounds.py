@@ -1,4 +1,4 @@
-"""Enforced bounds behind every sensitivity claim (DESIGN §3; ``papers/000`` Theorems 3 and 5 assume them).
+"""Enforced bounds behind every sensitivity claim (docs/maths.md; Qiao et al. Theorems 3 and 5 assume them).
 
 * ``τ_X`` — each record is clipped to norm ``τ_X`` (:func:`clip_records`), and the number of clipped
   records is reported (never a silent clip).

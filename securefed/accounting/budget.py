@@ -1,5 +1,5 @@
 """The figures ``securefed budget`` prints: the accountant's ε (or the noise multiplier for a target ε) and
-``papers/000`` Theorem 5's formula beside it — a formula, not a bound.
+Qiao et al. Theorem 5's formula beside it — a formula, not a bound.
 
 Kept in :mod:`securefed.accounting` (not in the CLI layer) so that every command line that prints budget
 figures calls this one function.
@@ -17,7 +17,7 @@ def budget_figures(*, epsilon=None, noise_multiplier=None, releases, delta, samp
     """The JSON object ``securefed budget`` prints (one of ``epsilon`` / ``noise_multiplier`` given).
 
     Keys: ``epsilon`` (the accountant's ε; with ``--epsilon``, the target), ``delta``, ``noise_multiplier``,
-    ``releases``, ``accountant``, ``sample_rate``, ``epsilon_paper_formula`` (``papers/000`` Theorem 5's
+    ``releases``, ``accountant``, ``sample_rate``, ``epsilon_paper_formula`` (Qiao et al. Theorem 5's
     formula at this noise multiplier — not a bound) and ``paper_formula_below_true_epsilon`` (True where the
     formula is below the accountant's ε at that noise multiplier, e.g. z = 0.5, R = 1000: 762 < 2269).
     """

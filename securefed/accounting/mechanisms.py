@@ -1,6 +1,6 @@
-"""Gaussian mechanisms of ``papers/000`` §5 with enforced bounds, exact accounting and a write-ahead ledger.
+"""Gaussian mechanisms of Qiao et al. §5 with enforced bounds, exact accounting and a write-ahead ledger.
 
-* :class:`GradientPerturbation` — the ``LandmarkPrivacy`` hook FedDL calls (PIPELINE.md): Sec. 5.2 /
+* :class:`GradientPerturbation` — the ``LandmarkPrivacy`` hook FedDL calls (docs/architecture.md): Sec. 5.2 /
   Theorem 5 gradient perturbation, per local step ("+" variants), local or distributed noise.
 * :func:`perturb_data` — Sec. 5.1 data perturbation with the corrected Theorem 3.
 
@@ -150,7 +150,7 @@ class _NoiseSource:
 
 
 class GradientPerturbation:
-    """Gaussian gradient perturbation for FedDL (``papers/000`` §5.2, Theorem 5) — the ``LandmarkPrivacy`` hook.
+    """Gaussian gradient perturbation for FedDL (Qiao et al. §5.2, Theorem 5) — the ``LandmarkPrivacy`` hook.
 
     Parameters
     ----------
@@ -373,7 +373,7 @@ class GradientPerturbation:
             raise ConfigError(bad_value("GradientPerturbation", "unprepared", "call prepare(...) first (fed_dl does)"))
 
     def batch(self, site, round, step, X, rng):
-        """The records and normaliser of one release (``papers/000`` Eq. 13 with ``n_norm``).
+        """The records and normaliser of one release (Qiao et al. Eq. 13 with ``n_norm``).
 
         Full batch: ``(X, n_p)`` with ``n_p = sizes[site]``, the public announced size (``len(X)`` must equal
         it: σ was calibrated for that count). Poisson subsampling: each record independently with
@@ -452,7 +452,7 @@ class GradientPerturbation:
         self._plan_rechecked = True
 
     def gradient_norm_bound(self, site: int) -> float:
-        """A public bound on ``‖mmd_grad(Xb, Y, γ, n_norm)‖_F`` at any ``Y`` (``papers/000`` Eq. 13).
+        """A public bound on ``‖mmd_grad(Xb, Y, γ, n_norm)‖_F`` at any ``Y`` (Qiao et al. Eq. 13).
 
         Every row of the data term is a sum of ``n_b`` vectors ``φ(x − y)`` of norm ``≤ h(∞) = e^{−1/2}/√(2γ)``
         and every row of the repulsion term a sum of ``n_y − 1`` such vectors, so
@@ -563,7 +563,7 @@ class GradientPerturbation:
 
         Keys of note: ``epsilon`` (the ledger's ε with the run's accountant — an upper bound),
         ``epsilon_void`` / ``epsilon_void_reason`` (seeded noise: the ε means nothing),
-        ``epsilon_paper_formula`` (``papers/000`` Theorem 5's formula at this noise multiplier and release
+        ``epsilon_paper_formula`` (Qiao et al. Theorem 5's formula at this noise multiplier and release
         count — a formula, not a bound), ``paper_formula_below_true_epsilon`` (True where that formula is
         below ``epsilon``), ``epsilon_paper_recipe`` (the same formula at the paper's own Theorem 5 Δ),
         ``sensitivity_domain`` (Δ holds at any ``Y``) and ``normaliser`` (announced site sizes).
@@ -637,7 +637,7 @@ class GradientPerturbation:
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
-    """Corrected Theorem 3 of ``papers/000`` (Dwork & Roth 2014, Thm A.1): ``σ = cΔ/ε`` with
+    """Corrected Theorem 3 of Qiao et al. (Dwork & Roth 2014, Thm A.1): ``σ = cΔ/ε`` with
     ``c² > 2 ln(1.25/δ)`` (c is taken one ulp above the root); valid only for ``ε < 1``."""
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     if epsilon >= 1.0:
@@ -654,7 +654,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
 
 
 def data_perturbation_sigma(epsilon, delta, tau_x, method: str = "auto") -> tuple[float, str]:
-    """σ for releasing clipped records plus Gaussian noise (``papers/000`` §5.1), sensitivity ``2τ_X``.
+    """σ for releasing clipped records plus Gaussian noise (Qiao et al. §5.1), sensitivity ``2τ_X``.
 
     ``method="theorem3"``: corrected Theorem 3 (``σ ≥ 2cτ_X/ε``, ``c² > 2 ln(1.25/δ)``, ε < 1).
     ``"analytic"``: analytic Gaussian mechanism (tighter, any ε). ``"auto"``: Theorem 3 for ε < 1
@@ -693,7 +693,7 @@ class DataPerturbationEvent:
 
 def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: int = 0,
                  insecure_noise_seed_for_testing=None, secure_mode=None):
-    """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (``papers/000`` §5.1, Theorem 3).
+    """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (Qiao et al. §5.1, Theorem 3).
 
     Each record appears in one row, so releasing all rows is one Gaussian mechanism per record with
     ℓ₂ sensitivity ``2τ_X`` (replace-one). Anything computed from the noisy rows — FedDL on them, or the
@@ -780,7 +780,7 @@ class DataPerturbation:
 
     def report(self) -> dict:
         """The report block of the rows' data perturbation."""
-        out = {"mechanism": "gaussian-data (papers/000 Sec. 5.1, corrected Theorem 3)", "epsilon": self.epsilon,
+        out = {"mechanism": "gaussian-data (Qiao et al. Sec. 5.1, corrected Theorem 3)", "epsilon": self.epsilon,
                "delta": self.delta, "method": self.method, "sigma": self.sigma, "sensitivity": data_sensitivity(self.tau_x),
                "tau_x": self.tau_x, "sites": len(self.events), "clipped_records": int(sum(e.n_clipped for e in self.events)),
                "noise_source": SECURE_NOISE if self.secure_mode else SEEDED_NOISE,

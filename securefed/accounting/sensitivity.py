@@ -1,8 +1,8 @@
-"""Sensitivity of one site's FedDL gradient to one record (``papers/000`` Theorem 5, DESIGN §3).
+"""Sensitivity of one site's FedDL gradient to one record (Qiao et al. Theorem 5, docs/maths.md).
 
 Derivation (rows = points)
 --------------------------
-With ``K_xy = K(X_p, Y)`` the gradient of ``f_p(Y) = MMD(X_p, Y)`` is (``papers/000`` Eq. 13)::
+With ``K_xy = K(X_p, Y)`` the gradient of ``f_p(Y) = MMD(X_p, Y)`` is (Qiao et al. Eq. 13)::
 
     ∇ = −4γ/(n n_y) · (K_xyᵀ X_p − diag(K_xyᵀ 1) Y)  +  (terms in Y only)
 
@@ -19,16 +19,16 @@ Three valid per-row bounds of ``‖φ(x − y_i) − φ(x' − y_i)‖``:
 
 1. **kernel shape** — ``‖φ(v)‖ = ‖v‖ e^{−γ‖v‖²} ≤ h(Υ) := max_{0≤d≤Υ} d e^{−γd²}``, maximised at
    ``d* = min(Υ, 1/√(2γ))``; by the triangle inequality the row changes by at most ``2h(Υ)``, hence
-   ``Δ_shape = 2 · 4γ√n_y/(n n_y) · h(Υ)`` (DESIGN §3). It is attained (``Y = 0``, ``x = −x'`` with
+   ``Δ_shape = 2 · 4γ√n_y/(n n_y) · h(Υ)`` (docs/maths.md). It is attained (``Y = 0``, ``x = −x'`` with
    ``‖x‖ = d*``) whenever ``d* ≤ τ_X``, so it cannot be improved in general.
 2. **Lipschitz** — the Jacobian of ``φ`` is ``e^{−γ‖v‖²}(I − 2γ v vᵀ)`` with eigenvalues ``e^{−t}`` and
    ``(1 − 2t)e^{−t}`` (``t = γ‖v‖² ≥ 0``), all in ``[−2e^{−3/2}, 1]``; so ``φ`` is 1-Lipschitz and the
    row changes by at most ``‖x − x'‖ ≤ 2τ_X``: ``Δ_lip = 8γ√n_y τ_X/(n n_y)``.
-3. **Theorem 5 of papers/000** — ``Δ_T5 = 8√n_y γ τ_X/(n n_y) · (1 + 2γ(τ_X + τ_Y)(τ_X + Υ))``.
+3. **Theorem 5 of Qiao et al.** — ``Δ_T5 = 8√n_y γ τ_X/(n n_y) · (1 + 2γ(τ_X + τ_Y)(τ_X + Υ))``.
    It is ``Δ_lip`` times a factor ``≥ 1`` (the paper bounds the Lipschitz constant of ``φ`` by
    ``1 + 2γ(τ_X+τ_Y)(τ_X+Υ)`` instead of 1), so it is **valid but never tighter** than ``Δ_lip``.
 
-Both formulas stated in the brief/DESIGN are therefore correct upper bounds; securefed adds the
+Both formulas of docs/maths.md §8 are therefore correct upper bounds; securefed adds the
 Lipschitz bound, which the paper's own proof route implies, and uses ``min(Δ_lip, Δ_shape)``
 (``≤ Δ_T5`` always). ``Υ`` never exceeds ``τ_X + τ_Y`` once the bounds are enforced
 (``‖y_i‖ ≤ ‖Y‖₂ ≤ τ_Y``; ``‖x‖ ≤ τ_X``), so a larger ``upsilon`` is reduced to ``τ_X + τ_Y``.
@@ -89,7 +89,7 @@ class Sensitivity:
         Which bound ``value`` is: ``"theorem5"``, ``"kernel_shape"``, ``"lipschitz"`` or
         ``"kernel_shape_add_remove"``.
     theorem5 : float
-        ``papers/000`` Theorem 5 (replace-one).
+        Qiao et al. Theorem 5 (replace-one).
     kernel_shape : float
         ``2 · 4γ√n_y/(n n_y) · h(Υ)`` (replace-one).
     lipschitz : float
@@ -123,7 +123,7 @@ def _pos(name: str, v, *, allow_zero: bool = False) -> float:
 
 
 def kernel_shape_peak(gamma: float, upsilon: float = math.inf) -> float:
-    """``h(Υ) = max_{0≤d≤Υ} d·e^{−γd²}``, attained at ``d = min(Υ, 1/√(2γ))`` (DESIGN §3).
+    """``h(Υ) = max_{0≤d≤Υ} d·e^{−γd²}``, attained at ``d = min(Υ, 1/√(2γ))`` (docs/maths.md).
 
     ``upsilon=math.inf`` (default) gives the global maximum ``e^{−1/2}/√(2γ)``, valid for any ``Y``.
     """
@@ -135,7 +135,7 @@ def kernel_shape_peak(gamma: float, upsilon: float = math.inf) -> float:
 
 
 def theorem5_sensitivity(n_records, n_landmarks, gamma, tau_x, tau_y, upsilon) -> float:
-    """Theorem 5 of ``papers/000``: ``Δ = 8√n_y γ τ_X/(n_p n_y) · (1 + 2γ(τ_X + τ_Y)(τ_X + Υ))``."""
+    """Theorem 5 of Qiao et al.: ``Δ = 8√n_y γ τ_X/(n_p n_y) · (1 + 2γ(τ_X + τ_Y)(τ_X + Υ))``."""
     n, ny = float(n_records), float(n_landmarks)
     return 8.0 * math.sqrt(ny) * gamma * tau_x / (n * ny) * (1.0 + 2.0 * gamma * (tau_x + tau_y) * (tau_x + upsilon))
 
@@ -165,7 +165,7 @@ def gradient_sensitivity(
     adjacency: str = "replace",
     y_domain: str = "any",
 ) -> Sensitivity:
-    """Frobenius sensitivity Δ of one site's MMD gradient (``papers/000`` Eq. 13, Theorem 5).
+    """Frobenius sensitivity Δ of one site's MMD gradient (Qiao et al. Eq. 13, Theorem 5).
 
     See the module docstring for the derivation.
 

@@ -1,6 +1,6 @@
 """The audit gate: after the landmarks and **before** any Nyström row leaves a site, check a policy.
 
-Checks (issue 5, DESIGN §1 step 2):
+Checks (issue 5, docs/architecture.md):
 
 1. ``auc ≤ max_auc`` — the best membership attack does little better than a coin;
 2. ``empirical_epsilon ≤ max_empirical_epsilon`` — a *proven* (95 %) lower bound on the privacy loss stays small;

@@ -21,7 +21,7 @@ Scores (higher = "more likely a member")
 ----------------------------------------
 ``nearest``  ``−γ min_j ‖x − y_j‖²`` — FedDL pulls landmarks towards the records it sees.
 ``kde``      ``log (1/n_y) Σ_j exp(−γ ‖x − y_j‖²)`` — the kernel density of ``x`` under ``Y`` (the MMD witness
-             term of ``papers/000`` Eq. (10) evaluated at ``x``).
+             term of Qiao et al. Eq. (10) evaluated at ``x``).
 ``lira``     offline likelihood-ratio score (Carlini et al., "Membership Inference Attacks From First
              Principles", S&P 2022, §IV-C, fixed-variance variant): the attacker runs ``K`` **shadow FedDL**
              fits on its own data (a share of each site's held-out records, never a target member nor an evaluated
@@ -101,7 +101,7 @@ def nearest_landmark_score(X: np.ndarray, Y: np.ndarray, gamma: float) -> np.nda
 def kde_score(X: np.ndarray, Y: np.ndarray, gamma: float) -> np.ndarray:
     """``log (1/n_y) Σ_j exp(−γ ‖x − y_j‖²)``: the Gaussian-kernel density of ``x`` under the landmarks.
 
-    This is the witness term ``(1/n_y) Σ_j k(x, y_j)`` of the MMD estimate (``papers/000`` Eq. (10)), in logs
+    This is the witness term ``(1/n_y) Σ_j k(x, y_j)`` of the MMD estimate (Qiao et al. Eq. (10)), in logs
     (computed stably with log-sum-exp).
     """
     L = -gamma * sq_dists(X, Y)

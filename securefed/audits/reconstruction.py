@@ -1,13 +1,13 @@
 """Reconstruction audit: play the honest-but-curious server and rebuild records from what left a site.
 
-DESIGN §2 says what the server sees in each mode. This module turns each of those payloads back into
+docs/what-leaves-each-site.md says what the server sees in each mode. This module turns each of those payloads back into
 records with the best estimate the server can compute, so the report can state *measured* risk:
 
-* **distance rows** (paper mode, Algorithm 2 of ``papers/000``; securefed's estimators send **squared**
+* **distance rows** (paper mode, Algorithm 2 of Qiao et al.; securefed's estimators send **squared**
   distances ``D²(X_p, Y)``, ``nystrom="rows"``) → :func:`reconstruct_from_distance_rows` (trilateration,
   ``squared=True``; Euclidean distances with ``squared=False``);
-* **kernel rows** ``K(X_p, Y) = exp(−γ D²)`` (``papers/000`` §3.1) → :func:`reconstruct_from_kernel_rows`;
-* **perturbed rows** (``papers/000`` Sec. 5.1: rows of ``X + E``, ``E ~ N(0, σ²)``) → the same trilateration
+* **kernel rows** ``K(X_p, Y) = exp(−γ D²)`` (Qiao et al. §3.1) → :func:`reconstruct_from_kernel_rows`;
+* **perturbed rows** (Qiao et al. Sec. 5.1: rows of ``X + E``, ``E ~ N(0, σ²)``) → the same trilateration
   recovers ``x + e`` exactly, so the reconstruction error is the noise itself;
 * **no rows** (local placement: only each record's final 2-D coordinate leaves the site) →
   :func:`reconstruct_from_coordinates` (kernel regression from 2-D back to the data space through the landmarks,
@@ -51,7 +51,7 @@ def _as_matrix(name, A, ncols=None):
 def trilateration_system(Y: np.ndarray):
     """The linear system behind trilateration, centred on the landmark mean.
 
-    For a record ``x`` and landmarks ``y_j`` (DESIGN §2, rows = points)::
+    For a record ``x`` and landmarks ``y_j`` (docs/what-leaves-each-site.md, rows = points)::
 
         ‖x − y_j‖² = ‖x‖² − 2 y_j·x + ‖y_j‖² = d_j²
 
@@ -97,13 +97,13 @@ def _trilaterate_sq(D2: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def reconstruct_from_distance_rows(D_rows, Y, *, squared: bool = False, return_rank: bool = False):
-    """Trilateration: rebuild records from their distance rows to the landmarks (DESIGN §2, Nyström row).
+    """Trilateration: rebuild records from their distance rows to the landmarks (docs/what-leaves-each-site.md, Nyström row).
 
     Solves ``‖x‖² − 2 y_j·x + ‖y_j‖² = d_j²`` (linear in ``(x, ‖x‖²)``) by least squares; see
     :func:`trilateration_system`. Exact (to round-off) when ``n_y > m`` and the landmarks are in general
     position; with ``n_y ≤ m`` (rank of the centred landmarks ``< m``) the estimate is the orthogonal
     projection of ``x`` onto the landmarks' affine span. For noisy rows it is the linear least-squares estimate;
-    for rows of a perturbed record ``x + e`` (``papers/000`` Sec. 5.1) it returns ``x + e``.
+    for rows of a perturbed record ``x + e`` (Qiao et al. Sec. 5.1) it returns ``x + e``.
 
     Parameters
     ----------
@@ -134,7 +134,7 @@ def reconstruct_from_distance_rows(D_rows, Y, *, squared: bool = False, return_r
 
 
 def kernel_rows_to_sq_distances(K_rows, gamma: float) -> np.ndarray:
-    """Invert the Gaussian kernel: ``d² = −log(k) / γ`` (``papers/000`` §3.1, ``K = exp(−γ D²)``).
+    """Invert the Gaussian kernel: ``d² = −log(k) / γ`` (Qiao et al. §3.1, ``K = exp(−γ D²)``).
 
     Entries that underflowed to 0 carry no distance and become ``inf`` (the caller drops them).
     Entries above 1 by more than round-off are not kernel values and raise :class:`DataError`.
@@ -154,7 +154,7 @@ def kernel_rows_to_sq_distances(K_rows, gamma: float) -> np.ndarray:
 def reconstruct_from_kernel_rows(K_rows, Y, gamma: float, *, return_rank: bool = False):
     """Rebuild records from Gaussian kernel rows ``K(X_p, Y)``: invert ``d² = −log k / γ``, then trilaterate.
 
-    Kernel rows leak exactly what distance rows leak (DESIGN §2). Entries that underflowed to zero are dropped
+    Kernel rows leak exactly what distance rows leak (docs/what-leaves-each-site.md). Entries that underflowed to zero are dropped
     from that record's equations (a per-record least-squares solve with the remaining landmarks); a record needs
     at least ``m + 2`` usable entries for exact recovery.
 

@@ -4,7 +4,7 @@
 prints the ε spent; ``securefed budget --epsilon E --releases R --delta D`` prints the noise multiplier
 needed. Both print one JSON object
 ``{"epsilon", "delta", "noise_multiplier", "releases", "accountant", "sample_rate", "epsilon_paper_formula",
-"paper_formula_below_true_epsilon"}`` where ``epsilon_paper_formula`` is what ``papers/000`` Theorem 5's
+"paper_formula_below_true_epsilon"}`` where ``epsilon_paper_formula`` is what Qiao et al. Theorem 5's
 formula gives at the same noise multiplier — **not a bound**: where it is below the accountant's ε,
 ``paper_formula_below_true_epsilon`` is ``true`` (e.g. z = 0.5, R = 1000: 762 against 2269).
 

@@ -1,6 +1,6 @@
 """Nyström reconstruction on the server: the paper's dense forms and a scalable path (rows = points).
 
-Paper forms (``papers/000`` §4, Algorithms 2–3)
+Paper forms (Qiao et al. §4, Algorithms 2–3)
     * :func:`nystrom_distance` — Eq. (21) ``D̂_{X,X} = B W_k^† Bᵀ`` with ``B`` the stacked client rows
       ``D(X_p, Y)`` (Eq. 20) and ``W = D(Y, Y)`` (+ ``λI`` when singular).
     * :func:`nystrom_kernel` — Algorithm 3, ``K̂_{X,X} = C W_k^† Cᵀ`` with ``C = K(X, Y)``,
@@ -16,7 +16,7 @@ So with squared distances Eq. (21) reproduces **every** pairwise distance exactl
 landmark block ``W`` has rank m + 2 (n_y ≥ m + 2 landmarks in general position), and whenever the
 landmarks contain the data. Plain distances have no such low-rank structure and are only
 approximated (``benchmarks/results/nystrom.md`` measures both). The same algebra is why the rows
-leak the records (DESIGN §2, trilateration).
+leak the records (docs/what-leaves-each-site.md, trilateration).
 
 Scalable path (no n × n matrix)
     * :func:`kernel_feature_map` — ``Φ = C W^{-1/2}`` so that ``ΦΦᵀ = C W^† Cᵀ = K̂`` (Alg. 3 in
@@ -118,7 +118,7 @@ def _check_dense(n: int, max_records: int) -> None:
 def _rank_k_pinv_factors(W: np.ndarray, rank: int | None, reg: float, rtol: float) -> tuple[np.ndarray, np.ndarray]:
     """Factors of ``W_k^†`` for symmetric ``W``: ``W_k^† = U diag(inv) Uᵀ``.
 
-    ``papers/000`` Eq. (18) and Theorem 2: ``W_k^†`` is the Moore–Penrose inverse of the best rank-k
+    Qiao et al. Eq. (18) and Theorem 2: ``W_k^†`` is the Moore–Penrose inverse of the best rank-k
     approximation of ``W + λI`` (the λI of §4 for singular W). For a symmetric (possibly indefinite,
     as a distance matrix is) ``W`` the best rank-k approximation keeps the k eigenvalues of largest
     magnitude. Eigenvalues with ``|λ_i| ≤ rtol · max|λ|`` count as zero (pseudo-inverse cut-off).
@@ -134,7 +134,7 @@ def _rank_k_pinv_factors(W: np.ndarray, rank: int | None, reg: float, rtol: floa
 
 
 def _nystrom_dense(R, W, rname: str, rank, reg, rtol, max_records: int) -> np.ndarray:
-    """Eq. (18) of ``papers/000``: ``R W_k^† Rᵀ`` (validated, symmetrised), the core of Eq. (21) and Alg. 3."""
+    """Eq. (18) of Qiao et al.: ``R W_k^† Rᵀ`` (validated, symmetrised), the core of Eq. (21) and Alg. 3."""
     R, W = _check_pair(R, W, rname)
     _check_dense(len(R), max_records)
     U, inv = _rank_k_pinv_factors(W, _check_rank(rank, len(W)), _check_reg(reg), _check_rtol(rtol))
@@ -148,7 +148,7 @@ def _nystrom_dense(R, W, rname: str, rank, reg, rtol, max_records: int) -> np.nd
 
 def nystrom_distance(B, W, rank=None, reg=None, *, squared: bool = True, rtol: float = 1e-10,
                      max_records: int = DEFAULT_MAX_DENSE_RECORDS) -> np.ndarray:
-    """Estimate all pairwise distances from landmark distances: ``papers/000`` Eq. (21), ``D̂ = B W_k^† Bᵀ``.
+    """Estimate all pairwise distances from landmark distances: Qiao et al. Eq. (21), ``D̂ = B W_k^† Bᵀ``.
 
     Parameters
     ----------
@@ -188,7 +188,7 @@ def nystrom_distance(B, W, rank=None, reg=None, *, squared: bool = True, rtol: f
 
 def nystrom_kernel(C, W, rank=None, reg=None, *, rtol: float = 1e-10,
                    max_records: int = DEFAULT_MAX_DENSE_RECORDS) -> np.ndarray:
-    """Nyström kernel matrix ``K̂ = C W_k^† Cᵀ`` (``papers/000`` Algorithm 3 with Eq. 18).
+    """Nyström kernel matrix ``K̂ = C W_k^† Cᵀ`` (Qiao et al. Algorithm 3 with Eq. 18).
 
     Parameters
     ----------
@@ -212,7 +212,7 @@ def nystrom_kernel(C, W, rank=None, reg=None, *, rtol: float = 1e-10,
 
 
 def kernel_feature_map(C, W, rtol: float = 1e-10, rank=None, reg=None) -> np.ndarray:
-    """Nyström feature map ``Φ = C W^{-1/2}`` (Algorithm 3 of ``papers/000`` in factored form).
+    """Nyström feature map ``Φ = C W^{-1/2}`` (Algorithm 3 of Qiao et al. in factored form).
 
     With ``W = U Λ Uᵀ`` (eigendecomposition), eigenpairs with ``λ_i ≤ rtol · λ_max`` are dropped
     (they carry only round-off; negative ones cannot occur in an exact kernel matrix and are dropped
@@ -255,7 +255,7 @@ def kernel_feature_map(C, W, rtol: float = 1e-10, rank=None, reg=None) -> np.nda
 def distance_feature_map(B, W, rtol: float = 1e-10, rank=None) -> np.ndarray:
     """Coordinates from squared landmark distances: landmark MDS (de Silva & Tenenbaum 2004).
 
-    The scalable counterpart of Eq. (21) of ``papers/000``: from ``B = D²(X, Y)`` and ``W = D²(Y, Y)``
+    The scalable counterpart of Eq. (21) of Qiao et al.: from ``B = D²(X, Y)`` and ``W = D²(Y, Y)``
     compute the landmarks' classical-MDS Gram matrix ``G = −½ J W J`` (``J = I − 11ᵀ/n_y``),
     ``G = V Λ Vᵀ`` keeping ``λ_i > rtol · λ_max`` (and at most ``rank``), then place every record at
     ``x̃ = −½ Λ^{-1/2} Vᵀ (b_x − w̄)`` with ``w̄`` the column means of ``W``. Euclidean distances

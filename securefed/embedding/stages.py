@@ -32,7 +32,7 @@ _seed = seed_from
 def knn_from_distance_rows(B, landmarks, k, *, reconstruction="auto", noisy_landmarks=False, n_jobs=1, rng):
     """k-NN graph (each point itself first) from the sites' squared-distance rows ``B = D²(X, Y)``.
 
-    ``"paper"``: Eq. (21) of ``papers/000`` (:func:`securefed.embedding.nystrom.nystrom_distance`, dense n × n);
+    ``"paper"``: Eq. (21) of Qiao et al. (:func:`securefed.embedding.nystrom.nystrom_distance`, dense n × n);
     ``"features"``: the landmark-MDS feature map + approximate k-NN (no n × n). The path is chosen by
     :func:`securefed.embedding.nystrom.choose_reconstruction`.
 
@@ -59,7 +59,7 @@ def knn_from_distance_rows(B, landmarks, k, *, reconstruction="auto", noisy_land
 
 def tsne_from_distance_rows(B, landmarks, *, perplexity=30.0, n_components=2, n_iter=750, reconstruction="auto",
                             noisy_landmarks=False, n_jobs=1, rng):
-    """Fed-tSNE's server step (``papers/000`` Algorithm 2, rows mode): the t-SNE embedding of all records
+    """Fed-tSNE's server step (Qiao et al. Algorithm 2, rows mode): the t-SNE embedding of all records
     from their distance rows ``B`` (k-NN by :func:`knn_from_distance_rows`, then openTSNE).
 
     Returns
@@ -85,7 +85,7 @@ def tsne_from_distance_rows(B, landmarks, *, perplexity=30.0, n_components=2, n_
 
 def umap_from_distance_rows(B, landmarks, *, n_neighbors=15, min_dist=0.1, n_components=2, reconstruction="auto",
                             noisy_landmarks=False, n_jobs=1, rng):
-    """Fed-UMAP's server step (``papers/000`` Algorithm 2, rows mode): UMAP of all records from ``B``.
+    """Fed-UMAP's server step (Qiao et al. Algorithm 2, rows mode): UMAP of all records from ``B``.
 
     Returns
     -------
@@ -113,7 +113,7 @@ def umap_from_distance_rows(B, landmarks, *, n_neighbors=15, min_dist=0.1, n_com
 
 def spectral_from_kernel_rows(C, landmarks, gamma, *, n_clusters=8, n_neighbors=15, reconstruction="auto", n_jobs=1,
                               rng):
-    """Fed-SpeClust's server step (``papers/000`` Algorithm 3, rows mode): cluster labels of all records
+    """Fed-SpeClust's server step (Qiao et al. Algorithm 3, rows mode): cluster labels of all records
     from their kernel rows ``C = K(X, Y)`` — dense ``C W^† Cᵀ`` (``"paper"``) or the kernel feature map +
     a sparse k-NN affinity graph (``"features"``).
 

@@ -1,7 +1,7 @@
 """The one coordinator of a federated job, sans-I/O: it takes site replies and returns requests.
 
 :class:`Coordinator` runs the whole job for a :class:`~securefed.plan.RunPlan` — ``hello``, the statistics for
-γ and the start, the FedDL rounds (``papers/000`` Algorithm 1), the optional Lloyd refinement, the
+γ and the start, the FedDL rounds (Qiao et al. Algorithm 1), the optional Lloyd refinement, the
 membership-audit gate and the embedding stage (Algorithms 2–3, or the no-rows placement) — and never sleeps,
 opens a socket or a file. Two drivers move its requests: the in-memory exchange (:mod:`.inprocess`, what the
 estimators and ``securefed run`` use) and Flower (:mod:`securefed.flower.server_app`). The site side is one
@@ -369,7 +369,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ stage 1: landmarks
     def _landmarks(self):
-        """FedDL (``papers/000`` Algorithm 1): γ and the start from one secure sum of statistics, then ``S`` rounds
+        """FedDL (Qiao et al. Algorithm 1): γ and the start from one secure sum of statistics, then ``S`` rounds
         of model averaging (Eq. 15) or gradient averaging (Eq. 16) through the secure sum (generator)."""
         from ..kernels import check_gamma, median_gamma
         from ..landmarks.feddl import default_lr, init_landmarks, release_bounds

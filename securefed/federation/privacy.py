@@ -4,7 +4,7 @@ between the coordinator (calibration from public numbers, the aggregate ledger, 
 
 What is public and what each side does
 --------------------------------------
-The calibration of ``papers/000`` §5.2 (Theorem 5 / the exact accountant) needs only public numbers:
+The calibration of Qiao et al. §5.2 (Theorem 5 / the exact accountant) needs only public numbers:
 the site sizes ``n_p`` (announced at ``hello``), ``n_y``, γ, the rounds ``S``, the local steps ``Q``, the
 clip norm ``τ_X``, the sampling rate and the client weights. Both sides build the *same*
 ``GradientPerturbation`` and call its :meth:`~securefed.accounting.GradientPerturbation.calibrate` with the

@@ -59,7 +59,7 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
 
     * ``stats``: ``[median_p(‖x−x'‖²)/(4mB), mean_p(x), mean_p(x²)/B]`` (the parts asked in ``want``) — the
       median heuristic's statistic and the feature moments, one secure sum (``B`` = ``scale``);
-    * ``model``: ``Y_p`` after ``Q`` local steps from the broadcast ``Y`` (``papers/000`` Algorithm 1 lines 5–10);
+    * ``model``: ``Y_p`` after ``Q`` local steps from the broadcast ``Y`` (Qiao et al. Algorithm 1 lines 5–10);
     * ``gradient``: ``∇f_p(Y)`` (Eq. 13);
     * ``lloyd``: ``[Σ_{x→i} x / n_p, c_i / n_p]`` per landmark ``i`` (nearest-landmark assignment);
     * ``mmd``: ``[MMD(X_p, Y)]`` (Eq. 10);
@@ -349,7 +349,7 @@ class SiteWorker:
 
     def _rows(self, fields: dict) -> dict:
         """The paper's rows: one row per record (all records, file order) — ``D²(X, Y)`` or ``K(X, Y)``; with
-        ``rows_dp`` from the records clipped to τ_X plus Gaussian noise (``papers/000`` §5.1), ledger first."""
+        ``rows_dp`` from the records clipped to τ_X plus Gaussian noise (Qiao et al. §5.1), ledger first."""
         from ..kernels import gaussian_kernel, sq_dists
 
         X = self.records()

@@ -1,6 +1,6 @@
 """Landmarks: the ``n_y`` synthetic points the sites learn together through a secure sum.
 
-:mod:`.feddl` holds FedDL's maths (``papers/000`` Algorithm 1, Eqs. 10–16), one function per equation, and
+:mod:`.feddl` holds FedDL's maths (Qiao et al. Algorithm 1, Eqs. 10–16), one function per equation, and
 :func:`fed_dl`, the landmark stage alone run in process by the one coordinator.
 """
 

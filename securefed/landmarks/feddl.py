@@ -1,4 +1,4 @@
-"""FedDL — federated distribution learning of landmarks (Algorithm 1 of ``papers/000``).
+"""FedDL — federated distribution learning of landmarks (Algorithm 1 of Qiao et al.).
 
 The server keeps ``n_y`` synthetic points ``Y`` (rows = points). For ``S`` rounds each site runs
 ``Q`` local gradient steps on ``f_p(Y) = MMD(X_p, Y)`` (Eq. 10, gradient Eq. 13) and uploads its
@@ -65,7 +65,7 @@ def _kxx_term(X: np.ndarray, gamma: float, chunk: int = 2048) -> float:
 
 
 def mmd(X: np.ndarray, Y: np.ndarray, gamma: float, *, kxx_term: float | None = None) -> float:
-    """Unbiased-style MMD estimate between the rows of ``X`` and ``Y`` (``papers/000`` Eq. 10).
+    """Unbiased-style MMD estimate between the rows of ``X`` and ``Y`` (Qiao et al. Eq. 10).
 
     ``MMD = (1ᵀK_XX1 − n_p)/(n_p(n_p−1)) − 2·1ᵀK_XY1/(n_p n_y) + (1ᵀK_YY1 − n_y)/(n_y(n_y−1))``.
 
@@ -91,9 +91,9 @@ def mmd(X: np.ndarray, Y: np.ndarray, gamma: float, *, kxx_term: float | None = 
 
 
 def mmd_grad(X: np.ndarray, Y: np.ndarray, gamma: float, *, n_norm: float | None = None) -> np.ndarray:
-    """Gradient of ``f_p(Y) = MMD(X_p, Y)`` with respect to the landmark matrix (``papers/000`` Eq. 13).
+    """Gradient of ``f_p(Y) = MMD(X_p, Y)`` with respect to the landmark matrix (Qiao et al. Eq. 13).
 
-    Row convention (DESIGN §3), with ``K_xy = K(X_p, Y)`` and ``K_yy = K(Y, Y)``::
+    Row convention (docs/maths.md), with ``K_xy = K(X_p, Y)`` and ``K_yy = K(Y, Y)``::
 
         ∇ = −4γ/(n_p n_y) · (K_xyᵀ X_p − diag(K_xyᵀ 1) Y)
             + 4γ/(n_y(n_y−1)) · (K_yy Y − diag(K_yy 1) Y)
@@ -170,7 +170,7 @@ def local_step(
     step: int = 0,
     rng: np.random.Generator | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One local gradient step ``Y ← Y − η ∇f_p(Y)`` (``papers/000`` Eq. 14, Algorithm 1 line 8).
+    """One local gradient step ``Y ← Y − η ∇f_p(Y)`` (Qiao et al. Eq. 14, Algorithm 1 line 8).
 
     With a privacy hook the gradient is computed on the hook's batch, perturbed (the hook records the
     release in its ledger first) and the new ``Y`` projected onto the hook's spectral ball.
@@ -201,7 +201,7 @@ def client_update(
 ) -> np.ndarray:
     """Client side of a model-averaging round: ``Q`` local steps from the broadcast ``Y``.
 
-    ``papers/000`` Algorithm 1, lines 5–10: ``Y_p^{s,0} = Y^{s−1}``, then
+    Qiao et al. Algorithm 1, lines 5–10: ``Y_p^{s,0} = Y^{s−1}``, then
     ``Y_p^{s,t} = Y_p^{s,t−1} − η_s ∇f_p(Y_p^{s,t−1})`` for ``t = 1..Q``; returns ``Y_p^s``.
     """
     Yp = np.array(Y, dtype=np.float64, copy=True)
@@ -211,14 +211,14 @@ def client_update(
 
 
 def server_model_average(agg: AggregateResult) -> np.ndarray:
-    """Model averaging, ``Y^s = Σ_p ω_p Y_p^s / Σ_p ω_p`` over the surviving sites (``papers/000`` Eq. 15)."""
+    """Model averaging, ``Y^s = Σ_p ω_p Y_p^s / Σ_p ω_p`` over the surviving sites (Qiao et al. Eq. 15)."""
     if agg.weight_sum <= 0:
         raise ConfigError(bad_value("weight_sum", agg.weight_sum, "at least one site with positive weight must survive"))
     return agg.total / agg.weight_sum
 
 
 def server_gradient_step(Y: np.ndarray, agg: AggregateResult, lr: float) -> np.ndarray:
-    """Gradient averaging, ``Y^s = Y^{s−1} − η' Σ_p ω_p ∇f_p / Σ_p ω_p`` (``papers/000`` Eq. 16)."""
+    """Gradient averaging, ``Y^s = Y^{s−1} − η' Σ_p ω_p ∇f_p / Σ_p ω_p`` (Qiao et al. Eq. 16)."""
     if agg.weight_sum <= 0:
         raise ConfigError(bad_value("weight_sum", agg.weight_sum, "at least one site with positive weight must survive"))
     return Y - lr * (agg.total / agg.weight_sum)
@@ -314,7 +314,7 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
            aggregation_options: dict | None = None, privacy=None, init="auto", value_bound: float | None = None,
            monitor: bool | None = None, checkpoint: str | None = None, random_state=None,
            callback: Callable[[int, np.ndarray, float | None], None] | None = None) -> FedDLResult:
-    """FedDL (``papers/000`` Algorithm 1) alone, run in this process by the one coordinator.
+    """FedDL (Qiao et al. Algorithm 1) alone, run in this process by the one coordinator.
 
     The same job as a federated estimator's first stage (``method="none"``): γ and the start from one secure
     sum of statistics, then ``rounds`` rounds of model averaging (Eq. 15) or gradient averaging (Eq. 16)

@@ -1,5 +1,5 @@
-"""The other source papers as working systems: dSNE / F-dSNE / DP-dSNE (``papers/002``) and distributed
-GTM from local Gaussian abstractions (``papers/003``).
+"""The other source papers as working systems: dSNE / F-dSNE / DP-dSNE (Saha et al. 2023) and distributed
+GTM from local Gaussian abstractions (Zhang & Cheung).
 
 :data:`PEER_METHODS` maps the CLI method names to factories ``(random_state=None, **opts) -> estimator``;
 every estimator has ``fit_transform(sites) -> embedding of the concatenated site records in site order``.
@@ -52,7 +52,7 @@ def make_dsne(random_state=None, **opts) -> FedDSNE:
 
 
 def make_fdsne(random_state=None, **opts) -> FedDSNE:
-    """F-dSNE (``papers/002``): ``k = 10`` local steps per communication, AdaCliP noise on each release.
+    """F-dSNE (Saha et al. 2023): ``k = 10`` local steps per communication, AdaCliP noise on each release.
 
     Default ``noise_multiplier`` (AdaCliP σ) 1.0 unless ``epsilon`` is given; ``rounds`` defaults to
     ``750 // local_iters`` so the total number of gradient steps matches dSNE.
@@ -75,7 +75,7 @@ def make_dp_dsne(random_state=None, **opts) -> FedDSNE:
 
 
 def make_gtm(random_state=None, **opts) -> DistributedGTM:
-    """Distributed GTM (``papers/003``) from per-site Ward abstractions (default 60 components per site)."""
+    """Distributed GTM (Zhang & Cheung) from per-site Ward abstractions (default 60 components per site)."""
     return DistributedGTM(random_state=random_state, **opts)
 
 

@@ -1,4 +1,4 @@
-"""AdaCliP noise for dSNE updates (``papers/002``, Algorithms 3 and 4; Pichapati et al. 2019).
+"""AdaCliP noise for dSNE updates (Saha et al. 2023, Algorithms 3 and 4; Pichapati et al. 2019).
 
 AdaCliP keeps, for every coordinate of the released matrix, a running mean estimate ``m`` and a
 running variance estimate ``s``. Each row ``g_i`` (one reference point's 2-D update) is transformed
@@ -20,7 +20,7 @@ __all__ = ["adaclip_scale", "noise_addition", "AdaCliP"]
 
 
 def adaclip_scale(s: np.ndarray) -> np.ndarray:
-    """Algorithm 4, line 6 of ``papers/002``: ``b_ij = √s_ij · √(Σ_j' s_ij')`` (row-wise sum).
+    """Algorithm 4, line 6 of Saha et al. 2023: ``b_ij = √s_ij · √(Σ_j' s_ij')`` (row-wise sum).
 
     This is the form the F-dSNE paper prints and its authors' reference code uses; the scale is
     per coordinate, the sum runs over the coordinates of one row.
@@ -30,7 +30,7 @@ def adaclip_scale(s: np.ndarray) -> np.ndarray:
 
 def noise_addition(G: np.ndarray, m: np.ndarray, b: np.ndarray, sigma: float,
                    rng: np.random.Generator, *, clip: bool = True) -> np.ndarray:
-    """Algorithm 3 (noiseAddition) of ``papers/002``: transform → clip → noise → rescale.
+    """Algorithm 3 (noiseAddition) of Saha et al. 2023: transform → clip → noise → rescale.
 
     Parameters
     ----------
@@ -61,7 +61,7 @@ def noise_addition(G: np.ndarray, m: np.ndarray, b: np.ndarray, sigma: float,
 
 
 class AdaCliP:
-    """Stateful AdaCliP mechanism (Algorithm 4 of ``papers/002``).
+    """Stateful AdaCliP mechanism (Algorithm 4 of Saha et al. 2023).
 
     Parameters
     ----------

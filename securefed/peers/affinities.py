@@ -1,4 +1,4 @@
-"""High-dimensional affinities of t-SNE / dSNE (``papers/002``, Eq. 1 and Algorithm 1).
+"""High-dimensional affinities of t-SNE / dSNE (Saha et al. 2023, Eq. 1 and Algorithm 1).
 
 Each site of dSNE computes its affinity matrix on ``[X_local ; X_reference]`` (rows = points) and never
 shares it. The calibration is the classic one (van der Maaten & Hinton 2008): for every point ``i`` a
@@ -28,7 +28,7 @@ __all__ = [
 
 
 def conditional_probabilities(sq_dist: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """Eq. (1) of ``papers/002``: ``p_{j|i} = exp(-β_i d_ij²) / Σ_{k≠i} exp(-β_i d_ik²)``.
+    """Eq. (1) of Saha et al. 2023: ``p_{j|i} = exp(-β_i d_ij²) / Σ_{k≠i} exp(-β_i d_ik²)``.
 
     Parameters
     ----------
@@ -58,7 +58,7 @@ def row_entropies(P: np.ndarray) -> np.ndarray:
 
 def calibrate_perplexity(sq_dist: np.ndarray, perplexity: float, *, tol: float = 1e-10,
                          max_iter: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """Binary search of Algorithm 1 (``papers/002``): find ``β_i`` with ``H(P_i) = ln ρ``.
+    """Binary search of Algorithm 1 (Saha et al. 2023): find ``β_i`` with ``H(P_i) = ln ρ``.
 
     The entropy of Eq. (1) decreases monotonically in ``β_i``, so bisection on ``ln β_i`` converges
     for every row at once (vectorised over rows).
@@ -108,7 +108,7 @@ def calibrate_perplexity(sq_dist: np.ndarray, perplexity: float, *, tol: float =
 
 
 def joint_probabilities(P_cond: sp.csr_matrix) -> sp.csr_matrix:
-    """Algorithm 1, step 2 of ``papers/002``: ``p_ij = (p_{j|i} + p_{i|j}) / (2N)``.
+    """Algorithm 1, step 2 of Saha et al. 2023: ``p_ij = (p_{j|i} + p_{i|j}) / (2N)``.
 
     Parameters
     ----------

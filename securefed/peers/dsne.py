@@ -1,7 +1,7 @@
-"""dSNE, F-dSNE and DP-dSNE (``papers/002``: Saha et al., "Federated, Fast, and Private Visualization
+"""dSNE, F-dSNE and DP-dSNE (Saha et al. 2023: Saha et al., "Federated, Fast, and Private Visualization
 of Decentralized Data", 2023; dSNE: Saha et al., IJCAI 2017).
 
-The protocol (Algorithm 5 of ``papers/002``, rows = points)
+The protocol (Algorithm 5 of Saha et al. 2023, rows = points)
 -----------------------------------------------------------
 * A **public reference set** ``X_s`` (``N_s × n``) is known to every site and to the server; the server
   keeps its embedding ``Y_s``.
@@ -61,7 +61,7 @@ __all__ = [
     "FedDSNE",
 ]
 
-#: What each dSNE variant sends off a site (DESIGN §2 style), by method name.
+#: What each dSNE variant sends off a site (docs/what-leaves-each-site.md style), by method name.
 WHAT_LEAVES = {
     "dsne": ("every iteration: the site's change of the reference embedding ΔY_s (N_s × 2 floats), in "
              "the clear; no formal privacy. Nothing else leaves the site: not X, not P, not the local "
@@ -76,7 +76,7 @@ WHAT_LEAVES = {
 
 
 def kl_divergence(P: sp.csr_matrix, Y: np.ndarray) -> float:
-    """Eq. (3) of ``papers/002``: ``J(Y) = Σ_{i≠j} p_ij ln(p_ij / q_ij)`` with ``q`` from Eq. (2).
+    """Eq. (3) of Saha et al. 2023: ``J(Y) = Σ_{i≠j} p_ij ln(p_ij / q_ij)`` with ``q`` from Eq. (2).
 
     Exact (O(N²) memory for the normaliser ``Σ_{k≠l} (1 + ‖y_k − y_l‖²)^{-1}``).
     """
@@ -113,7 +113,7 @@ def _coo_index(P: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
 
 def kl_gradient(P: sp.csr_matrix, Y: np.ndarray, exaggeration: float = 1.0,
                 index: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """Eq. (4) of ``papers/002``: ``∂J/∂y_i = 4 Σ_j (α p_ij − q_ij)(y_i − y_j)(1 + ‖y_i − y_j‖²)^{-1}``.
+    """Eq. (4) of Saha et al. 2023: ``∂J/∂y_i = 4 Σ_j (α p_ij − q_ij)(y_i − y_j)(1 + ‖y_i − y_j‖²)^{-1}``.
 
     ``α`` is the early-exaggeration factor (1 = the plain gradient). The attractive part runs over the
     sparse support of ``P``; the repulsive part is exact (``Σ_j q_ij w_ij (y_i − y_j)`` with
@@ -151,7 +151,7 @@ def kl_gradient(P: sp.csr_matrix, Y: np.ndarray, exaggeration: float = 1.0,
 
 def gains_momentum_step(Y: np.ndarray, grad: np.ndarray, update: np.ndarray, gains: np.ndarray,
                         learning_rate: float, momentum: float, min_gain: float = 0.01) -> None:
-    """Algorithm 2, step 3 of ``papers/002`` with adaptive gains (in place).
+    """Algorithm 2, step 3 of Saha et al. 2023 with adaptive gains (in place).
 
     ``ŷ(t) = α (y(t−1) − y(t−2)) − η · gains ⊙ ∂J/∂y`` — the momentum form of step 3 with the
     delta-bar-delta gains of van der Maaten & Hinton (2008) that dSNE's reference code also uses:
@@ -221,7 +221,7 @@ class GaussianRows:
     """Plain Gaussian mechanism with per-row clipping (``noise="gaussian"``).
 
     Each row is clipped to ``clip_norm`` and ``N(0, (σ·clip_norm)² I)`` is added: Algorithm 3 of
-    ``papers/002`` with ``m = 0`` and ``b = clip_norm`` fixed (AdaCliP without adaptation).
+    Saha et al. 2023 with ``m = 0`` and ``b = clip_norm`` fixed (AdaCliP without adaptation).
     """
 
     def __init__(self, shape, sigma: float, clip_norm: float, random_state=None):
@@ -263,7 +263,7 @@ def _check_positive(name: str, value) -> float:
 
 
 class FedDSNE:
-    """dSNE / F-dSNE / DP-dSNE of ``papers/002`` as a scikit-learn-style estimator.
+    """dSNE / F-dSNE / DP-dSNE of Saha et al. 2023 as a scikit-learn-style estimator.
 
     Parameters
     ----------

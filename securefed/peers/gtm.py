@@ -1,6 +1,6 @@
-"""Generative topographic mapping, centralized and from distributed local abstractions (``papers/003``).
+"""Generative topographic mapping, centralized and from distributed local abstractions (Zhang & Cheung).
 
-``papers/003`` (Zhang & Cheung, "Visualizing Global Manifold Based on Distributed Local Data
+Zhang & Cheung (Zhang & Cheung, "Visualizing Global Manifold Based on Distributed Local Data
 Abstractions") lets every site summarise its records by a Gaussian mixture read off an agglomerative
 hierarchy (§2.1) and learns one global GTM (Bishop, Svensén & Williams 1998) from the pooled
 components by a modified EM (§2.2.2, Eqs. 6–9), initialised from global moments assembled from the
@@ -65,7 +65,7 @@ def latent_grid(shape: tuple[int, int]) -> np.ndarray:
 
 
 def rbf_basis(Z: np.ndarray, n_rbf: tuple[int, int], width: float = 1.0) -> np.ndarray:
-    """Basis matrix ``Φ`` of the generalized linear model ``y(z; W) = W Ψ(z)`` (``papers/003`` §2.2.1).
+    """Basis matrix ``Φ`` of the generalized linear model ``y(z; W) = W Ψ(z)`` (Zhang & Cheung §2.2.1).
 
     ``M = n_rbf[0] · n_rbf[1]`` Gaussian RBFs centred on a lattice in ``[−1, 1]²`` with common width
     ``width × (centre spacing)`` (Bishop et al. 1998), plus a constant (bias) column.
@@ -78,7 +78,7 @@ def rbf_basis(Z: np.ndarray, n_rbf: tuple[int, int], width: float = 1.0) -> np.n
 
 
 def global_moments(counts: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """§2.2.3 of ``papers/003``: global mean and covariance from local component statistics.
+    """§2.2.3 of Zhang & Cheung: global mean and covariance from local component statistics.
 
     ``μ = Σ_l N_l μ_l / N`` and ``Σ = Σ_l N_l (Σ_l + μ_l μ_lᵀ) / N − μ μᵀ`` (covariances with the
     ``1/N_l`` normalisation, so the identity is exact).
@@ -91,7 +91,7 @@ def global_moments(counts: np.ndarray, means: np.ndarray, covs: np.ndarray) -> t
 
 
 def pca_init_weights(mu: np.ndarray, cov: np.ndarray, Z: np.ndarray, Phi: np.ndarray) -> tuple[np.ndarray, float]:
-    """PCA initialisation of GTM (Bishop et al. 1998 §2.3; ``papers/003`` §2.2.3).
+    """PCA initialisation of GTM (Bishop et al. 1998 §2.3; Zhang & Cheung §2.2.3).
 
     ``W`` is the least-squares fit ``Φ W ≈ Ẑ (U_2 Λ_2^{1/2})ᵀ + μ`` where ``Ẑ`` is the latent grid
     standardised per coordinate and ``U_2, Λ_2`` the two leading eigenpairs of ``cov``;
@@ -119,13 +119,13 @@ def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def gtm_log_densities(T: np.ndarray, Y: np.ndarray, beta: float) -> np.ndarray:
-    """Eq. (1) of ``papers/003`` in logs: ``ln p(t_i | z_k) = d/2 ln(β/2π) − β/2 ‖t_i − y_k‖²`` (N × K)."""
+    """Eq. (1) of Zhang & Cheung in logs: ``ln p(t_i | z_k) = d/2 ln(β/2π) − β/2 ‖t_i − y_k‖²`` (N × K)."""
     d = T.shape[1]
     return 0.5 * d * np.log(beta / (2.0 * np.pi)) - 0.5 * beta * _sq_dists(T, Y)
 
 
 def gtm_responsibilities(T: np.ndarray, Y: np.ndarray, beta: float) -> tuple[np.ndarray, float]:
-    """E-step of GTM (§2.2.1 of ``papers/003``): ``R_ik = p(t_i|z_k) / Σ_j p(t_i|z_j)``.
+    """E-step of GTM (§2.2.1 of Zhang & Cheung): ``R_ik = p(t_i|z_k) / Σ_j p(t_i|z_j)``.
 
     Returns ``(R, log_likelihood)`` with ``ln L = Σ_i ln (1/K) Σ_k p(t_i|z_k)`` (uniform prior on the grid).
     """
@@ -135,7 +135,7 @@ def gtm_responsibilities(T: np.ndarray, Y: np.ndarray, beta: float) -> tuple[np.
 
 
 def m_step_weights(Phi: np.ndarray, R: np.ndarray, targets: np.ndarray, beta: float, alpha: float) -> np.ndarray:
-    """Eq. (2) / Eq. (8) of ``papers/003``: solve ``Σ_i Σ_k R_ik {W Ψ(z_k) − t_i} Ψ(z_k)ᵀ = 0`` for ``W``.
+    """Eq. (2) / Eq. (8) of Zhang & Cheung: solve ``Σ_i Σ_k R_ik {W Ψ(z_k) − t_i} Ψ(z_k)ᵀ = 0`` for ``W``.
 
     In rows: ``(Φᵀ G Φ + (α/β) I) W = Φᵀ Rᵀ T`` with ``G = diag(Σ_i R_ik)``; ``targets`` are the data
     ``t_i`` (Eq. 2) or the local means ``μ_l`` with the weighted responsibilities ``R_lk`` (Eq. 8).
@@ -153,14 +153,14 @@ def m_step_weights(Phi: np.ndarray, R: np.ndarray, targets: np.ndarray, beta: fl
 
 
 def m_step_beta(T: np.ndarray, R: np.ndarray, Y: np.ndarray) -> float:
-    """Eq. (3) of ``papers/003``: ``1/β = (1/(N d)) Σ_i Σ_k R_ik ‖W Ψ(z_k) − t_i‖²``."""
+    """Eq. (3) of Zhang & Cheung: ``1/β = (1/(N d)) Σ_i Σ_k R_ik ‖W Ψ(z_k) − t_i‖²``."""
     N, d = T.shape
     return float(N * d / np.sum(R * _sq_dists(T, Y)))
 
 
 def kl_local_gtm(means: np.ndarray, covs: np.ndarray, Y: np.ndarray, beta: float,
                  include_constant: bool = True) -> np.ndarray:
-    """Eq. (7) of ``papers/003``: ``D(N(μ_l, Σ_l) ‖ N(y_k, β⁻¹ I))`` for every pair (L × K).
+    """Eq. (7) of Zhang & Cheung: ``D(N(μ_l, Σ_l) ‖ N(y_k, β⁻¹ I))`` for every pair (L × K).
 
     ``D = ln(β^{-d/2} / |Σ_l|^{1/2}) + β/2 tr Σ_l + ½ (β ‖y_k − μ_l‖² − d)``. With
     ``include_constant=False`` only the ``k``-dependent part ``β/2 ‖y_k − μ_l‖²`` is returned — Eq. (6)
@@ -179,7 +179,7 @@ def kl_local_gtm(means: np.ndarray, covs: np.ndarray, Y: np.ndarray, beta: float
 
 
 def abstraction_responsibilities(D: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Eqs. (5)–(6) of ``papers/003``: ``R_lk = N_l · exp(−D_lk) / Σ_j exp(−D_lj)`` (L × K).
+    """Eqs. (5)–(6) of Zhang & Cheung: ``R_lk = N_l · exp(−D_lk) / Σ_j exp(−D_lj)`` (L × K).
 
     Eq. (6) gives the normalised indicator of component ``l``; Eq. (5) defines ``R_lk`` as the sum of
     the responsibilities of the ``N_l`` records it stands for, hence the factor ``N_l`` (this is what
@@ -191,7 +191,7 @@ def abstraction_responsibilities(D: np.ndarray, counts: np.ndarray) -> np.ndarra
 
 
 def m_step_beta_abstraction(R: np.ndarray, means: np.ndarray, covs: np.ndarray, Y: np.ndarray) -> float:
-    """Eq. (9) of ``papers/003``: ``1/β = (1/(N d)) Σ_k Σ_l R_lk E_{t∼N(μ_l,Σ_l)} ‖t − W Ψ(z_k)‖²``.
+    """Eq. (9) of Zhang & Cheung: ``1/β = (1/(N d)) Σ_k Σ_l R_lk E_{t∼N(μ_l,Σ_l)} ‖t − W Ψ(z_k)‖²``.
 
     The expectation is ``tr Σ_l + ‖μ_l − y_k‖²``; the paper's printed form is the same sum expanded
     (``Σ_l + μ_l μ_lᵀ`` terms minus the centres' terms) at the stationary point of Eq. (8).
@@ -221,7 +221,7 @@ def _log_prior(W: np.ndarray, alpha: float) -> float:
 
 
 def local_abstraction(X: np.ndarray, n_components: int | str, reg_covar: float = 1e-6) -> dict:
-    """§2.1 of ``papers/003``: Gaussian components of one site's records from a Ward hierarchy.
+    """§2.1 of Zhang & Cheung: Gaussian components of one site's records from a Ward hierarchy.
 
     The dendrogram (agglomerative, Ward linkage) is cut at ``n_components`` groups; each group gives
     its count ``N_l``, mean ``μ_l`` and covariance ``Σ_l`` (``1/N_l`` normalisation) with ``reg_covar·I``
@@ -321,12 +321,12 @@ class _GTMBase:
 
 
 class CentralizedGTM(_GTMBase):
-    """GTM on pooled raw data: Bishop, Svensén & Williams (1998) EM (``papers/003`` Eqs. 1–3).
+    """GTM on pooled raw data: Bishop, Svensén & Williams (1998) EM (Zhang & Cheung Eqs. 1–3).
 
     Parameters
     ----------
     grid : (int, int)
-        Latent lattice (``papers/003`` uses 40 × 40 = 1600 points).
+        Latent lattice (Zhang & Cheung uses 40 × 40 = 1600 points).
     n_rbf : (int, int)
         RBF centres of the mapping.
     rbf_width : float
@@ -394,7 +394,7 @@ class CentralizedGTM(_GTMBase):
 
 
 class DistributedGTM(_GTMBase):
-    """Global GTM from local Gaussian abstractions (``papers/003`` §2, Eqs. 5–9).
+    """Global GTM from local Gaussian abstractions (Zhang & Cheung §2, Eqs. 5–9).
 
     Parameters
     ----------

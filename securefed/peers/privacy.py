@@ -1,4 +1,4 @@
-"""Privacy accounting of the noisy dSNE releases (``papers/002``, §2 and §5).
+"""Privacy accounting of the noisy dSNE releases (Saha et al. 2023, §2 and §5).
 
 The F-dSNE paper tracks its AdaCliP releases with the moments accountant (Abadi et al. 2016);
 securefed uses its successor, the Rényi-DP accountant of Opacus (Mironov 2017), for full-batch
@@ -19,7 +19,7 @@ __all__ = ["record_sensitivity", "calibrate_noise_multiplier"]
 def record_sensitivity(n_rows: int) -> float:
     """L2 sensitivity of one clipped AdaCliP release when one site record is replaced.
 
-    Every row of the transformed matrix is clipped to norm 1 (Algorithm 3 of ``papers/002``).
+    Every row of the transformed matrix is clipped to norm 1 (Algorithm 3 of Saha et al. 2023).
     One local record enters the site's affinities ``P`` (Eq. 1 normalises over all points) and its
     own embedding attracts/repels every reference point (Eq. 4), so it can change **every** row:
     ``‖W̃(D) − W̃(D')‖_F ≤ Σ_i 2 … = 2 √N_s`` (N_s = number of released rows).

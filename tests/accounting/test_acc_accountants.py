@@ -80,7 +80,7 @@ def test_paper_closed_form_and_ratio():
     assert math.isclose(z * z, 8 * R * math.log(math.e + eps / d) / eps**2, rel_tol=1e-12)
     assert math.isclose(paper_epsilon(z, R, d), eps, rel_tol=1e-9)
     ratio = z / calibrate_noise_multiplier(eps, d, R, "exact")
-    assert 2.0 < ratio < 3.0  # DESIGN §3: the paper needs ~2.2–2.7× the noise
+    assert 2.0 < ratio < 3.0  # docs/maths.md: the paper needs ~2.2–2.7× the noise
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,6 +1,6 @@
 """The paper's formula is a formula, not a bound; calibration reaches every target the accountant can reach.
 
-Reference figures (computed here independently of securefed): ``papers/000`` Theorem 5's formula solved
+Reference figures (computed here independently of securefed): Qiao et al. Theorem 5's formula solved
 for ε at z = 0.5, R = 1000, δ = 1e-5 is 762.08; the exact ε of 1000 Gaussian releases at z = 0.5 — μ-GDP with
 μ = √1000/0.5 (Dong, Roth & Su 2022, Cor. 3.3), converted with δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)
 (ibid. Cor. 2.13) — is 2268.77.

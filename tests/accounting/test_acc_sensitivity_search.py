@@ -1,5 +1,5 @@
 """Sensitivity search (issue 14): one site's release — the clipped, batched gradient ``mmd_grad(Xb, Y, γ,
-n_norm=...)`` (``papers/000`` Eq. 13) — on neighbouring data sets never moves by more than the Δ the
+n_norm=...)`` (Qiao et al. Eq. 13) — on neighbouring data sets never moves by more than the Δ the
 mechanism calibrated its noise with (``GradientPerturbation.sens[site].value``).
 
 Covered: replace-one (full batch) and add/remove under Poisson subsampling (q < 1, normaliser from the

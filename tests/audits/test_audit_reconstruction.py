@@ -77,7 +77,7 @@ def test_kernel_rows_with_underflowed_entries_still_recovered():
 def test_noisy_rows_give_least_squares_estimate_and_perturbed_records():
     X, Y = _records(5, m=10, ny=60)
     rng = np.random.default_rng(0)
-    E = rng.normal(scale=0.3, size=X.shape)  # papers/000 Sec. 5.1: rows of X + E
+    E = rng.normal(scale=0.3, size=X.shape)  # Qiao et al. Sec. 5.1: rows of X + E
     X_hat = reconstruct_from_distance_rows(np.sqrt(sq_dists(X + E, Y)), Y)
     assert np.allclose(X_hat, X + E, atol=1e-8)  # the server gets x + e exactly
     err = np.linalg.norm(X_hat - X, axis=1)

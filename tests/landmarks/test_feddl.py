@@ -1,4 +1,4 @@
-"""FedDL (papers/000 Algorithm 1): MMD (Eq. 9/10), its gradient (Eq. 13), the server rules (Eqs. 15, 16),
+"""FedDL (Qiao et al. Algorithm 1): MMD (Eq. 9/10), its gradient (Eq. 13), the server rules (Eqs. 15, 16),
 weights, checkpoint resume, the default step size and every bad input."""
 
 import math
@@ -37,7 +37,7 @@ def _rng(seed):
 
 
 def _mmd_brute(X, Y, gamma):
-    """Eq. (9) of papers/000 written as the literal double sums, in pure Python."""
+    """Eq. (9) of Qiao et al. written as the literal double sums, in pure Python."""
 
     def k(a, b):
         return math.exp(-gamma * sum((ai - bi) ** 2 for ai, bi in zip(a, b)))

@@ -1,4 +1,4 @@
-"""AdaCliP (Algorithms 3-4 of papers/002)."""
+"""AdaCliP (Algorithms 3-4 of Saha et al. 2023)."""
 
 import numpy as np
 import pytest

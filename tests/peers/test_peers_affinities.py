@@ -1,4 +1,4 @@
-"""Perplexity calibration (Eq. 1 / Algorithm 1 of papers/002)."""
+"""Perplexity calibration (Eq. 1 / Algorithm 1 of Saha et al. 2023)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""dSNE / F-dSNE / DP-dSNE (papers/002)."""
+"""dSNE / F-dSNE / DP-dSNE (Saha et al. 2023)."""
 
 import numpy as np
 import openTSNE

@@ -1,4 +1,4 @@
-"""Centralized and distributed GTM (papers/003)."""
+"""Centralized and distributed GTM (Zhang & Cheung)."""
 
 import numpy as np
 import pytest
