@@ -330,7 +330,7 @@ class _Validator:
         if p.clip_norm is None:
             self.fail("clip_norm", None, "differential privacy needs a public bound τ_X on record norms, e.g. 10 "
                                          "(√m always holds for m features in [0, 1])")
-        if p.init == "moments":
+        if isinstance(p.init, str) and p.init == "moments":
             self.fail("init", "moments", "with differential privacy use 'public' or 'auto' (the moments are not accounted)")
         if p.sample_rate < 1 and p.accountant == "exact":
             self.fail("accountant", "exact", f"covers full participation only; with {p.name('sample_rate')} < 1 use "

@@ -277,6 +277,7 @@ class Coordinator:
             readmitted=list(s.readmitted),
             site_errors={s.names[i]: str(e) for i, e in s.silent.items() if 0 <= i < len(s.names)},
             seconds=time.perf_counter() - self._t0, round_trips=self.round_trips, messages=self.messages,
+            identity_fingerprints=self.fingerprints(),
             aggregation=self._aggregation_summary())
 
     def _aggregation_summary(self) -> dict:
@@ -322,7 +323,13 @@ class Coordinator:
         self.sites = Sites(names, sizes, holdouts, feats.pop(), keys, list(order), set(range(len(order))))
         for i in range(len(order)):
             self.bytes_to[i] = self.bytes_from[i] = 0
-        self.emit("hello", sites=names, sizes=sizes)
+        self.emit("hello", sites=names, sizes=sizes, fingerprints=self.fingerprints())
+
+    def fingerprints(self) -> dict:
+        """``{site name: SHA-256 of its identity key}`` as relayed by the coordinator (compare with each site's own)."""
+        import hashlib
+
+        return {n: hashlib.sha256(k).hexdigest()[:16] for n, k in zip(self.sites.names, self.sites.identities)}
 
     def _readmit(self, boundary: str):
         """Re-admit restarted sites at a round boundary (generator; returns the names re-admitted).

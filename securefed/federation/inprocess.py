@@ -129,6 +129,8 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
     workers = {}
     for i, (X, name, opts) in enumerate(zip(sites, names, site_options)):
         o = {"site-name": name, **opts}
+        if plan.aggregation == "plain":
+            o.setdefault("allow-plain", True)  # the user of this simulation chose plain aggregation for every site
         if plan.dp:
             budget = float(plan.epsilon or 0.0) + float(plan.rows_epsilon or 0.0)
             o.setdefault("epsilon-budget", budget if plan.epsilon is not None else 1e12)

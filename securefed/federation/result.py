@@ -54,6 +54,9 @@ class RunResult:
         Request/reply exchanges of the run, and individual messages (one per site per exchange).
     aggregation : dict
         Totals over the secure sums (protocol, count, clipped coordinates, bytes).
+    identity_fingerprints : dict
+        ``{site name: SHA-256 prefix of the identity key the coordinator relayed}`` (compare out of band with each
+        site's own, which its SuperNode logs).
     """
 
     landmarks: np.ndarray
@@ -82,6 +85,7 @@ class RunResult:
     round_trips: int = 0
     messages: int = 0
     aggregation: dict = field(default_factory=dict)
+    identity_fingerprints: dict = field(default_factory=dict)
 
     def stacked(self, key: str = "coordinates") -> np.ndarray | None:
         """The per-site embedding arrays (``coordinates`` or ``labels``) stacked in site order."""

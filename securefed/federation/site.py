@@ -25,8 +25,9 @@ the server never chooses a site's weight. With a DP plan (``dp``) the update is 
 to the site's own ledger before the reply (:mod:`.privacy`).
 
 Site options (the SuperNode's ``--node-config`` keys, or the in-process driver's): ``site-name``,
-``data-path``, ``label-column``, ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``, ``require-dp``,
-``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``.
+``data-path``, ``label-column``, ``allow-plain`` (default false: the site sends its uploads only into a secure
+sum; true lets the coordinator see each of them), ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``,
+``require-dp``, ``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``.
 """
 
 from __future__ import annotations
@@ -163,6 +164,13 @@ class SiteWorker:
         return self.split(float(fields.get("audit_holdout", 0.0) or 0.0), int(fields.get("seed", 0)))[0]
 
     # ------------------------------------------------------------------------------ state
+    def fingerprint(self) -> str:
+        """SHA-256 (first 16 hex digits) of this run's identity public key: operators compare it out of band with
+        the fingerprints the coordinator lists in ``result.json`` (the coordinator relays the keys)."""
+        import hashlib
+
+        return hashlib.sha256(crypto.ed25519_public_bytes(self.identity())).hexdigest()[:16]
+
     def identity(self):
         """This run's Ed25519 identity key (created on first use from the OS entropy source)."""
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -297,6 +305,10 @@ class SiteWorker:
                 "identity": crypto.ed25519_public_bytes(self.identity())}
 
     def _plain(self, fields: dict) -> dict:
+        if not _truthy(self.options.get("allow-plain", False)):
+            raise ConfigError(bad_value("aggregation", "plain", "this site sends its uploads only into a secure sum "
+                                        "(secagg or ckks): with plain aggregation the coordinator would see each one. "
+                                        "Its operator can allow it with the site option allow-plain=true"))
         u, extra = self.upload(fields, "plain")
         return {**put_array({}, "update", u), "weight": self.weight(fields), **extra}
 

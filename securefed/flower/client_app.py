@@ -12,6 +12,8 @@ protocol machine, its DP calibration) is kept in the SuperNode's per-run ``conte
 
 from __future__ import annotations
 
+import sys
+
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
@@ -30,6 +32,10 @@ def securefed_query(msg: Message, context: Context) -> Message:
     """Answer one securefed request and persist the site's state."""
     stored = context.state.config_records.get(_STATE)
     worker = SiteWorker(dict(context.node_config), state=dict(stored) if stored is not None else None)
-    reply = worker.handle(read_content(msg))
+    request = read_content(msg)
+    reply = worker.handle(request)
+    if request.get("op") == "hello" and "error" not in reply:  # for the operator's out-of-band key comparison
+        print(f"securefed site {worker.name}: identity key fingerprint {worker.fingerprint()} (run {context.run_id}); "
+              "compare with identity_fingerprints in the coordinator's result.json", file=sys.stderr, flush=True)
     context.state[_STATE] = ConfigRecord(worker.state)
     return Message(make_content(**reply), reply_to=msg)

@@ -71,7 +71,8 @@ def result_document(res, plan) -> dict:
             "inventory": res.inventory, "warnings": res.warnings,
             "privacy": res.privacy, "audit": audit, "refinement": res.refinement, "embedding": emb or None,
             "steps": res.steps, "readmitted": res.readmitted, "site_errors": res.site_errors, "seconds": res.seconds,
-            "round_trips": res.round_trips, "messages": res.messages, "aggregation": res.aggregation}
+            "round_trips": res.round_trips, "messages": res.messages, "aggregation": res.aggregation,
+            "identity_fingerprints": res.identity_fingerprints}
 
 
 def write_run_result(out_dir: str, res, plan) -> dict:

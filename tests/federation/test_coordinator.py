@@ -38,11 +38,11 @@ def _plan(**kw):
 
 def _dp_options(tmp_path, budget=5.0, n=3, **extra):
     return {i: {"epsilon-budget": budget, "allow-seeded-noise": "true", "ledger-path": str(tmp_path / f"ledgers{i}"),
-                **extra} for i in range(n)}
+                "allow-plain": True, **extra} for i in range(n)}
 
 
 def _exchange(arrays, options=None, **kw):
-    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], **(options or {}).get(i, {})}, X)
+    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True, **(options or {}).get(i, {})}, X)
                for i, X in enumerate(arrays)}
     return InMemoryExchange(workers, fresh_process=True, **kw)
 
@@ -88,6 +88,21 @@ def test_the_statistics_are_one_secure_sum(sites):
     assert any("median squared distance" in r for r in res.released) and any("sums of squares" in r for r in res.released)
 
 
+def test_a_site_sends_into_a_secure_sum_only_unless_its_operator_allows_plain(sites):
+    """The coordinator chooses the aggregation; a site does not follow it into plain sums by default (with plain
+    aggregation the coordinator reads each site's upload)."""
+    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": NAMES[i]}, X) for i, X in enumerate(sites)})
+    with pytest.raises(ProtocolAbortedError, match="allow-plain"):
+        drive(Coordinator(_plan(aggregation="plain")), ex)
+    assert set(ex.ops) == {"hello", "plain"}  # nothing but the refused request went out
+
+
+def test_identity_fingerprints_for_an_out_of_band_check(sites):
+    ex = _exchange(sites)
+    res = _run(_plan(aggregation="plain", rounds=1), sites, ex=ex)
+    assert res.identity_fingerprints == {NAMES[i]: ex.workers[1000 + i].fingerprint() for i in range(3)}
+
+
 def test_weights_are_the_sites_own(sites):
     """A site weighs its own upload by its record count (or 1): the coordinator's sum is the record-weighted one."""
     rec = _run(_plan(aggregation="plain", gamma=1.0), sites)
@@ -105,7 +120,7 @@ def test_scripted_exchange_dropped_site_and_late_reply_without_flower(sites):
     """The coordinator alone, fed by hand: a site that never answers and one whose reply comes after the
     deadline are both dropped at that step; plain aggregation completes with the one left."""
     plan = _plan(aggregation="plain", gamma=1.0, rounds=1, local_steps=1, min_sites=1, init="public")
-    workers = {a: SiteWorker({"site-name": NAMES[a]}, X) for a, X in enumerate(sites)}
+    workers = {a: SiteWorker({"site-name": NAMES[a], "allow-plain": True}, X) for a, X in enumerate(sites)}
     co = Coordinator(plan)
     step = co.start([0, 1, 2])
     assert isinstance(step, Request) and set(step.payloads) == {0, 1, 2}
@@ -167,7 +182,7 @@ def test_spec_codec_round_trip_and_strictness():
 
 
 def test_site_reports_protocol_errors_instead_of_crashing(sites):
-    w = SiteWorker({"site-name": "s0"}, sites[0])
+    w = SiteWorker({"site-name": "s0", "allow-plain": True}, sites[0])
     assert w.handle({"op": "secagg", "msgs": [b"junk"]})["error"].startswith("ProtocolError")
     assert "unknown operation" in w.handle({"op": "nope"})["error"]
     assert w.handle({"op": "plain", "task": "model"})["error"].startswith("DecodeError")
@@ -314,7 +329,7 @@ def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
     wire = json.loads(sp.wire_plan())
     task = put_array({"op": "secagg-start", "task": "gradient", "gamma": 0.25, "round": 0, "step": 0, "site": 0,
                       "seed": 3}, "Y", np.zeros((6, 3)))
-    node = {"site-name": "s0", "epsilon-budget": 5.0, "ledger-path": str(tmp_path / "l")}
+    node = {"site-name": "s0", "epsilon-budget": 5.0, "ledger-path": str(tmp_path / "l"), "allow-plain": True}
     X = sites[0]
     rep = SiteWorker(dict(node, **{"allow-seeded-noise": True}), X).handle(dict(task, op="plain", dp=json.dumps(wire)))
     assert rep["error"].startswith("ConfigError") and "secure sum" in rep["error"]
@@ -324,9 +339,10 @@ def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
     low = dict(local, sigma=[v * 0.5 for v in wire["sigma"]])
     rep = SiteWorker(dict(node, **{"allow-seeded-noise": True}), X).handle(dict(task, op="plain", dp=json.dumps(low)))
     assert rep["error"].startswith("ProtocolError") and "own calibration" in rep["error"]
-    rep = SiteWorker({"site-name": "s0", "allow-seeded-noise": True}, X).handle(dict(task, op="plain", dp=json.dumps(local)))
+    rep = SiteWorker({"site-name": "s0", "allow-seeded-noise": True, "allow-plain": True}, X).handle(
+        dict(task, op="plain", dp=json.dumps(local)))
     assert "epsilon-budget" in rep["error"]
-    strict = SiteWorker({"site-name": "s0", "require-dp": "true"}, X)
+    strict = SiteWorker({"site-name": "s0", "require-dp": "true", "allow-plain": True}, X)
     rep = strict.handle({"op": "plain", "task": "stats", "want": ["moments"], "scale": 1.0, "site": 0, "seed": 0})
     assert rep["error"].startswith("ConfigError") and "require-dp" in rep["error"]
     rep = strict.handle(put_array({"op": "rows", "kind": "distance", "site": 0}, "Y", np.zeros((6, 3))))
@@ -471,11 +487,12 @@ def test_restarted_site_with_other_data_is_not_readmitted(sites):
             out = super().request(payloads, deadline)
             if any(f.get("op") == "plain" for f in payloads.values()) and 1002 in self.dead and len(self.workers) == 3:
                 new = self.restart(1002)
-                self.workers[new] = SiteWorker({"site-name": "s2"}, sites[0])  # comes back with another file
+                self.workers[new] = SiteWorker({"site-name": "s2", "allow-plain": True}, sites[0])  # another file
             return out
 
     res = _run(_plan(aggregation="plain", gamma=1.0, rounds=3), sites,
-               ex=Restarting({1000 + i: SiteWorker({"site-name": NAMES[i]}, X) for i, X in enumerate(sites)},
+               ex=Restarting({1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True}, X)
+                              for i, X in enumerate(sites)},
                              silent_from={1002: "plain"}))
     assert res.readmitted == [] and res.survivors == [0, 1]
 
