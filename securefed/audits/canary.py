@@ -64,7 +64,6 @@ one loaded core), so 200 pairs take ≈ 25 s and 1000 pairs ≈ 2 min.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import time
@@ -314,21 +313,8 @@ def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kin
 
 
 def _noise_options(seed) -> dict:
-    """:class:`~securefed.accounting.GradientPerturbation` options for secret (``seed=None``) or seeded noise.
-
-    FOLLOW THE RENAME: the seeded option is being renamed from ``secure_mode=False, random_state=seed`` to an
-    explicit testing-only name (``insecure_noise_seed_for_testing=``); this uses whichever the installed
-    ``GradientPerturbation`` accepts, so the audit keeps working across the rename.
-    """
-    from ..accounting import GradientPerturbation
-
-    params = inspect.signature(GradientPerturbation).parameters
-    if seed is None:
-        return {"secure_mode": True} if "secure_mode" in params else {}
-    for name in ("insecure_noise_seed_for_testing", "noise_seed_for_testing"):
-        if name in params:
-            return {name: int(seed)}
-    return {"secure_mode": False, "random_state": int(seed)}
+    """:class:`~securefed.accounting.GradientPerturbation` options for secret (``seed=None``) or seeded noise."""
+    return {} if seed is None else {"insecure_noise_seed_for_testing": int(seed)}
 
 
 class _Tap:
@@ -354,16 +340,11 @@ class _Tap:
 def _run(sites, site: int, *, n_landmarks, rounds, local_steps, gamma, lr, seed, gp):
     """One DP FedDL run (gradient averaging, plain sum) through the one coordinator, as :func:`fed_dl` runs it,
     with the canary site's releases tapped. ``gp=None`` runs without DP (no noise, no clipping, no projection)."""
-    from ..estimators import privacy_options
-    from ..federation import run_in_process
-    from ..plan import RunPlan
+    from ..landmarks import fed_dl
 
-    opts = dict(landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, rule="gradient", lr=lr, gamma=gamma,
-                weights="records", aggregation="plain", init="public", monitor=False, method="none", refine_rounds=0,
-                seed=seed, **privacy_options(gp))
     tap = _Tap(site)
-    res = run_in_process(RunPlan.build("api", **opts), sites, ledger=gp.ledger if gp is not None else None,
-                         exchange={"after_reply": tap})
+    res = fed_dl(sites, n_landmarks, rounds=rounds, local_steps=local_steps, rule="gradient", lr=lr, gamma=gamma,
+                 init="public", monitor=False, random_state=seed, privacy=gp, exchange={"after_reply": tap})
     if len(tap.releases) != rounds * local_steps:
         raise ConfigError(bad_value("canary site", site, f"released {len(tap.releases)} gradients, expected "
                                     f"{rounds * local_steps} (did it drop out?)"))

@@ -313,7 +313,8 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
            lr: float | str = "auto", gamma: float | None = None, weights: str = "records", aggregation: str = "plain",
            aggregation_options: dict | None = None, privacy=None, init="auto", value_bound: float | None = None,
            monitor: bool | None = None, checkpoint: str | None = None, random_state=None,
-           callback: Callable[[int, np.ndarray, float | None], None] | None = None) -> FedDLResult:
+           callback: Callable[[int, np.ndarray, float | None], None] | None = None,
+           exchange: dict | None = None) -> FedDLResult:
     """FedDL (Qiao et al. Algorithm 1) alone, run in this process by the one coordinator.
 
     The same job as a federated estimator's first stage (``method="none"``): γ and the start from one secure
@@ -349,6 +350,9 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
     random_state : None, int or Generator
     callback : callable, optional
         ``callback(round, Y, mmd)`` after each round; ``mmd`` is that of the landmarks the round started from.
+    exchange : dict, optional
+        Options of the in-memory exchange (:class:`securefed.federation.InMemoryExchange`: simulated faults, an
+        ``after_reply`` tap that sees what the coordinator receives — the audits use it).
     """
     from ..estimators import privacy_options
     from ..federation import run_in_process
@@ -378,7 +382,7 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
                 callback(ev["state"]["round"], ev["state"]["Y"], pending[0])
 
     res = run_in_process(plan, sites, ledger=privacy.ledger if privacy is not None else None, resume=resume,
-                         on_event=on_event)
+                         on_event=on_event, exchange=exchange)
     if res.aggregation.get("clipped"):
         import warnings
 
