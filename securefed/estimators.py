@@ -6,7 +6,8 @@
 The job's stages:
 
 1. **Landmarks** — FedDL (Algorithm 1) through the chosen secure sum (plain / SecAgg+ / CKKS), optionally with
-   differential privacy (``privacy``), optionally refined by federated Lloyd steps.
+   differential privacy (``privacy``) — or, in the no-rows mode, federated k-means cells (the default), or the DP
+   billboard under DP.
 2. **Audit gate** — with ``audit_holdout > 0`` every site keeps that share of its records out of FedDL and a
    membership attack on the landmarks runs from summed ROC counts before anything per record leaves a site;
    a failing audit raises :class:`~securefed.errors.AuditFailedError` unless ``allow_audit_failure``.
@@ -73,11 +74,14 @@ class FederatedParams:
     reconstruction : {"auto", "paper", "features"}
         Server-side path for ``nystrom="rows"``: dense Eq. (21) or feature map + k-NN (no n × n)
         (:func:`securefed.embedding.nystrom.choose_reconstruction`).
-    refine_rounds : int or "auto"
-        Federated Lloyd refinement rounds after FedDL (beyond the paper). ``"auto"``: 10 with
-        ``nystrom="local"`` and no DP, else 0.
-    refine_min_cluster : int, default 10
-        A landmark moves only to the mean of at least this many records.
+    landmark_method : {"auto", "cells", "billboard", "feddl"}
+        ``"cells"``: federated k-means cells in a federated PCA basis, each mean over ≥ ``cell_floor`` records (the
+        no-rows default); ``"billboard"``: the DP landmarks (two noisy releases; the default under DP);
+        ``"feddl"``: the paper's FedDL (the default of the rows mode).
+    cell_floor : int, default 15
+        Cells: a cell's mean is revealed only over at least this many records.
+    coordinates : {"send", "keep"}
+        No-rows mode: each record's final coordinate goes to the coordinator, or stays on its site.
     audit_holdout : float, default 0
         Share of each site's records kept out of FedDL as audit non-members (embedded afterwards); 0 = no audit.
     max_auc, max_empirical_epsilon, allow_audit_failure
@@ -109,8 +113,9 @@ class FederatedParams:
     rows_privacy: object = None
     nystrom: str | None = None
     reconstruction: str = "auto"
-    refine_rounds: object = "auto"
-    refine_min_cluster: int = 10
+    landmark_method: str = "auto"
+    cell_floor: int = 15
+    coordinates: str = "send"
     audit_holdout: float = 0.0
     max_auc: float = 0.6
     max_empirical_epsilon: float = 1.0
@@ -159,7 +164,7 @@ def plan_options(params: dict, method: str, method_options: dict, n_sites: int) 
     opts = dict(landmarks=p["n_landmarks"], rounds=p["rounds"], local_steps=p["local_steps"], rule=p["rule"], lr=p["lr"],
                 gamma=p["gamma"], weights=weights, init=p["init"], aggregation=p["aggregation"],
                 value_bound=p["value_bound"], nystrom=p["nystrom"], reconstruction=p["reconstruction"],
-                refine_rounds=p["refine_rounds"], refine_min_cluster=p["refine_min_cluster"],
+                landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], coordinates=p["coordinates"],
                 audit_holdout=float(p["audit_holdout"]), max_auc=p["max_auc"],
                 max_empirical_epsilon=p["max_empirical_epsilon"], allow_audit_failure=bool(p["allow_audit_failure"]),
                 method=method, seed=seed, n_jobs=p["n_jobs"], keep_rows=bool(p["keep_sent"]), min_sites=1,
@@ -256,7 +261,9 @@ class _FederatedEmbedding(_Estimator):
         self.privacy_ = res.privacy
         self.rows_privacy_ = (res.privacy or {}).get("rows")
         self.audit_ = res.audit
-        self.refinement_ = res.refinement
+        self.landmark_info_ = res.landmark_info
+        self.landmark_space_ = res.landmark_space
+        self.landmark_masses_ = res.masses
         self.n_sites_ = len(sites)
         self.site_sizes_ = [len(X) for X in sites]
         self.n_features_in_ = int(sites[0].shape[1])

@@ -28,7 +28,7 @@ __all__ = ["RunPlan", "option_name", "seed_of", "API_NAMES", "METHODS", "NYSTROM
 METHODS = ("tsne", "umap", "spectral", "none")
 NYSTROM_MODES = ("local", "rows")
 AGGREGATIONS = ("plain", "secagg", "ckks")
-LANDMARK_METHODS = ("feddl",)
+LANDMARK_METHODS = ("auto", "feddl", "cells", "billboard")
 ACCOUNTANT_NAMES = ("exact", "prv", "rdp", "paper")
 SENSITIVITY_RULES = ("min", "theorem5", "kernel_shape", "lipschitz")
 
@@ -60,7 +60,7 @@ def option_name(option: str, source: str) -> str:
 class RunPlan:
     """Every option of one federated job (see the module docstring). Build with :meth:`build`.
 
-    Groups: the landmarks (``landmarks`` … ``refine_min_cluster``), the secure sum (``aggregation`` …
+    Groups: the landmarks (``landmarks`` … ``monitor``), the secure sum (``aggregation`` …
     ``ckks_verify``), differential privacy (``epsilon`` … ``run_id``; off unless ``epsilon`` or
     ``noise_multiplier``), the audit gate (``audit_holdout`` … ``allow_audit_failure``), the embedding
     (``method`` … ``reconstruction``) and the run (``seed`` … ``readmit``). The operator's guide in the
@@ -69,7 +69,12 @@ class RunPlan:
 
     # ---- landmarks (Qiao et al. Algorithm 1)
     landmarks: int = 300
-    landmark_method: str = "feddl"
+    landmark_method: str = "auto"    # auto: cells (no rows, no DP), billboard (no rows, DP), feddl (the rows mode)
+    cell_floor: int = 15             # cells: a cell's mean is revealed only over at least this many records
+    cell_rounds: int = 12            # cells: most growth rounds
+    basis_dim: int = 50              # cells: dimensions of the federated PCA basis
+    public_basis_dim: int = 64       # billboard: dimensions of the public basis
+    count_share: float = 0.2         # billboard: share of μ² spent on the landmarks' counts
     rounds: int = 60
     local_steps: int = 5
     rule: str = "model"
@@ -77,8 +82,6 @@ class RunPlan:
     gamma: float | None = None       # None: federated median heuristic (1/τ_X² under DP)
     weights: str = "records"
     init: object = "auto"            # "auto", "moments", "public" or an (n_y, m) array
-    refine_rounds: int | None = None  # None: 10 with nystrom="local" and no DP, else 0
-    refine_min_cluster: int = 10
     monitor: bool | None = None      # None: on without DP (the MMD is an unaccounted release)
     # ---- secure sum
     aggregation: str = "plain"
@@ -123,6 +126,7 @@ class RunPlan:
     kernel_gamma: float | None = None
     reconstruction: str = "auto"
     keep_rows: bool = False
+    coordinates: str = "send"        # send: each record's coordinate goes to the coordinator; keep: stays on its site
     # ---- the run
     seed: int = 0
     min_sites: int = 1
@@ -155,13 +159,6 @@ class RunPlan:
     def dp(self) -> bool:
         """Differential privacy is on (``epsilon`` or ``noise_multiplier`` given)."""
         return self.epsilon is not None or self.noise_multiplier is not None
-
-    @property
-    def refine(self) -> int:
-        """Lloyd refinement rounds after the landmarks (resolved ``refine_rounds``)."""
-        if self.refine_rounds is not None:
-            return int(self.refine_rounds)
-        return 10 if (self.nystrom == "local" and not self.dp and self.method != "none") else 0
 
     @property
     def monitoring(self) -> bool:
@@ -236,7 +233,7 @@ class _Validator:
 
     def run(self) -> None:
         p = self.p
-        for opt in ("lr", "refine_rounds"):  # "auto" is the unset value of these two
+        for opt in ("lr",):  # "auto" is the unset value
             if isinstance(getattr(p, opt), str) and getattr(p, opt) == "auto":
                 object.__setattr__(p, opt, None)
         self.int_("landmarks", minimum=2)
@@ -252,8 +249,6 @@ class _Validator:
                 self.fail("init", f"array{p.init.shape}", f"give a finite array with {p.landmarks} rows")
         else:
             self.choice("init", ("auto", "moments", "public"))
-        self.int_("refine_rounds", minimum=0, optional=True)
-        self.int_("refine_min_cluster", minimum=2)
         self.choice("aggregation", AGGREGATIONS)
         self.pos("value_bound", optional=True)
         self.int_("modulus_bits", minimum=16, maximum=64)
@@ -276,6 +271,7 @@ class _Validator:
         if p.nystrom is None:
             object.__setattr__(p, "nystrom", "local" if p.dp else "rows")
         self.choice("nystrom", NYSTROM_MODES)
+        self._landmark_method()
         self.int_("n_components", minimum=1)
         self.pos("perplexity")
         self.int_("n_iter", minimum=1)
@@ -294,8 +290,34 @@ class _Validator:
         if p.dp and p.nystrom == "rows" and p.method != "none" and p.rows_epsilon is None:
             self.fail("rows_epsilon", None, f"with differential privacy and {p.name('nystrom')} rows every record's row is "
                                             f"a release: give its ε (e.g. 1), or use {p.name('nystrom')} local")
-        if p.refine and p.dp:
-            self.fail("refine_rounds", p.refine_rounds, "Lloyd refinement is not covered by differential privacy; use 0")
+
+    def _landmark_method(self) -> None:
+        p = self.p
+        self.int_("cell_floor", minimum=2)
+        self.int_("cell_rounds", minimum=1)
+        self.int_("basis_dim", minimum=1)
+        self.int_("public_basis_dim", minimum=1)
+        if not (isinstance(p.count_share, (int, float)) and 0 < float(p.count_share) < 1):
+            self.fail("count_share", p.count_share, "use a share of the budget in (0, 1), e.g. 0.2")
+        self.choice("coordinates", ("send", "keep"))
+        if p.landmark_method == "auto":
+            auto = "feddl" if (p.nystrom == "rows" or p.method == "none" or isinstance(p.init, np.ndarray)
+                               or (p.dp and p.epsilon is None)) else ("billboard" if p.dp else "cells")
+            object.__setattr__(p, "landmark_method", auto)
+        if p.landmark_method in ("cells", "billboard") and p.nystrom == "rows":
+            self.fail("landmark_method", p.landmark_method, f"the rows mode reproduces the paper: use feddl landmarks, or "
+                                                            f"{p.name('nystrom')} local")
+        if p.landmark_method == "cells" and p.dp:
+            self.fail("landmark_method", "cells", "cell counts and means are not covered by differential privacy: use "
+                                                  "billboard (the DP landmarks) or feddl")
+        if p.landmark_method == "billboard" and not p.dp:
+            self.fail("landmark_method", "billboard", f"is the DP landmark method: give {p.name('epsilon')} (and "
+                                                      f"{p.name('clip_norm')}), or use cells")
+        if p.dp and p.noise == "distributed" and p.landmark_method == "feddl" and p.rule == "model":
+            self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
+                                              f"only its noise share); use {p.name('rule')} gradient or noise local")
+        if p.coordinates == "keep" and p.nystrom == "rows":
+            self.fail("coordinates", "keep", "the rows mode sends rows, not coordinates; use the no-rows mode")
 
     def _privacy(self) -> None:
         p = self.p
@@ -335,13 +357,9 @@ class _Validator:
         if p.sample_rate < 1 and p.accountant == "exact":
             self.fail("accountant", "exact", f"covers full participation only; with {p.name('sample_rate')} < 1 use "
                                              "'prv' or 'rdp'")
-        if p.noise == "distributed":
-            if p.rule == "model":
-                self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
-                                                  f"only its noise share); use {p.name('rule')} gradient or noise local")
-            if p.aggregation == "plain":
-                self.fail("aggregation", "plain", "distributed noise needs a secure sum (the server would see each site's "
-                                                  "upload with only its noise share); use secagg or ckks, or noise local")
+        if p.noise == "distributed" and p.aggregation == "plain":
+            self.fail("aggregation", "plain", "distributed noise needs a secure sum (the server would see each site's "
+                                              "upload with only its noise share); use secagg or ckks, or noise local")
 
 
 # ------------------------------------------------------------------------------------- run configs
@@ -349,7 +367,7 @@ class _Validator:
 #: options that make no sense in a Flower run configuration (arrays, process-local settings)
 _NOT_IN_RUN_CONFIG = ("source", "n_jobs", "keep_rows", "monitor")
 _OPTIONAL_TEXT = ("nystrom", "run_id")  # unset: "" in a run configuration (numbers: 0)
-_OPTIONAL_ZERO = ("nystrom", "noise_seed_for_testing", "lr", "gamma", "refine_rounds", "value_bound", "fractional_bits", "degree", "threshold",
+_OPTIONAL_ZERO = ("nystrom", "noise_seed_for_testing", "lr", "gamma", "value_bound", "fractional_bits", "degree", "threshold",
                   "stage_timeout", "ckks_min_survivors", "ckks_quorum", "epsilon", "noise_multiplier", "clip_norm",
                   "min_survivors", "rows_epsilon", "kernel_gamma")
 
@@ -429,7 +447,14 @@ def _cast(key: str, value, default):
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
     "landmarks": "n_y, the number of landmarks the sites learn together",
-    "landmark_method": "how the landmarks are learned: feddl (Qiao et al. Algorithm 1)",
+    "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases) or feddl "
+                       "(the paper's Algorithm 1; the rows mode)",
+    "cell_floor": "cells: a cell's mean is revealed only over at least this many records",
+    "cell_rounds": "cells: most rounds of cell growth",
+    "basis_dim": "cells: dimensions of the federated PCA basis",
+    "public_basis_dim": "billboard: dimensions of the public basis (a low-pass DCT for square images, else a random projection)",
+    "count_share": "billboard: share of the privacy budget (μ²) spent on the landmarks' counts",
+    "coordinates": "send: each record's 2-D coordinate goes to the coordinator (outside ε); keep: it stays on its site",
     "rounds": "S, FedDL rounds",
     "local_steps": "Q, local gradient steps per round (gradient averaging: summed steps per round)",
     "rule": "model averaging (Eq. 15) or gradient averaging (Eq. 16)",
@@ -437,8 +462,6 @@ HELP = {
     "gamma": "FedDL kernel bandwidth γ (unset: federated median heuristic; 1/τ_X² under DP)",
     "weights": "each site weighs its upload by its record count (records) or by 1 (uniform)",
     "init": "initial landmarks: auto (moments; the public radius under DP), moments, public (or a .npy path over Flower)",
-    "refine_rounds": "federated Lloyd rounds after FedDL (unset: 10 in the no-rows mode without DP, else 0)",
-    "refine_min_cluster": "a landmark moves only to the mean of at least this many records",
     "monitor": "sites report their MMD each round (unset: on without DP)",
     "aggregation": "how the server sums the sites' updates: plain (it sees each), secagg (SecAgg+) or ckks",
     "value_bound": "public bound on |feature values|; secagg and ckks quantise into it (e.g. 16 for digits, 255 for pixels)",

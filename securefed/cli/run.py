@@ -29,7 +29,7 @@ def _type_of(default, name: str):
     if name in ("lr", "gamma", "value_bound", "stage_timeout", "epsilon", "noise_multiplier", "clip_norm",
                 "rows_epsilon", "kernel_gamma"):
         return float
-    if name in ("refine_rounds", "fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
+    if name in ("fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
                 "min_survivors", "noise_seed_for_testing"):
         return int
     if name == "run_id":
@@ -41,19 +41,19 @@ _CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "a
             "accountant": ("exact", "prv", "rdp", "paper"), "noise": ("local", "distributed"),
             "sensitivity_rule": ("min", "theorem5", "kernel_shape", "lipschitz"), "nystrom": ("rows", "local"),
             "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),
-            "landmark_method": ("feddl",)}
+            "landmark_method": ("auto", "feddl", "cells", "billboard"), "coordinates": ("send", "keep")}
 
-_GROUPS = (("landmarks", ("landmarks", "landmark_method", "rounds", "local_steps", "rule", "lr", "gamma", "weights",
-                          "refine_rounds", "refine_min_cluster")),
+_GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_rounds", "basis_dim", "public_basis_dim",
+                          "rounds", "local_steps", "rule", "lr", "gamma", "weights")),
            ("secure sum", ("aggregation", "value_bound", "modulus_bits", "fractional_bits", "degree", "threshold",
                            "stage_timeout", "ckks_precision", "key_holder", "ckks_min_survivors", "ckks_quorum",
                            "ckks_verify")),
            ("differential privacy (off unless --epsilon or --noise-multiplier)",
             ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "clip_norm", "sample_rate", "min_survivors",
-             "sensitivity_rule", "rows_epsilon", "run_id", "noise_seed_for_testing")),
+             "sensitivity_rule", "count_share", "rows_epsilon", "run_id", "noise_seed_for_testing")),
            ("audit gate (before anything per record leaves a site)",
             ("audit_holdout", "max_auc", "max_empirical_epsilon", "allow_audit_failure")),
-           ("embedding", ("nystrom", "n_components", "perplexity", "n_iter", "n_neighbors", "min_dist", "n_clusters",
+           ("embedding", ("nystrom", "coordinates", "n_components", "perplexity", "n_iter", "n_neighbors", "min_dist", "n_clusters",
                           "kernel_gamma", "reconstruction")),
            ("run", ("seed", "n_jobs")))
 
@@ -95,7 +95,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             d = defaults[name]
             if isinstance(d, bool):
                 g.add_argument(flag, action="store_true", default=d, help=HELP[name])
-            elif name in ("lr", "refine_rounds"):
+            elif name == "lr":
                 g.add_argument(flag, default="auto", type=_auto(_type_of(d, name)), help=HELP[name])
             else:
                 typ = int if name == "n_clusters" else _type_of(d, name)

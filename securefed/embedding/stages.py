@@ -167,11 +167,15 @@ def umap_landmark_model(landmarks, *, n_neighbors=15, min_dist=0.1, n_components
         return umap.UMAP(n_components=n_components, n_neighbors=nn, min_dist=min_dist, random_state=int(seed)).fit(landmarks)
 
 
-def spectral_landmark_labels(landmarks, gamma, *, n_clusters=8, seed=0):
-    """Local mode, server: spectral clustering of the landmarks with the Gaussian kernel ``K(Y, Y)``."""
+def spectral_landmark_labels(landmarks, gamma, *, n_clusters=8, seed=0, masses=None):
+    """Local mode, server: spectral clustering of the landmarks with the Gaussian kernel ``K(Y, Y)``, each entry
+    weighted by the landmarks' masses ``c_I c_J`` when given (a landmark stands for its records)."""
     from sklearn.cluster import SpectralClustering
 
     W = gaussian_kernel(landmarks, None, gamma)
+    if masses is not None:
+        c = np.asarray(masses, dtype=np.float64)
+        W = W * np.outer(c, c) / float(np.mean(c)) ** 2
     return SpectralClustering(n_clusters, affinity="precomputed", random_state=int(seed)).fit_predict(W)
 
 

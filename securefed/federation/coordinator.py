@@ -1,7 +1,7 @@
 """The one coordinator of a federated job, sans-I/O: it takes site replies and returns requests.
 
 :class:`Coordinator` runs the whole job for a :class:`~securefed.plan.RunPlan` — ``hello``, the statistics for
-γ and the start, the FedDL rounds (Qiao et al. Algorithm 1), the optional Lloyd refinement, the
+the landmarks (cells, the DP billboard, or the FedDL rounds of Qiao et al. Algorithm 1), the
 membership-audit gate and the embedding stage (Algorithms 2–3, or the no-rows placement) — and never sleeps,
 opens a socket or a file. Two drivers move its requests: the in-memory exchange (:mod:`.inprocess`, what the
 estimators and ``securefed run`` use) and Flower (:mod:`securefed.flower.server_app`). The site side is one
@@ -20,7 +20,7 @@ Driving it::
     result = co.result                      # RunResult
 
 A site that does not answer by the deadline is dropped for the rest of the run (unless it comes back as a
-restarted node, :meth:`Coordinator._readmit`); a secure sum completes whenever its protocol allows and raises
+restarted node, :meth:`Coordinator.readmit`); a secure sum completes whenever its protocol allows and raises
 its typed error otherwise. Any exception leaves the coordinator finished (:attr:`Coordinator.error`), with
 what it had decided so far in :attr:`Coordinator.partial` (e.g. the audit verdict that stopped the run).
 
@@ -244,18 +244,14 @@ class Coordinator:
                      note="public by design: the DP calibration uses the sizes")
         lm = yield from self._landmarks()
         privacy = self.privacy.report() if self.privacy is not None else None  # the landmarks' ε, before any rows
-        refinement = None
-        if plan.refine:
-            yield from self._readmit("before the refinement")
-            lm["Y"], refinement = yield from self._refine(lm["Y"])
         audit = None
         if plan.audit_holdout > 0:
-            yield from self._readmit("before the audit")
-            audit = yield from self._audit(lm["Y"], lm["gamma"])
+            yield from self.readmit("before the audit")
+            audit = yield from self._audit(lm)
         embedding = None
         if plan.method != "none":
-            yield from self._readmit("before the embedding")
-            embedding = yield from self._embed(lm["Y"], lm["gamma"], lm["rng"], warnings)
+            yield from self.readmit("before the embedding")
+            embedding = yield from self._embed(lm, warnings)
             self.emit("embedded", what=embedding["sent_kind"], missing=sorted(embedding["missing"]))
         if privacy is not None:
             if plan.noise_seed_for_testing is not None:
@@ -269,11 +265,11 @@ class Coordinator:
         s = self.sites
         self.emit("done", seconds=time.perf_counter() - self._t0, round_trips=self.round_trips)
         return RunResult(
-            landmarks=lm["Y"], gamma=lm["gamma"], lr=lm["lr"], rule=plan.rule, rounds_done=plan.rounds,
+            landmarks=lm["Y"], landmark_space=lm["space"], masses=lm["masses"], gamma=lm["gamma"], lr=lm["lr"], rule=plan.rule, rounds_done=plan.rounds,
             mmd_history=lm["history"], run_id=self.run_id, sites=list(s.names), site_sizes=list(s.sizes),
             holdouts=list(s.holdouts), n_features=s.n_features, released=[r["what"] for r in self.inventory],
             inventory=list(self.inventory), warnings=warnings, privacy=privacy,
-            audit=audit, refinement=refinement, embedding=embedding, survivors=sorted(s.live), steps=self.steps,
+            audit=audit, landmark_info=lm["info"], embedding=embedding, survivors=sorted(s.live), steps=self.steps,
             readmitted=list(s.readmitted),
             site_errors={s.names[i]: str(e) for i, e in s.silent.items() if 0 <= i < len(s.names)},
             seconds=time.perf_counter() - self._t0, round_trips=self.round_trips, messages=self.messages,
@@ -331,7 +327,7 @@ class Coordinator:
 
         return {n: hashlib.sha256(k).hexdigest()[:16] for n, k in zip(self.sites.names, self.sites.identities)}
 
-    def _readmit(self, boundary: str):
+    def readmit(self, boundary: str):
         """Re-admit restarted sites at a round boundary (generator; returns the names re-admitted).
 
         A site that stopped answering was dropped. If an address the coordinator has not seen in this run (a
@@ -376,190 +372,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ stage 1: landmarks
     def _landmarks(self):
-        """FedDL (Qiao et al. Algorithm 1): γ and the start from one secure sum of statistics, then ``S`` rounds
-        of model averaging (Eq. 15) or gradient averaging (Eq. 16) through the secure sum (generator)."""
-        from ..kernels import check_gamma, median_gamma
-        from ..landmarks.feddl import default_lr, init_landmarks, release_bounds
+        """The landmark stage of the plan's method (generator); returns the stage's result dict."""
+        from . import landmark_stages
 
-        plan, s = self.plan, self.sites
-        m = s.n_features
-        rng = np.random.default_rng(plan.seed)
-        w_norm = s.weights(plan.weights) / s.weights(plan.weights).sum()
-        if plan.dp:
-            from .privacy import ServerPrivacy
-
-            gamma0 = plan.gamma if plan.gamma is not None else 1.0 / float(plan.clip_norm) ** 2  # public: τ_X only
-            self.privacy = ServerPrivacy(plan, self.run_id, s.sizes, w_norm, check_gamma(gamma0), self.ledger)
-        B = plan.sum_bound
-        ck = self.resume
-        gamma = self.privacy.plan["gamma"] if self.privacy else plan.gamma
-        want = ([] if gamma is not None or ck else ["gamma"]) + (["moments"] if plan.init_mode == "moments" and not ck else [])
-        stats = {}
-        if want:
-            length = (1 if "gamma" in want else 0) + (2 * m if "moments" in want else 0)
-            task = {"task": "stats", "want": want, "scale": 1.0 if B is None else float(B), "out_shape": [length]}
-            a = yield from secure_sum(self, task, "statistics", B, weights="records")
-            tot = a.total / a.weight_sum
-            if "gamma" in want:
-                gamma = median_gamma([tot[0] * 4.0 * m * (1.0 if B is None else B)])
-                tot = tot[1:]
-                self.release("the sum over sites of each site's median squared distance × its record count (for γ)")
-            if "moments" in want:
-                scale = 1.0 if B is None else B
-                stats = {"mean": tot[:m], "std": np.sqrt(np.maximum(tot[m:] * scale - tot[:m] ** 2, 0.0))}
-                self.release("the sum over sites of per-feature sums and sums of squares (for the initial landmarks)")
-        gamma = check_gamma(ck["gamma"] if ck else gamma)
-        lr = float(ck["lr"]) if ck else (plan.lr if plan.lr is not None else default_lr(plan.landmarks, gamma))
-        if ck:
-            Y, start, history = np.array(ck["Y"], dtype=np.float64), int(ck["round"]), list(ck["history"])
-            rng.bit_generator.state = ck["rng"]
-        else:
-            Y, start, history = self._init_landmarks(stats, gamma, rng, init_landmarks), 0, []
-        if Y.shape[1] != m:
-            raise ConfigError(bad_value(plan.name("init"), f"array{Y.shape}", f"give {m} columns (the sites' features)"))
-        clip = release_bounds(B, m, plan.landmarks, gamma).get(plan.rule)
-        spread0 = _spread(Y)
-        mmd_start: list = []
-        for rnd in range(start, plan.rounds):
-            if rnd > start:
-                yield from self._readmit(f"before round {rnd + 1}")
-            Y, mmd0 = yield from self._round(Y, rnd, gamma, lr, clip)
-            if mmd0 is not None:
-                mmd_start.append(mmd0)
-            spread = _spread(Y)
-            if not math.isfinite(spread) or spread > 20.0 * (spread0 + 1.0 / math.sqrt(gamma)):
-                raise ConfigError(bad_value(plan.name("lr"), lr, f"landmarks diverged in round {rnd + 1} (spread {spread:.3g}, "
-                                            f"kernel width {1 / math.sqrt(gamma):.3g}); use the automatic step or a smaller one"))
-            if mmd0 is not None:
-                history.append(mmd0)  # MMD of Y^rnd, the landmarks round rnd + 1 started from
-            self.emit("round", round=rnd + 1, rounds=plan.rounds, mmd_at_start=mmd0,
-                      epsilon=float(self.privacy.ledger.spent()[0]) if self.privacy else None)
-            self.emit("checkpoint", state={"round": rnd + 1, "Y": Y, "gamma": gamma, "lr": lr, "history": history,
-                                           "rng": rng.bit_generator.state, "mmd_pending": mmd0 is not None})
-        self._inventory_rounds()
-        return {"Y": Y, "gamma": gamma, "lr": lr, "history": history, "rng": rng}
-
-    def _inventory_rounds(self) -> None:
-        plan = self.plan
-        covered = f"yes (noise: {plan.noise})" if plan.dp else False
-        n = plan.rounds * (plan.local_steps if plan.rule == "gradient" else 1)
-        what = "each site's own landmark update" if plan.aggregation == "plain" else \
-            f"only the sum over sites of the landmark updates ({plan.aggregation})"
-        self.release(f"{what}, {n} times", covered=covered)
-        if plan.monitoring:
-            self.release("the sum over sites of each site's MMD to the landmarks, every round (progress monitor)")
-        self.release("the landmarks and γ, every round", to="every site",
-                     covered="post-processing of the DP releases" if plan.dp else False)
-
-    def _init_landmarks(self, stats: dict, gamma: float, rng, init_landmarks) -> np.ndarray:
-        plan, m = self.plan, self.sites.n_features
-        mode = plan.init_mode
-        if mode == "moments":
-            Y = init_landmarks(plan.landmarks, m, mean=stats["mean"], std=stats["std"], rng=rng)
-        elif mode == "public":
-            radius = float(plan.clip_norm) if plan.dp else float(np.sqrt(1.0 / gamma))
-            Y = init_landmarks(plan.landmarks, m, radius=radius, rng=rng)
-        else:
-            Y = np.array(plan.init, dtype=np.float64)
-        return self.privacy.project(Y) if self.privacy is not None else Y
-
-    def _round(self, Y, rnd: int, gamma: float, lr: float, clip):
-        """One FedDL round (generator); returns ``(Y, MMD of the Y the round started from or None)``."""
-        from ..landmarks.feddl import server_gradient_step, server_model_average
-        from .site import monitor_scale
-
-        plan = self.plan
-        monitor = plan.monitoring
-        mmd0 = None
-        steps = [plan.local_steps - 1] if plan.rule == "model" else list(range(plan.local_steps))
-        for t in steps:
-            task = put_array({"task": plan.rule, "gamma": gamma}, "Y", Y)
-            if plan.rule == "model":
-                task.update(lr=lr, local_steps=plan.local_steps)
-            with_mmd = monitor and t == steps[0]
-            if with_mmd:
-                task.update(monitor=True, clip=clip)
-            task["out_shape"] = [Y.size + 1] if with_mmd else list(Y.shape)
-            tap = None
-            if self.privacy is not None:
-                task.update(self._dp_fields(rnd, t))
-                released_steps = range(plan.local_steps) if plan.rule == "model" else [t]
-                tap = self._mirror(rnd, released_steps)
-            label = f"round {rnd + 1}" + (f" step {t + 1}" if plan.rule == "gradient" else "")
-            a = yield from secure_sum(self, task, label, clip, tap=tap)
-            total = a.total
-            if with_mmd:
-                mmd0 = float(total[-1] / a.weight_sum / monitor_scale(clip))
-                total = total[:-1].reshape(Y.shape)
-                a = type(a)(total, a.survivors, a.weight_sum, a.protocol, a.clipped)
-            if self.privacy is not None:
-                self._settle(rnd, t, a)
-            Y = server_model_average(a) if plan.rule == "model" else server_gradient_step(Y, a, lr)
-            if self.privacy is not None:
-                Y = self.privacy.project(Y)  # after every server step: Δ assumes Y inside the τ_Y ball at every step
-        return Y, mmd0
-
-    def _dp_fields(self, rnd: int, step: int) -> dict:
-        settle = self.privacy.unsettled
-        self.privacy.unsettled = []
-        return {"dp": self.privacy.wire_plan(), "dp_settle": dumps(settle), "round": rnd, "step": step}
-
-    def _mirror(self, rnd: int, steps):
-        def hook(site: int, fields: dict) -> None:
-            if "dp_events" in fields:
-                self.privacy.mirror(site, fields, rnd, steps)
-        return hook
-
-    def _settle(self, rnd: int, step: int, a) -> None:
-        have = self.privacy.reported(rnd, step)
-        missing = [i for i in a.survivors if i not in have]
-        if missing:
-            raise ProtocolAbortedError(f"round {rnd + 1}: sites {missing} were summed without reporting their ledger "
-                                       "events; the aggregate ledger would be incomplete")
-        self.privacy.after_aggregate(rnd, step, a.survivors)
-
-    # ------------------------------------------------------------------------------ refinement
-    def _refine(self, Y):
-        """Federated Lloyd (k-means) refinement of the landmarks (beyond the paper, for the no-rows mode).
-
-        Each round every site assigns its records to their nearest landmark and uploads, per landmark, its
-        scaled sum ``Σ_{x→i} x / n_p`` and count ``c_i / n_p``; the coordinator receives only the record-weighted
-        total and moves ``y_i`` to the pooled mean of its records — only when at least ``refine_min_cluster``
-        records chose it (the mean of one record *is* that record). Below the floor a landmark keeps its
-        position and, except in the last round, restarts as a jittered copy of a populated landmark (k-means
-        splitting); one still below the floor after the last round goes back to its FedDL position.
-        """
-        plan = self.plan
-        B = plan.sum_bound
-        n_y, m = Y.shape
-        rng = np.random.default_rng([plan.seed, 0x11D])
-        Y = np.array(Y, dtype=np.float64, copy=True)
-        Y_start = Y.copy()
-        frozen, ok = 0, np.ones(n_y, bool)
-        for r in range(plan.refine):
-            if r:
-                yield from self._readmit(f"before refinement round {r + 1}")
-            task = put_array({"task": "lloyd", "out_shape": [n_y * m + n_y]}, "Y", Y)
-            a = yield from secure_sum(self, task, f"refinement {r + 1}", None if B is None else max(B, 1.0),
-                                      weights="records")
-            tot = a.total
-            counts = tot[n_y * m:]
-            ok = counts >= plan.refine_min_cluster - 1e-6
-            frozen = int(n_y - ok.sum())
-            Y[ok] = tot[: n_y * m].reshape(n_y, m)[ok] / counts[ok, None]
-            if frozen and r < plan.refine - 1:
-                big = np.argsort(-counts)[: max(1, int(ok.sum()))]
-                dead = np.flatnonzero(~ok)
-                scale = 1e-2 * float(np.sqrt(np.mean(np.var(Y[ok], axis=0)))) if ok.any() else 1e-2
-                Y[dead] = Y[big[np.arange(len(dead)) % len(big)]] + scale * rng.standard_normal((len(dead), m))
-            self.emit("refine", round=r + 1, rounds=plan.refine, frozen=frozen)
-        Y[~ok] = Y_start[~ok]  # a landmark that never gathered enough records keeps its FedDL position
-        self.release(f"{plan.refine} Lloyd rounds: summed per-landmark record sums and counts (a landmark moves only to a "
-                     f"mean of at least {plan.refine_min_cluster} records)")
-        return Y, {"rounds": plan.refine, "min_cluster_size": plan.refine_min_cluster, "frozen": frozen}
+        method = {"feddl": landmark_stages.feddl, "cells": landmark_stages.cells,
+                  "billboard": landmark_stages.billboard}[self.plan.landmark_method]
+        return (yield from method(self))
 
     # ------------------------------------------------------------------------------ stage 2: the audit gate
-    def _audit(self, Y, gamma: float):
+    def _audit(self, lm: dict):
         """The membership-audit gate, after the landmarks and before anything per record leaves a site.
 
         Each live site scores its FedDL members and its held-out records against ``Y`` and uploads only
@@ -574,8 +395,8 @@ class Coordinator:
 
         plan, s = self.plan, self.sites
         scores = ["nearest", "kde"]
-        task = put_array({"task": "audit", "gamma": float(gamma), "scores": scores,
-                          "out_shape": [len(scores) * (4 * GRID_SIZE + 4)]}, "Y", Y)
+        task = lm["space"].put(put_array({"task": "audit", "gamma": float(lm["gamma"]), "scores": scores,
+                                          "out_shape": [len(scores) * (4 * GRID_SIZE + 4)]}, "Y", lm["Y"]))
         biggest = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
         a = yield from secure_sum(self, task, "audit", biggest, weights="uniform")
         delta = self.privacy.plan["delta"] if self.privacy is not None else 0.0
@@ -600,17 +421,22 @@ class Coordinator:
         return out
 
     # ------------------------------------------------------------------------------ stage 3: the embedding
-    def _embed(self, Y, gamma: float, rng, warnings: list):
+    def _embed(self, lm: dict, warnings: list):
         plan = self.plan
         if plan.nystrom == "local":
-            emb = yield from self._embed_local(Y, gamma, rng)
-            self.release(f"each site's {emb['sent_kind']}",
-                         note="a record's own coordinate is a function of that record: no ε covers it")
-            if plan.dp:
-                warnings.append(f"each site's {emb['sent_kind']} are computed from its raw records; they are not "
-                                "covered by the differential-privacy accounting")
+            emb = yield from self._embed_local(lm)
+            if plan.coordinates == "keep":
+                self.release(f"nothing per record: each site kept its {emb['sent_kind']}", to="its own site",
+                             note="the coordinator holds only the landmarks' map")
+            else:
+                self.release(f"each site's {emb['sent_kind']}",
+                             note="a record's own coordinate is a function of that record: no ε covers it")
+                if plan.dp:
+                    warnings.append(f"each site's {emb['sent_kind']} went to the coordinator: computed from the site's "
+                                    "raw records, they are not covered by the differential-privacy accounting "
+                                    "(run with coordinates keep to leave them on the sites)")
             return emb
-        emb = yield from self._embed_rows(Y, gamma, rng)
+        emb = yield from self._embed_rows(lm["Y"], lm["gamma"], lm["rng"])
         m = self.sites.n_features
         leak = ("these rows give every record back (n_y > m: trilateration)" if plan.landmarks > m else
                 "these rows give back each record's projection onto the landmarks' span (all of it once n_y > m)")
@@ -634,38 +460,47 @@ class Coordinator:
         self._stage_bytes = {s.names[i]: self.bytes_from.get(i, 0) - before.get(i, 0) for i in live}
         return replies, missing
 
-    def _embed_local(self, Y, gamma: float, rng):
-        """No rows leave a site: the server models the landmarks, each site places its own records against that
-        model and returns only their final coordinates (or cluster labels)."""
-        from ..embedding.stages import spectral_landmark_labels, tsne_landmark_model, umap_landmark_model
+    def _embed_local(self, lm: dict):
+        """No rows leave a site: the coordinator maps the landmarks (with their masses), each site places its own
+        records against that map (:func:`securefed.embedding.placement.place_refine` for t-SNE, the weighted mean of
+        the nearest landmarks' positions for UMAP, the cluster of highest kernel affinity for spectral clustering)
+        and returns only their final coordinates or labels — or keeps them (``coordinates keep``)."""
+        from ..embedding.placement import weighted_tsne
+        from ..embedding.stages import spectral_landmark_labels, umap_landmark_model
 
         plan, s = self.plan, self.sites
-        seed = int(rng.integers(0, 2**31 - 1))
-        req = put_array({"op": "place", "method": plan.method}, "Y", Y)
-        out = {"method": plan.method, "nystrom": "local", "model_seed": seed, "reconstruction": "local"}
+        Y, space = lm["Y"], lm["space"]
+        N = float(sum(s.sizes) + sum(s.holdouts))
+        c = np.asarray(lm["masses"], dtype=np.float64) if lm["masses"] is not None else np.full(len(Y), N / len(Y))
+        seed = int(lm["rng"].integers(0, 2**31 - 1))
+        req = space.put(put_array(put_array({"op": "place", "method": plan.method, "keep": plan.coordinates == "keep"},
+                                            "Y", Y), "masses", c))
+        out = {"method": plan.method, "nystrom": "local", "model_seed": seed, "reconstruction": "local",
+               "landmark_masses": c}
         if plan.method == "spectral":
-            g = plan.kernel_gamma if plan.kernel_gamma is not None else float(gamma)
-            lab_y = np.asarray(spectral_landmark_labels(Y, g, n_clusters=plan.n_clusters, seed=seed))
+            g = plan.kernel_gamma if plan.kernel_gamma is not None else float(lm["gamma"])
+            lab_y = np.asarray(spectral_landmark_labels(Y, g, n_clusters=plan.n_clusters, seed=seed, masses=c))
             req.update(kernel_gamma=g, n_clusters=plan.n_clusters, landmark_labels=[int(v) for v in lab_y])
-            replies, missing = yield from self._ask_live(req)
-            out.update(landmark_labels=lab_y, kernel_gamma=g, sent_kind="one cluster label per record",
-                       labels={s.names[i]: np.asarray(r["labels"], dtype=np.int64) for i, r in sorted(replies.items())})
+            out.update(landmark_labels=lab_y, kernel_gamma=g, sent_kind="one cluster label per record", key="labels")
         else:
             if plan.method == "tsne":
-                model, _ = tsne_landmark_model(Y, perplexity=plan.perplexity, n_components=plan.n_components, seed=seed)
-                E = np.asarray(model)
-                req.update(perplexity=float(plan.perplexity))
+                E, Zn = weighted_tsne(Y, c, perplexity=plan.perplexity, seed=seed, n_components=plan.n_components)
+                req.update(perplexity=float(plan.perplexity), Zn=float(Zn))
             else:
-                model = umap_landmark_model(Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,
-                                            n_components=plan.n_components, seed=seed)
-                E = np.asarray(model.embedding_, dtype=np.float64)
-                req.update(n_neighbors=int(plan.n_neighbors), min_dist=float(plan.min_dist))
-            req.update(model_seed=seed)
+                E = np.asarray(umap_landmark_model(Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,
+                                                   n_components=plan.n_components, seed=seed).embedding_, dtype=np.float64)
             put_array(req, "landmark_embedding", E)
-            self.emit("embedding", landmarks=len(Y), method=plan.method)
-            replies, missing = yield from self._ask_live(req)
             out.update(landmark_embedding=E, sent_kind=f"final {plan.n_components}-D coordinates, one per record",
-                       coordinates={s.names[i]: get_array(r, "embedding") for i, r in sorted(replies.items())})
+                       key="coordinates")
+        self.emit("embedding", landmarks=len(Y), method=plan.method)
+        replies, missing = yield from self._ask_live(req)
+        key = out.pop("key")
+        if plan.coordinates == "keep":
+            out["kept_on_sites"] = {s.names[i]: int(r["kept"]) for i, r in sorted(replies.items())}
+        elif key == "labels":
+            out["labels"] = {s.names[i]: np.asarray(r["labels"], dtype=np.int64) for i, r in sorted(replies.items())}
+        else:
+            out["coordinates"] = {s.names[i]: get_array(r, "embedding") for i, r in sorted(replies.items())}
         out.update(missing=missing, bytes_from_site=self._stage_bytes)
         return out
 
@@ -725,8 +560,3 @@ class Coordinator:
         out["reconstruction"] = path
         return out
 
-
-def _spread(Y: np.ndarray) -> float:
-    if not np.all(np.isfinite(Y)):
-        return math.inf
-    return float(np.sqrt(np.max(np.sum((Y - Y.mean(axis=0)) ** 2, axis=1))))

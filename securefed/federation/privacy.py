@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 import numpy as np
 
-from ..errors import BudgetExceededError, ConfigError, ProtocolError, bad_value
+from ..errors import BudgetExceededError, ConfigError, ProtocolAbortedError, ProtocolError, bad_value
+from .wire import dumps
 
 __all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
            "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
@@ -377,3 +379,104 @@ def noise_share_note(plan: dict) -> str:
     return (f"each site added a share σ_p = z·M/(w_p·√t), t = {t}; the revealed sum carries noise of std ≥ z·M "
             f"while at least {t} sites survive (settled per aggregation)")
 
+
+
+# ------------------------------------------------------------------------------------------- the DP billboard
+
+_BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts")
+
+
+def billboard_plan(plan, run_id: str, sizes, t: int) -> dict:
+    """The public plan of the two billboard releases (what every site rebuilds its noise from)."""
+    return {"run_id": run_id, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
+            "accountant": plan.accountant, "count_share": float(plan.count_share),
+            "noise": plan.noise if plan.aggregation != "plain" else "local", "t": int(t),
+            "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
+
+
+class BillboardPrivacy:
+    """The coordinator's side of the DP billboard: the public plan, the aggregate ledger (each site's release events
+    mirrored) and the privacy block of the result."""
+
+    def __init__(self, plan, run_id: str, sizes, noise: dict, ledger=None):
+        self.distributed = plan.noise == "distributed" and plan.aggregation != "plain"
+        self.t = int(plan.min_survivors or len(sizes)) if self.distributed else 1
+        self.plan = billboard_plan(plan, run_id, sizes, self.t)
+        self.noise = noise
+        self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
+        self.reported_releases: dict = {}
+        self.noise_note = (f"each site added a share σ/√t (t = {self.t}) inside the secure sum; the sum carries σ while "
+                           f"at least {self.t} sites survive" if self.distributed else
+                           "each site added the full σ to its own upload (private on its own)")
+
+    def wire_plan(self) -> str:
+        return dumps(self.plan)
+
+    def mirror(self, site: int, reply: dict, release: int) -> None:
+        for text in reply.get("dp_events", []):
+            ev = json.loads(text)
+            if ev.get("mechanism") != _BILLBOARD_MECHANISMS[release] or int(ev.get("step", -1)) != release:
+                raise ProtocolError(f"site {site} reported {ev.get('mechanism')} for billboard release {release}")
+            mirror_release(self.ledger, site, ev)
+            self.reported_releases.setdefault(release, set()).add(int(site))
+
+    def check_reported(self, release: int, survivors) -> None:
+        missing = [i for i in survivors if i not in self.reported_releases.get(release, set())]
+        if missing:
+            raise ProtocolAbortedError(f"billboard release {release + 1}: sites {missing} were summed without reporting "
+                                       "their ledger events; the aggregate ledger would be incomplete")
+
+    def report(self) -> dict:
+        eps, delta = self.ledger.spent()
+        n = self.noise
+        return {"mechanism": "DP billboard: random-feature mean embedding + landmark counts (2 releases)",
+                "epsilon": eps, "delta": delta, "accountant": self.ledger.accountant_name,
+                "epsilon_target": self.plan["epsilon"], "mu": n["mu"], "mu_per_release": [n["mu1"], n["mu2"]],
+                "sigma_per_release": [n["sigma1"], n["sigma2"]],
+                "sensitivity_per_release": [2.0, 2.0 ** 0.5], "releases": 2, "noise": self.plan["noise"],
+                "noise_share": self.noise_note, "min_survivors": self.t, "adjacency": "replace one record",
+                "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()}}
+
+
+def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int):
+    """A site's billboard release (``release`` 0: Σφ over its records; 1: its counts per landmark) with its own noise.
+
+    The site rebuilds σ from the public plan (never the coordinator's number), checks that both releases fit what is
+    left of its budget before the first one, refuses a plan that names another record count for it, adds its noise
+    (the full σ, or a share σ/√t inside a secure sum) from the CSPRNG and writes the release to its own ledger —
+    fsync'd — before returning. Returns ``(noisy vector, [ledger event as JSON])``."""
+    from ..accounting.noise import secure_standard_normal, seeded_standard_normal
+    from ..landmarks.cells import cell_counts
+    from ..landmarks.merf import COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, rff, rff_frequencies
+    from .wire import get_array
+
+    plan = json.loads(fields["billboard"])
+    release = int(fields["release"])
+    if release not in (0, 1):
+        raise ProtocolError(f"unknown billboard release {release}")
+    if int(plan["sizes"][site]) != int(n_records):
+        raise ProtocolError(f"the billboard plan announces {plan['sizes'][site]} records for this site, which holds "
+                            f"{n_records}; refusing")
+    noise = billboard_noise(plan["epsilon"], plan["delta"], plan["count_share"])
+    sigma = noise["sigma1"] if release == 0 else noise["sigma2"]
+    sens = RFF_SENSITIVITY if release == 0 else COUNT_SENSITIVITY
+    ledger = open_site_ledger({**plan, "noise_seed": plan.get("noise_seed")}, node_config, cache)
+    if release == 0 and not ledger.releases_at(site, 0, 0):
+        ledger.check_plan(site, 1.0 / noise["mu"], 1.0, 1)  # both releases together: μ = √(μ₁² + μ₂²) fits?
+    if release == 0:
+        d = F.shape[1]
+        W = rff_frequencies(d, int(fields["n_freq"]), tuple(float(v) for v in fields["lengthscales"]))
+        u = rff(F, W).sum(axis=0)
+    else:
+        u = cell_counts(F, get_array(fields, "Y"))
+    share = sigma / math.sqrt(int(plan["t"])) if plan["noise"] == "distributed" else sigma
+    attempt = len(ledger.releases_at(site, 0, release))
+    if plan.get("noise_seed") is None:
+        e = secure_standard_normal(u.shape)
+    else:
+        e = seeded_standard_normal(int(plan["noise_seed"]), (site, 0, release, attempt), u.shape)
+    ev = ledger.record_release(site=site, round=0, step=release, attempt=attempt, mechanism=_BILLBOARD_MECHANISMS[release],
+                               sensitivity=sens, sigma=sigma, noise_multiplier=sigma / sens, sample_rate=1.0,
+                               noise=plan["noise"], noise_share=share,
+                               noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
+    return u + share * e, [dumps(ev)]

@@ -15,7 +15,13 @@ class RunResult:
 
     Attributes
     ----------
-    landmarks : ndarray (n_y, m)
+    landmarks : ndarray (n_y, d)
+        The landmarks, in ``landmark_space`` (the records' own features for FedDL; a PCA or public basis otherwise).
+    landmark_space : LandmarkSpace
+    masses : ndarray or None
+        Records per landmark (cells: exact pooled counts; billboard: noisy counts), None for FedDL.
+    landmark_info : dict
+        The landmark stage's figures (method, rounds, cells, basis, σ of the DP releases …).
     gamma, lr : float
         FedDL's kernel bandwidth and step size.
     rule : str
@@ -38,7 +44,6 @@ class RunResult:
         The DP block (ε spent, σ and Δ per site, releases, ...).
     audit : dict or None
         The audit gate's decision (``verdict``, ``auc``, ``empirical_epsilon``, ``mia``, ``mia_result``).
-    refinement : dict or None
     embedding : dict or None
         ``method``, ``nystrom``, ``coordinates`` (or ``labels``) ``{site name: array}`` in each site's record order,
         ``landmark_embedding`` / ``landmark_labels`` (no-rows mode), ``rows`` (rows mode with ``keep_rows``),
@@ -54,12 +59,17 @@ class RunResult:
         Request/reply exchanges of the run, and individual messages (one per site per exchange).
     aggregation : dict
         Totals over the secure sums (protocol, count, clipped coordinates, bytes).
+    site_outputs : dict
+        In-process runs only: what each site kept on its own side (``coordinates keep``) — collected here because
+        this process simulates the sites; in a deployment it never leaves them.
     identity_fingerprints : dict
         ``{site name: SHA-256 prefix of the identity key the coordinator relayed}`` (compare out of band with each
         site's own, which its SuperNode logs).
     """
 
     landmarks: np.ndarray
+    landmark_space: object
+    masses: np.ndarray | None
     gamma: float
     lr: float
     rule: str
@@ -75,7 +85,8 @@ class RunResult:
     warnings: list = field(default_factory=list)
     privacy: dict | None = None
     audit: dict | None = None
-    refinement: dict | None = None
+    landmark_info: dict = field(default_factory=dict)
+    site_outputs: dict = field(default_factory=dict)
     embedding: dict | None = None
     survivors: list = field(default_factory=list)
     steps: list = field(default_factory=list)

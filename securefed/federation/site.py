@@ -43,7 +43,8 @@ from .wire import dumps, get_array, loads, put_array
 
 __all__ = ["SiteWorker", "TASKS", "compute_upload", "monitor_scale"]
 
-TASKS = ("stats", "model", "gradient", "lloyd", "audit", "mmd")
+TASKS = ("stats", "model", "gradient", "lloyd", "audit", "mmd", "moments", "cell-counts", "cell-sums", "rff",
+         "billboard-counts")
 
 
 def _truthy(v) -> bool:
@@ -64,6 +65,9 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
     * ``gradient``: ``∇f_p(Y)`` (Eq. 13);
     * ``lloyd``: ``[Σ_{x→i} x / n_p, c_i / n_p]`` per landmark ``i`` (nearest-landmark assignment);
     * ``mmd``: ``[MMD(X_p, Y)]`` (Eq. 10);
+    * ``moments``: ``[n_p, Σx/B, Σxxᵀ/B²]`` (the PCA basis of the cell landmarks);
+    * ``cell-counts`` / ``cell-sums``: the count pass and the sum pass of :mod:`securefed.landmarks.cells`, in the
+      broadcast landmark space;
 
     and, with ``monitor``, ``MMD(X_p, Y)`` (of the broadcast Y) appended, scaled by :func:`monitor_scale`.
     """
@@ -71,6 +75,19 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
     from ..landmarks.feddl import client_update, mmd, mmd_grad
 
     kind = task.get("task")
+    if kind == "moments":
+        from ..landmarks.cells import site_moments
+
+        return site_moments(np.asarray(X) / float(task["scale"]))
+    if kind in ("cell-counts", "cell-sums"):
+        from ..landmarks.cells import cell_counts, cell_sums
+        from .space import LandmarkSpace
+
+        F = LandmarkSpace.get(task).features(X)
+        Y = get_array(task, "Y")
+        if Y.ndim != 2 or Y.shape[1] != F.shape[1]:
+            raise ConfigError(bad_value("landmarks.shape", Y.shape, f"the landmark space has {F.shape[1]} dimensions"))
+        return cell_counts(F, Y) if kind == "cell-counts" else cell_sums(F, Y, bool(task.get("second_moments")))
     if kind == "stats":
         B = float(task["scale"])
         m = X.shape[1]
@@ -125,6 +142,7 @@ class SiteWorker:
         self._records = None if records is None else np.asarray(records, dtype=np.float64)
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
+        self.kept = None  # what this site kept of the embedding (coordinates keep)
 
     # ------------------------------------------------------------------------------ records
     @property
@@ -230,16 +248,33 @@ class SiteWorker:
 
                 if holdout is None:
                     raise ConfigError(bad_value("audit-holdout", 0, "the audit needs held-out records; set audit-holdout > 0"))
-                u = site_roc_counts(members, holdout, get_array(fields, "Y"), float(fields["gamma"]),
-                                    scores=tuple(fields.get("scores", ["nearest", "kde"])), rng=g)
+                from .space import LandmarkSpace
+
+                space = LandmarkSpace.get(fields)
+                u = site_roc_counts(space.features(members), space.features(holdout), get_array(fields, "Y"),
+                                    float(fields["gamma"]), scores=tuple(fields.get("scores", ["nearest", "kde"])), rng=g)
                 return u, {}
             if "dp" in fields:
                 return self._dp_upload(fields, members, g, op)
+            if "billboard" in fields:
+                return self._billboard_upload(fields, members, g)
             self._refuse_without_dp(f"a non-private {fields.get('task')!r} upload")
             kxx = self._kxx(members, float(fields["gamma"])) if (fields.get("monitor") or fields.get("task") == "mmd") else None
-            return compute_upload(fields, members, g, kxx), {}
+            return _scale_parts(compute_upload(fields, members, g, kxx), fields), {}
         finally:
             self.save_rng(g)
+
+    def _billboard_upload(self, fields: dict, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
+        """One of the DP billboard's two releases (:mod:`securefed.landmarks.merf`): the site's own calibration
+        and noise, its own ledger written before the reply leaves."""
+        from .privacy import site_billboard_release
+        from .space import LandmarkSpace
+
+        F = LandmarkSpace.get(fields).features(X)
+        u, events = site_billboard_release(fields, F, self.options, int(fields["site"]), self._dp_cache(),
+                                           len(X))
+        self._save_dp_cache()
+        return _scale_parts(u, fields), {"dp_events": events}
 
     def _refuse_without_dp(self, what: str) -> None:
         """A site whose operator set ``require-dp = true`` releases nothing about its records without DP."""
@@ -393,31 +428,63 @@ class SiteWorker:
         return {**put_array({}, "rows", R), **extra}
 
     def _place(self, fields: dict) -> dict:
-        """No-rows mode: place this site's records against the server's landmark model (nothing else)."""
+        """No-rows mode: place this site's records (all of them, file order) against the coordinator's landmark map,
+        using nothing but that broadcast and its own records; return the coordinates / labels, or keep them."""
         from ..embedding import placement
+        from .space import LandmarkSpace
 
-        X = self.records()
+        F = LandmarkSpace.get(fields).features(self.records())
         Y = get_array(fields, "Y")
-        if Y.shape[1] != X.shape[1]:
-            raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
+        if Y.ndim != 2 or Y.shape[1] != F.shape[1]:
+            raise ConfigError(bad_value("landmarks.shape", Y.shape, f"the landmark space has {F.shape[1]} dimensions"))
         method = fields.get("method")
         if method == "spectral":
+            from ..embedding.stages import spectral_assign
+
             lab_y = np.asarray(fields["landmark_labels"], dtype=np.int64)
             k = int(fields["n_clusters"])
             if lab_y.shape != (len(Y),) or lab_y.min(initial=0) < 0 or lab_y.max(initial=0) >= k:
                 raise ProtocolError("landmark labels do not match the landmarks / n_clusters")
-            from ..embedding.stages import spectral_assign
-
-            return {"labels": [int(v) for v in spectral_assign(X, Y, float(fields["kernel_gamma"]), lab_y, k)]}
-        E = get_array(fields, "landmark_embedding")
-        if method == "tsne":
-            Z = placement.place_records(Y, X, float(fields["perplexity"]), int(fields["model_seed"]), E, E.shape[1])
-        elif method == "umap":
-            Z = placement.place_records_umap(Y, X, int(fields["n_neighbors"]), float(fields["min_dist"]),
-                                             int(fields["model_seed"]), E, E.shape[1])
+            out = spectral_assign(F, Y, float(fields["kernel_gamma"]), lab_y, k)
+            reply = {"labels": [int(v) for v in out]}
         else:
-            raise ProtocolError(f"unknown placement method {method!r}; expected 'tsne', 'umap' or 'spectral'")
-        return put_array({}, "embedding", Z)
+            E = get_array(fields, "landmark_embedding")
+            if E.shape[0] != len(Y):
+                raise ProtocolError("the landmark map does not match the landmarks")
+            if method == "tsne":
+                out = placement.place_refine(F, Y, E, get_array(fields, "masses"), float(fields["Zn"]),
+                                             perplexity=float(fields["perplexity"]))
+            elif method == "umap":
+                out = placement.place_weighted(F, Y, E, perplexity=2.0)
+            else:
+                raise ProtocolError(f"unknown placement method {method!r}; expected 'tsne', 'umap' or 'spectral'")
+            reply = put_array({}, "embedding", out)
+        if fields.get("keep"):
+            self.kept = np.asarray(out)  # the site's own result: it stays here (coordinates keep)
+            path = self.options.get("output-path")
+            if path:
+                import os
+
+                os.makedirs(str(path), exist_ok=True)
+                np.save(os.path.join(str(path), f"{self.name}-embedding.npy"), self.kept)
+            return {"kept": int(len(out))}
+        return reply
+
+
+def _scale_parts(u: np.ndarray, fields: dict) -> np.ndarray:
+    """Divide each consecutive part of an upload by its public bound (``scale_parts``: ``[[length, bound], …]``), so
+    the secure sum's fixed-point range is used well; the coordinator multiplies back."""
+    parts = fields.get("scale_parts")
+    if not parts:
+        return u
+    u = np.ravel(np.asarray(u, dtype=np.float64))
+    try:
+        scale = np.concatenate([np.full(int(k), float(b)) for k, b in parts])
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"malformed scale_parts: {exc}") from None
+    if scale.shape != u.shape or not np.all(scale > 0):
+        raise DecodeError(f"scale_parts covers {scale.size} coordinates with positive bounds; the upload has {u.size}")
+    return u / scale
 
 
 def _dp_min_survivors(fields: dict, n_clients: int) -> int:
@@ -457,5 +524,3 @@ def _check_request_against_plan(fields: dict, plan: dict, gp, site: int, n_recor
                             f"{gp.local_steps} steps; refusing")
 
 
-# a malformed request field surfaces as DecodeError through handle(); keep the name importable
-_ = DecodeError

@@ -61,7 +61,7 @@ def write_json(path: str, obj) -> None:
 def result_document(res, plan) -> dict:
     """The JSON-able part of a :class:`~securefed.federation.RunResult` (arrays go to their own files)."""
     emb = dict(res.embedding or {})
-    for key in ("coordinates", "labels", "rows", "landmark_embedding", "landmark_labels"):
+    for key in ("coordinates", "labels", "rows", "landmark_embedding", "landmark_labels", "landmark_masses"):
         emb.pop(key, None)
     audit = None if res.audit is None else {k: v for k, v in res.audit.items() if k != "mia_result"}
     return {"status": "completed", "run_id": res.run_id, "options": plan.as_dict(), "gamma": res.gamma, "lr": res.lr,
@@ -69,7 +69,7 @@ def result_document(res, plan) -> dict:
             "site_sizes": res.site_sizes, "holdouts": res.holdouts, "n_features": res.n_features,
             "survivors": [res.sites[i] for i in res.survivors], "released": res.released,
             "inventory": res.inventory, "warnings": res.warnings,
-            "privacy": res.privacy, "audit": audit, "refinement": res.refinement, "embedding": emb or None,
+            "privacy": res.privacy, "audit": audit, "landmark_stage": res.landmark_info, "embedding": emb or None,
             "steps": res.steps, "readmitted": res.readmitted, "site_errors": res.site_errors, "seconds": res.seconds,
             "round_trips": res.round_trips, "messages": res.messages, "aggregation": res.aggregation,
             "identity_fingerprints": res.identity_fingerprints}
@@ -79,6 +79,8 @@ def write_run_result(out_dir: str, res, plan) -> dict:
     """Write the run folder's common files for ``res``; returns the ``result.json`` document."""
     os.makedirs(out_dir, exist_ok=True)
     np.save(os.path.join(out_dir, "landmarks.npy"), res.landmarks)
+    if res.masses is not None:
+        np.save(os.path.join(out_dir, "landmark_masses.npy"), np.asarray(res.masses))
     emb = res.embedding or {}
     for key in ("landmark_embedding", "landmark_labels"):
         if key in emb:

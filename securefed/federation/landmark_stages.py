@@ -1,0 +1,305 @@
+"""The landmark stage of a federated run, one function per method (each a generator the coordinator runs).
+
+* :func:`feddl` — FedDL (Qiao et al. Algorithm 1; docs/paper-equations.md), optionally with the paper's gradient
+  perturbation (DP); landmarks in the records' own space.
+* :func:`cells` — federated k-means cells with a minimum cell size in a federated PCA basis
+  (:mod:`securefed.landmarks.cells`): the default of the no-rows mode without DP.
+* :func:`billboard` — the DP billboard: a random-feature mean embedding and the landmarks' counts, two noisy
+  releases in a public basis (:mod:`securefed.landmarks.merf`): the default of the no-rows mode under DP.
+
+Each returns ``{"Y", "space", "masses", "gamma", "lr", "history", "rng", "info"}``: the landmarks, the space they
+live in (:class:`~.space.LandmarkSpace`), their masses (records per landmark, or None), the kernel bandwidth the
+later stages use, FedDL's step size and MMD history, the coordinator's statistical Generator and figures for the
+result. Every sum goes through :func:`securefed.federation.sums.secure_sum`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError, ProtocolAbortedError, bad_value
+from .space import LandmarkSpace
+from .sums import secure_sum
+from .wire import dumps, put_array
+
+__all__ = ["feddl", "cells", "billboard"]
+
+
+def feddl(co):
+    """FedDL (Qiao et al. Algorithm 1): γ and the start from one secure sum of statistics, then ``S`` rounds
+    of model averaging (Eq. 15) or gradient averaging (Eq. 16) through the secure sum (generator)."""
+    from ..kernels import check_gamma, median_gamma
+    from ..landmarks.feddl import default_lr, init_landmarks, release_bounds
+
+    plan, s = co.plan, co.sites
+    m = s.n_features
+    rng = np.random.default_rng(plan.seed)
+    w_norm = s.weights(plan.weights) / s.weights(plan.weights).sum()
+    if plan.dp:
+        from .privacy import ServerPrivacy
+
+        gamma0 = plan.gamma if plan.gamma is not None else 1.0 / float(plan.clip_norm) ** 2  # public: τ_X only
+        co.privacy = ServerPrivacy(plan, co.run_id, s.sizes, w_norm, check_gamma(gamma0), co.ledger)
+    B = plan.sum_bound
+    ck = co.resume
+    gamma = co.privacy.plan["gamma"] if co.privacy else plan.gamma
+    want = ([] if gamma is not None or ck else ["gamma"]) + (["moments"] if plan.init_mode == "moments" and not ck else [])
+    stats = {}
+    if want:
+        length = (1 if "gamma" in want else 0) + (2 * m if "moments" in want else 0)
+        task = {"task": "stats", "want": want, "scale": 1.0 if B is None else float(B), "out_shape": [length]}
+        a = yield from secure_sum(co, task, "statistics", B, weights="records")
+        tot = a.total / a.weight_sum
+        if "gamma" in want:
+            gamma = median_gamma([tot[0] * 4.0 * m * (1.0 if B is None else B)])
+            tot = tot[1:]
+            co.release("the sum over sites of each site's median squared distance × its record count (for γ)")
+        if "moments" in want:
+            scale = 1.0 if B is None else B
+            stats = {"mean": tot[:m], "std": np.sqrt(np.maximum(tot[m:] * scale - tot[:m] ** 2, 0.0))}
+            co.release("the sum over sites of per-feature sums and sums of squares (for the initial landmarks)")
+    gamma = check_gamma(ck["gamma"] if ck else gamma)
+    lr = float(ck["lr"]) if ck else (plan.lr if plan.lr is not None else default_lr(plan.landmarks, gamma))
+    if ck:
+        Y, start, history = np.array(ck["Y"], dtype=np.float64), int(ck["round"]), list(ck["history"])
+        rng.bit_generator.state = ck["rng"]
+    else:
+        Y, start, history = _init_landmarks(co, stats, gamma, rng, init_landmarks), 0, []
+    if Y.shape[1] != m:
+        raise ConfigError(bad_value(plan.name("init"), f"array{Y.shape}", f"give {m} columns (the sites' features)"))
+    clip = release_bounds(B, m, plan.landmarks, gamma).get(plan.rule)
+    spread0 = _spread(Y)
+    for rnd in range(start, plan.rounds):
+        if rnd > start:
+            yield from co.readmit(f"before round {rnd + 1}")
+        Y, mmd0 = yield from _round(co, Y, rnd, gamma, lr, clip)
+        spread = _spread(Y)
+        if not math.isfinite(spread) or spread > 20.0 * (spread0 + 1.0 / math.sqrt(gamma)):
+            raise ConfigError(bad_value(plan.name("lr"), lr, f"landmarks diverged in round {rnd + 1} (spread {spread:.3g}, "
+                                        f"kernel width {1 / math.sqrt(gamma):.3g}); use the automatic step or a smaller one"))
+        if mmd0 is not None:
+            history.append(mmd0)  # MMD of Y^rnd, the landmarks round rnd + 1 started from
+        co.emit("round", round=rnd + 1, rounds=plan.rounds, mmd_at_start=mmd0,
+                  epsilon=float(co.privacy.ledger.spent()[0]) if co.privacy else None)
+        co.emit("checkpoint", state={"round": rnd + 1, "Y": Y, "gamma": gamma, "lr": lr, "history": history,
+                                       "rng": rng.bit_generator.state, "mmd_pending": mmd0 is not None})
+    _inventory_rounds(co)
+    return {"Y": Y, "space": LandmarkSpace(), "masses": None, "gamma": gamma, "lr": lr, "history": history, "rng": rng,
+            "info": {"method": "feddl", "rounds": plan.rounds}}
+
+def _inventory_rounds(co) -> None:
+    plan = co.plan
+    covered = f"yes (noise: {plan.noise})" if plan.dp else False
+    n = plan.rounds * (plan.local_steps if plan.rule == "gradient" else 1)
+    what = "each site's own landmark update" if plan.aggregation == "plain" else \
+        f"only the sum over sites of the landmark updates ({plan.aggregation})"
+    co.release(f"{what}, {n} times", covered=covered)
+    if plan.monitoring:
+        co.release("the sum over sites of each site's MMD to the landmarks, every round (progress monitor)")
+    co.release("the landmarks and γ, every round", to="every site",
+                 covered="post-processing of the DP releases" if plan.dp else False)
+
+def _init_landmarks(co, stats: dict, gamma: float, rng, init_landmarks) -> np.ndarray:
+    plan, m = co.plan, co.sites.n_features
+    mode = plan.init_mode
+    if mode == "moments":
+        Y = init_landmarks(plan.landmarks, m, mean=stats["mean"], std=stats["std"], rng=rng)
+    elif mode == "public":
+        radius = float(plan.clip_norm) if plan.dp else float(np.sqrt(1.0 / gamma))
+        Y = init_landmarks(plan.landmarks, m, radius=radius, rng=rng)
+    else:
+        Y = np.array(plan.init, dtype=np.float64)
+    return co.privacy.project(Y) if co.privacy is not None else Y
+
+def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
+    """One FedDL round (generator); returns ``(Y, MMD of the Y the round started from or None)``."""
+    from ..landmarks.feddl import server_gradient_step, server_model_average
+    from .site import monitor_scale
+
+    plan = co.plan
+    monitor = plan.monitoring
+    mmd0 = None
+    steps = [plan.local_steps - 1] if plan.rule == "model" else list(range(plan.local_steps))
+    for t in steps:
+        task = put_array({"task": plan.rule, "gamma": gamma}, "Y", Y)
+        if plan.rule == "model":
+            task.update(lr=lr, local_steps=plan.local_steps)
+        with_mmd = monitor and t == steps[0]
+        if with_mmd:
+            task.update(monitor=True, clip=clip)
+        task["out_shape"] = [Y.size + 1] if with_mmd else list(Y.shape)
+        tap = None
+        if co.privacy is not None:
+            task.update(_dp_fields(co, rnd, t))
+            released_steps = range(plan.local_steps) if plan.rule == "model" else [t]
+            tap = _mirror(co, rnd, released_steps)
+        label = f"round {rnd + 1}" + (f" step {t + 1}" if plan.rule == "gradient" else "")
+        a = yield from secure_sum(co, task, label, clip, tap=tap)
+        total = a.total
+        if with_mmd:
+            mmd0 = float(total[-1] / a.weight_sum / monitor_scale(clip))
+            total = total[:-1].reshape(Y.shape)
+            a = type(a)(total, a.survivors, a.weight_sum, a.protocol, a.clipped)
+        if co.privacy is not None:
+            _settle(co, rnd, t, a)
+        Y = server_model_average(a) if plan.rule == "model" else server_gradient_step(Y, a, lr)
+        if co.privacy is not None:
+            Y = co.privacy.project(Y)  # after every server step: Δ assumes Y inside the τ_Y ball at every step
+    return Y, mmd0
+
+def _dp_fields(co, rnd: int, step: int) -> dict:
+    settle = co.privacy.unsettled
+    co.privacy.unsettled = []
+    return {"dp": co.privacy.wire_plan(), "dp_settle": dumps(settle), "round": rnd, "step": step}
+
+def _mirror(co, rnd: int, steps):
+    def hook(site: int, fields: dict) -> None:
+        if "dp_events" in fields:
+            co.privacy.mirror(site, fields, rnd, steps)
+    return hook
+
+def _settle(co, rnd: int, step: int, a) -> None:
+    have = co.privacy.reported(rnd, step)
+    missing = [i for i in a.survivors if i not in have]
+    if missing:
+        raise ProtocolAbortedError(f"round {rnd + 1}: sites {missing} were summed without reporting their ledger "
+                                   "events; the aggregate ledger would be incomplete")
+    co.privacy.after_aggregate(rnd, step, a.survivors)
+
+
+def _spread(Y: np.ndarray) -> float:
+    if not np.all(np.isfinite(Y)):
+        return math.inf
+    return float(np.sqrt(np.max(np.sum((Y - Y.mean(axis=0)) ** 2, axis=1))))
+
+
+# ------------------------------------------------------------------------------------------------ cells
+
+
+def _scaled_sum(co, task: dict, label: str, parts, weights: str = "uniform", tap=None):
+    """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
+    ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
+    (``scale_parts``) so the fixed-point range of SecAgg+ / CKKS is used well; returns the unscaled total and the
+    AggregateResult (generator)."""
+    n = int(np.prod(task["out_shape"]))
+    parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
+    if sum(k for k, _ in parts) != n:
+        raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
+    a = yield from secure_sum(co, dict(task, scale_parts=[[k, b] for k, b in parts]), label, 1.0, weights=weights,
+                              tap=tap)
+    return a.total * np.concatenate([np.full(k, b) for k, b in parts]), a
+
+
+def cells(co):
+    """Federated k-means cells with a minimum cell size in a federated PCA basis (:mod:`securefed.landmarks.cells`).
+
+    One secure sum for the basis, then rounds of a count pass and a sum pass; every cell mean the coordinator
+    learns is over at least ``cell_floor`` records (the count pass withholds smaller cells before any sum of
+    features is asked for)."""
+    from ..landmarks.cells import cell_update, pca_basis, prune, split_cells
+
+    plan, s = co.plan, co.sites
+    m, N = s.n_features, float(sum(s.sizes))
+    B = plan.sum_bound or 1.0  # public scale of the features for the secure sum (any positive number works in plain)
+    n_max = float(max(s.sizes))
+    total, _ = yield from _scaled_sum(co, {"task": "moments", "scale": B, "out_shape": [1 + m + m * m]}, "basis",
+                                      n_max)  # [n_p, Σx/B, Σxxᵀ/B²]: every coordinate within ±n_p
+    mu, V, trace = pca_basis(total, m, min(plan.basis_dim, m))
+    space = LandmarkSpace("pca", mu * B, V)
+    trace *= B * B
+    co.release("the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis)")
+    d = V.shape[1]
+    r_feat = 2.0 * B * math.sqrt(m) if plan.sum_bound else None  # public bound on |feature| (|x_j| ≤ B)
+    floor = plan.cell_floor
+    k_target = max(2, int(N / floor))
+    Y = np.zeros((1, d))
+    rounds, growing, polish = 0, True, 1
+    while True:
+        rounds += 1
+        counts, _ = yield from _scaled_sum(co, space.put(put_array({"task": "cell-counts", "out_shape": [len(Y)]},
+                                                                   "Y", Y)), f"cells {rounds}: counts", n_max)
+        Y = prune(Y, counts, floor)
+        k = len(Y)
+        r = r_feat or 1.0  # without a public value bound (plain aggregation) the scaling is only cosmetic
+        parts = [(k * d, n_max * r), (k, n_max)] + ([(k * d * d, n_max * r * r)] if growing else [])
+        task = space.put(put_array({"task": "cell-sums", "second_moments": growing,
+                                    "out_shape": [sum(p for p, _ in parts)]}, "Y", Y))
+        tot, _ = yield from _scaled_sum(co, task, f"cells {rounds}: sums", parts)
+        Y, c, cov = cell_update(tot, k, d, second_moments=growing)
+        co.emit("cells", round=rounds, cells=k)
+        if growing:
+            grown = split_cells(Y, c, cov, k_target, floor)
+            if len(grown) > k and rounds < plan.cell_rounds:
+                Y = grown
+                continue
+            growing = False
+        polish -= 1
+        if polish < 0:
+            break
+    co.release(f"{rounds} rounds of per-cell record counts and (for cells of at least {floor} records) per-cell sums "
+               "of the features and of their squares", note=f"a cell mean is revealed only over ≥ {floor} records")
+    co.release("the PCA basis, the cell landmarks and their counts", to="every site")
+    return {"Y": Y, "space": space, "masses": c, "gamma": 1.0 / max(2.0 * trace, 1e-300), "lr": None, "history": [],
+            "rng": np.random.default_rng([plan.seed, 0xCE11]),
+            "info": {"method": "cells", "rounds": rounds, "cells": len(Y), "floor": floor, "basis_dim": d,
+                     "secure_sums": 1 + 2 * rounds}}
+
+
+# ------------------------------------------------------------------------------------------------ billboard
+
+
+def billboard(co):
+    """The DP billboard (:mod:`securefed.landmarks.merf`): release 1 = the sum of a bounded random-feature map of
+    every record, release 2 = the landmarks' counts, both with Gaussian noise added on the sites (the full σ each
+    with plain aggregation; a share σ/√t inside a secure sum), each written to the site's ledger before it leaves.
+    Everything else — the landmarks, their masses, their map — is post-processing."""
+    from ..landmarks.merf import (DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES, billboard_noise, fit_to_embedding,
+                                  rff_frequencies)
+    from .privacy import BillboardPrivacy
+
+    plan, s = co.plan, co.sites
+    m, N = s.n_features, float(sum(s.sizes))
+    scale = float(plan.value_bound) if plan.value_bound is not None else float(plan.clip_norm) / math.sqrt(m)
+    space = LandmarkSpace("public", dim=min(plan.public_basis_dim, m), scale=scale, seed=0)
+    d = space.dim if m > space.dim else m
+    noise = billboard_noise(plan.epsilon, plan.delta, plan.count_share) if plan.epsilon is not None else None
+    if noise is None:
+        raise ConfigError(bad_value(plan.name("epsilon"), None, "the DP billboard needs a target ε (noise-multiplier is "
+                                    "for FedDL's gradient perturbation): give epsilon"))
+    co.privacy = priv = BillboardPrivacy(plan, co.run_id, s.sizes, noise, co.ledger)
+    t = priv.t
+    n_max = float(max(s.sizes))
+    share1 = noise["sigma1"] / math.sqrt(t) if priv.distributed else noise["sigma1"]
+    share2 = noise["sigma2"] / math.sqrt(t) if priv.distributed else noise["sigma2"]
+    W = rff_frequencies(d, DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES)
+    task = space.put({"task": "rff", "n_freq": DEFAULT_FREQUENCIES, "lengthscales": list(DEFAULT_LENGTHSCALES),
+                      "billboard": priv.wire_plan(), "release": 0, "out_shape": [2 * DEFAULT_FREQUENCIES]})
+    bound = n_max / math.sqrt(DEFAULT_FREQUENCIES) + 12.0 * share1  # |noise share| > 12σ: probability < 1e-32
+    total, a = yield from _scaled_sum(co, task, "billboard: random-feature sums", bound,
+                                      tap=lambda i, reply: priv.mirror(i, reply, 0))
+    priv.check_reported(0, a.survivors)
+    rng = np.random.default_rng([plan.seed, 0xB1B])
+    Y = fit_to_embedding(total / N, W, plan.landmarks, rng)
+    task = space.put(put_array({"task": "billboard-counts", "billboard": priv.wire_plan(), "release": 1,
+                                "out_shape": [len(Y)]}, "Y", Y))
+    counts, a = yield from _scaled_sum(co, task, "billboard: landmark counts", n_max + 12.0 * share2,
+                                       tap=lambda i, reply: priv.mirror(i, reply, 1))
+    priv.check_reported(1, a.survivors)
+    c = np.maximum(counts, 1.0)
+    c *= N / c.sum()
+    co.release("the sum over sites of a random-feature map of every record, with Gaussian noise",
+               covered=f"yes (μ₁ = {noise['mu1']:.3g}, σ = {noise['sigma1']:.3g})")
+    co.release("the sum over sites of each landmark's record count, with Gaussian noise",
+               covered=f"yes (μ₂ = {noise['mu2']:.3g}, σ = {noise['sigma2']:.3g})")
+    co.release("the DP landmarks, their masses and their map (the billboard)", to="every site",
+               covered="post-processing of the two DP releases")
+    from ..kernels import sq_dists
+
+    D2 = sq_dists(Y)
+    gamma = 1.0 / max(float(np.median(D2[np.triu_indices(len(Y), 1)])), 1e-300)
+    return {"Y": Y, "space": space, "masses": c, "gamma": gamma, "lr": None, "history": [],
+            "rng": np.random.default_rng([plan.seed, 0xB1C]),
+            "info": {"method": "billboard", "landmarks": len(Y), "basis": space.basis_name(m), "releases": 2,
+                     "sigma1": noise["sigma1"], "sigma2": noise["sigma2"], "noise": priv.noise_note}}
