@@ -155,8 +155,10 @@ def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipp
                     rejected.append(f"site {i}: a message that does not name site {i} as its sender; dropped")
                     continue
                 before = len(server.rejected)
-                outgoing += server.receive(bytes(data), co.now)  # raises only when the round is aborted
-                rejected.extend(f"site {i}: {type(e).__name__}: {e}" for _, e in server.rejected[before:])
+                try:
+                    outgoing += server.receive(bytes(data), co.now)  # raises only when the round is aborted
+                finally:
+                    rejected.extend(f"site {i}: {type(e).__name__}: {e}" for _, e in server.rejected[before:])
         if server.stage == stage and not server.done:
             outgoing += server.tick(max(co.now, server.deadline))  # every asked site answered or the deadline passed
         if server.done:

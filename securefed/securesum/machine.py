@@ -313,11 +313,12 @@ def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: di
                 stage = server.client_stage() if server.client_stage() in timings else stages[-1]
                 before = len(server.rejected)
                 t0 = time.perf_counter()
-                outgoing.extend(server.receive(d, now))
-                timings[stage]["server"] += time.perf_counter() - t0
-                if len(server.rejected) > before:
+                try:
+                    outgoing.extend(server.receive(d, now))
+                finally:  # also when the message ended the round
+                    timings[stage]["server"] += time.perf_counter() - t0
                     rejected.extend(f"client {i}: {_fmt(e)}" for _, e in server.rejected[before:])
-                elif cls is not None and cls.__name__ == "UnmaskResponse":
+                if len(server.rejected) == before and cls is not None and cls.__name__ == "UnmaskResponse":
                     revealed[0] += 1
 
     error = None

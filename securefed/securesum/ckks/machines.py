@@ -32,7 +32,7 @@ Transitions (``CKKSClient.TRANSITIONS`` / ``CKKSServer.TRANSITIONS``)::
     confirmed     DecryptRequest     _on_decrypt    decrypt       DecryptedSum                              _on_decrypted
 
 The decryptor is the key holder or, when it does not answer (or lies) before the ``decrypt`` deadline, a
-fallback that confirmed U. **Who can read what** (measured in tests/securesum/test_ckks_key_holders.py):
+fallback that confirmed U. **Who can read what** (measured in tests/securesum/test_attack_ckks.py::test_who_can_read_an_upload_with_the_server):
 the coordinator alone learns only the decrypted sum; the coordinator together with one of the
 ``1 + len(spec.fallbacks)`` key-holding sites of a round reads every site's individual upload of that round
 at CKKS precision; together with any other site it learns nothing more (that site holds a public context,
