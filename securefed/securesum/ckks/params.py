@@ -18,7 +18,7 @@ OpenFHE's ``NOISE_FLOODING_DECRYPT``: ``σ = 8·√R·2^(λ/2)·E`` keeps λ bit
 and any other search attack over R decryptions of one ciphertext, with E the per-slot shift between the real
 and the simulatable release, ``E = e_max + 2·ulp(M)`` (CKKS error plus float64 encoding/decoding, measured
 ≤ 1.0 ulp at the scales chosen here). The scale is raised until e_max ≤ ulp(M), so E ≤ 3·ulp(M):
-λ = 40 and R = 2 (key holder + one fallback) give σ ≈ 2.4e-8 at M = 10. The per-coordinate total-variation
+λ = 40 and R = 2 (key holder + one fallback) give σ ≈ 6.3e-8 at n = M = 10 (6.5e-5 at M = 10⁴). The per-coordinate total-variation
 distance this achieves is ``E/(2σ) = 1/(16·√R·2^(λ/2)) ≈ 2^−24.5`` (R = 2), stated next to the 40-bit figure.
 The spec carries λ (``flood_bits``) and R (the decryptors, ``1 + len(fallbacks)``); each decryptor computes σ
 itself (:func:`flood_sigma`) and each site refuses λ below its floor ``ckks-flood-bits`` (:mod:`..threat`).
