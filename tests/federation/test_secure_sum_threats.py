@@ -160,6 +160,17 @@ def test_unsafe_specs_are_refused_naming_the_option():
     assert err.startswith("ConfigError") and "secagg-max-colluders" in err
 
 
+def test_the_default_choice_satisfies_the_sites_rule_for_every_n():
+    """graph.choose_parameters (what the coordinator announces) passes graph.check_parameters (what every site
+    with default options enforces) for every federation size: complete graphs up to 128 sites, sparse above."""
+    from securefed.securesum.graph import check_parameters
+
+    for n in list(range(3, 141)) + [200, 300, 500]:
+        gp = choose_parameters(n)
+        assert check_parameters(n, gp.degree, gp.threshold, gp.quorum, gp.colluders) == [], n
+        assert gp.colluders >= 1 and (gp.degree == n - 1) == (n <= 128)
+
+
 def test_too_few_sites_for_any_safe_choice_fail_loudly():
     with pytest.raises(ConfigError, match="no safe SecAgg parameters exist for 2 sites"):
         choose_parameters(2)
