@@ -57,8 +57,9 @@ class FederatedParams:
         Client weights of Eq. (8): each site weighs its own upload by its record count, or by 1.
     init : "auto", "moments", "public" or array
         Initial landmarks (federated moments; the public radius under DP; or given).
-    aggregation : {"plain", "secagg", "ckks"}
-        The secure sum; ``aggregation_options`` holds its options (``modulus_bits``, ``fractional_bits``,
+    aggregation : {"auto", "secagg", "ckks", "plain"}
+        The secure sum (``"auto"``: SecAgg+ when ``value_bound`` or the DP clip norm is known, else plain — the
+        coordinator then sees each site's own uploads, and the result says so); ``aggregation_options`` holds its options (``modulus_bits``, ``fractional_bits``,
         ``degree``, ``threshold``, ``stage_timeout``, ``ckks_precision``, ``key_holder``, ``ckks_min_survivors``,
         ``ckks_quorum``, ``ckks_verify``).
     value_bound : float, optional
@@ -68,9 +69,10 @@ class FederatedParams:
         options become the run's, its ledger the coordinator's aggregate ledger.
     rows_privacy : DataPerturbation, optional
         Data perturbation of the rows (Qiao et al. §5.1): its ε becomes the run's ``rows_epsilon``.
-    nystrom : {"rows", "local"}, optional
-        ``"rows"``: the paper — one row per record leaves each site (it gives the records back);
-        ``"local"``: only final coordinates / labels leave. Unset: ``"local"`` under DP, else ``"rows"``.
+    nystrom : {"local", "rows"}, default "local"
+        ``"local"``: no per-record rows leave a site; each places its own records on the landmark map and only the
+        final coordinates / labels leave (or none, with ``coordinates="keep"``). ``"rows"``: the paper — one row
+        per record leaves each site (it gives the records back).
     reconstruction : {"auto", "paper", "features"}
         Server-side path for ``nystrom="rows"``: dense Eq. (21) or feature map + k-NN (no n × n)
         (:func:`securefed.embedding.nystrom.choose_reconstruction`).
@@ -82,8 +84,9 @@ class FederatedParams:
         Cells: a cell's mean is revealed only over at least this many records.
     coordinates : {"send", "keep"}
         No-rows mode: each record's final coordinate goes to the coordinator, or stays on its site.
-    audit_holdout : float, default 0
-        Share of each site's records kept out of FedDL as audit non-members (embedded afterwards); 0 = no audit.
+    audit_holdout : float, default 0.2
+        Share of each site's records kept out of the landmarks as audit non-members (placed afterwards like every
+        other record); 0 = no membership audit.
     max_auc, max_empirical_epsilon, allow_audit_failure
         The audit policy (0.6, 1.0) and whether a failing audit lets the run go on (recorded).
     checkpoint : str, optional
@@ -106,17 +109,17 @@ class FederatedParams:
     gamma: float | None = None
     weights: str = "records"
     init: object = "auto"
-    aggregation: str = "plain"
+    aggregation: str = "auto"
     aggregation_options: dict | None = None
     value_bound: float | None = None
     privacy: object = None
     rows_privacy: object = None
-    nystrom: str | None = None
+    nystrom: str = "local"
     reconstruction: str = "auto"
     landmark_method: str = "auto"
     cell_floor: int = 15
     coordinates: str = "send"
-    audit_holdout: float = 0.0
+    audit_holdout: float = 0.2
     max_auc: float = 0.6
     max_empirical_epsilon: float = 1.0
     allow_audit_failure: bool = False

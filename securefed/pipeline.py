@@ -329,9 +329,12 @@ def _reconstruction_audit(plan, res, sites, out, log) -> dict:
     from .report import write_audit_files
 
     X_true = np.vstack(sites)
-    Y = res.landmarks
+    Y = res.landmark_space.to_original(res.landmarks, X_true.shape[1])  # the coordinator's reading of its landmarks
     emb = res.embedding
     perturbed = plan.rows_epsilon is not None
+    if emb.get("kept_on_sites"):
+        log("[audit] reconstruction: nothing per record left the sites (coordinates kept on the sites)")
+        return {"mode": "kept", "attack": "none: no per-record output reached the coordinator"}
     if plan.nystrom == "rows":
         rows = res.stacked("rows")
         if plan.method == "spectral":

@@ -27,7 +27,7 @@ __all__ = ["RunPlan", "option_name", "seed_of", "API_NAMES", "METHODS", "NYSTROM
 
 METHODS = ("tsne", "umap", "spectral", "none")
 NYSTROM_MODES = ("local", "rows")
-AGGREGATIONS = ("plain", "secagg", "ckks")
+AGGREGATIONS = ("auto", "plain", "secagg", "ckks")
 LANDMARK_METHODS = ("auto", "feddl", "cells", "billboard")
 ACCOUNTANT_NAMES = ("exact", "prv", "rdp", "paper")
 SENSITIVITY_RULES = ("min", "theorem5", "kernel_shape", "lipschitz")
@@ -84,7 +84,7 @@ class RunPlan:
     init: object = "auto"            # "auto", "moments", "public" or an (n_y, m) array
     monitor: bool | None = None      # None: on without DP (the MMD is an unaccounted release)
     # ---- secure sum
-    aggregation: str = "plain"
+    aggregation: str = "auto"         # auto: secagg when a public value bound is known (value_bound or DP clip_norm), else plain
     value_bound: float | None = None  # public bound on |feature values| (secagg/ckks quantise into it)
     modulus_bits: int = 32
     fractional_bits: int | None = None
@@ -110,13 +110,13 @@ class RunPlan:
     rows_epsilon: float | None = None
     run_id: str | None = None
     # ---- audit gate
-    audit_holdout: float = 0.0
+    audit_holdout: float = 0.2
     max_auc: float = 0.6
     max_empirical_epsilon: float = 1.0
     allow_audit_failure: bool = False
     # ---- embedding (Qiao et al. Algorithms 2–3)
     method: str = "tsne"
-    nystrom: str | None = None       # None: "local" under DP, else "rows" (the paper)
+    nystrom: str = "local"           # local: no per-record rows leave a site; rows: the paper (gives the records back)
     n_components: int = 2
     perplexity: float = 30.0
     n_iter: int = 750
@@ -250,6 +250,8 @@ class _Validator:
         else:
             self.choice("init", ("auto", "moments", "public"))
         self.choice("aggregation", AGGREGATIONS)
+        if p.aggregation == "auto":
+            self._auto_aggregation()
         self.pos("value_bound", optional=True)
         self.int_("modulus_bits", minimum=16, maximum=64)
         self.int_("fractional_bits", minimum=0, maximum=62, optional=True)
@@ -268,8 +270,8 @@ class _Validator:
         self.pos("max_auc")
         self.pos("max_empirical_epsilon", allow_zero=True)
         self.choice("method", METHODS)
-        if p.nystrom is None:
-            object.__setattr__(p, "nystrom", "local" if p.dp else "rows")
+        if p.nystrom is None:  # unset in a run configuration
+            object.__setattr__(p, "nystrom", "local")
         self.choice("nystrom", NYSTROM_MODES)
         self._landmark_method()
         self.int_("n_components", minimum=1)
@@ -290,6 +292,16 @@ class _Validator:
         if p.dp and p.nystrom == "rows" and p.method != "none" and p.rows_epsilon is None:
             self.fail("rows_epsilon", None, f"with differential privacy and {p.name('nystrom')} rows every record's row is "
                                             f"a release: give its ε (e.g. 1), or use {p.name('nystrom')} local")
+
+    def _auto_aggregation(self) -> None:
+        """``auto``: SecAgg+ whenever a public bound on the values is known, else plain — which a deployed site
+        refuses by default, so a Flower plan must name the bound (or choose plain and set the sites' allow-plain)."""
+        p = self.p
+        known = p.value_bound is not None or (p.dp and p.clip_norm is not None)
+        if not known and p.source == "flower":
+            self.fail("value_bound", None, "the default secure sum (secagg) quantises into a public range: give a public "
+                                           "bound on |feature values| (e.g. 16 for digits, 255 for pixels)")
+        object.__setattr__(p, "aggregation", "secagg" if known else "plain")
 
     def _landmark_method(self) -> None:
         p = self.p
@@ -463,7 +475,8 @@ HELP = {
     "weights": "each site weighs its upload by its record count (records) or by 1 (uniform)",
     "init": "initial landmarks: auto (moments; the public radius under DP), moments, public (or a .npy path over Flower)",
     "monitor": "sites report their MMD each round (unset: on without DP)",
-    "aggregation": "how the server sums the sites' updates: plain (it sees each), secagg (SecAgg+) or ckks",
+    "aggregation": "how the server sums the sites' uploads: secagg (SecAgg+), ckks, plain (it sees each), or auto (secagg "
+                   "when a public value bound is known, else plain)",
     "value_bound": "public bound on |feature values|; secagg and ckks quantise into it (e.g. 16 for digits, 255 for pixels)",
     "modulus_bits": "SecAgg+: bits of the ring Z_2^k (16-64)",
     "fractional_bits": "SecAgg+: fixed-point fractional bits (unset: the largest that cannot overflow)",
@@ -492,7 +505,8 @@ HELP = {
     "max_empirical_epsilon": "audit policy: largest acceptable empirical ε lower bound",
     "allow_audit_failure": "continue past a failed audit (recorded in the ledger and the report)",
     "method": "tsne, umap, spectral or none (landmarks only)",
-    "nystrom": "rows: the paper, one row per record leaves each site (it reveals the records); local: only final coordinates",
+    "nystrom": "local (default): no per-record rows leave a site, each places its own records on the landmark map; rows: "
+               "the paper, one row per record leaves each site (it gives the records back)",
     "n_components": "dimensions of the map",
     "perplexity": "t-SNE perplexity",
     "n_iter": "t-SNE iterations (rows mode: 250 early exaggeration + the rest)",

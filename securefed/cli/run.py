@@ -17,8 +17,7 @@ __all__ = ["register", "run_command", "JOB_DEFAULTS", "plan_options_from_args"]
 #: options of the plan that the command line does not offer (arrays, process-local switches)
 _NOT_FLAGS = ("init", "source", "keep_rows", "monitor", "min_sites", "request_timeout", "readmit", "method")
 #: the plan options whose ``securefed run`` default differs from the API default, and why
-CLI_DEFAULTS = {"audit_holdout": 0.2,  # the command line runs the audit gate by default
-                "n_clusters": None}  # spectral: the number of labels when the data have them, else 8
+CLI_DEFAULTS = {"n_clusters": None}  # spectral: the number of labels when the data have them, else 8
 PEER_METHODS = ("dsne", "fdsne", "dp-dsne", "gtm")
 JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "clients": 10, "partition": "label", "method": "tsne",
                 "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
@@ -37,7 +36,7 @@ def _type_of(default, name: str):
     return type(default)
 
 
-_CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "aggregation": ("plain", "secagg", "ckks"),
+_CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "aggregation": ("auto", "plain", "secagg", "ckks"),
             "accountant": ("exact", "prv", "rdp", "paper"), "noise": ("local", "distributed"),
             "sensitivity_rule": ("min", "theorem5", "kernel_shape", "lipschitz"), "nystrom": ("rows", "local"),
             "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),

@@ -223,7 +223,13 @@ class Coordinator:
                            "details": agg.details})
 
     def secagg_session(self):
-        """The SecAgg+ session of this run (one session id, a round counter, the graph parameters)."""
+        """The SecAgg+ session of this run (one session id, a round counter, the graph parameters).
+
+        Parameters come from the threat model of a malicious coordinator colluding with up to c sites
+        (:func:`securefed.securesum.graph.choose_parameters`: the complete graph with 2t > k + c and the quorum
+        2q > n + c up to 128 sites; c = the plan's ``secagg_colluders`` when it has one, else ⌈n/10⌉ ≥ 1 — the
+        sites' default). Explicit ``degree`` / ``threshold`` are announced as given: sites refuse unsafe ones.
+        """
         if self._sec is None:
             from ..securesum.aggregators import SecAggAggregator
             from ..securesum.secagg import STAGES
@@ -231,7 +237,8 @@ class Coordinator:
             p = self.plan
             timeouts = {s: p.stage_timeout for s in STAGES} if p.stage_timeout else None
             self._sec = SecAggAggregator(clip_range=1.0, modulus_bits=p.modulus_bits, fractional_bits=p.fractional_bits,
-                                         degree=p.degree, threshold=p.threshold, timeouts=timeouts)
+                                         degree=p.degree, threshold=p.threshold, timeouts=timeouts,
+                                         colluders=getattr(p, "secagg_colluders", None))
         return self._sec
 
     # ------------------------------------------------------------------------------ the job
@@ -240,6 +247,9 @@ class Coordinator:
         self.emit("start", run_id=self.run_id, method=plan.method, nystrom=plan.nystrom, aggregation=plan.aggregation)
         yield from self._hello(addresses)
         warnings: list = []
+        if plan.aggregation == "plain":
+            warnings.append("plain aggregation: the coordinator saw each site's own uploads, not only their sum (give a "
+                            f"public {plan.name('value_bound')} for the default secure sum)")
         self.release("each site's record count, hold-out count and feature count (hello)",
                      note="public by design: the DP calibration uses the sizes")
         lm = yield from self._landmarks()

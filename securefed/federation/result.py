@@ -100,7 +100,14 @@ class RunResult:
 
     def stacked(self, key: str = "coordinates") -> np.ndarray | None:
         """The per-site embedding arrays (``coordinates`` or ``labels``) stacked in site order."""
-        if self.embedding is None or key not in self.embedding:
+        if self.embedding is None:
             return None
-        parts = self.embedding[key]
+        if key not in self.embedding:
+            kept = self.embedding.get("kept_on_sites")
+            if not kept or not self.site_outputs or key != ("labels" if self.embedding.get("method") == "spectral"
+                                                               else "coordinates"):
+                return None
+            parts = self.site_outputs  # coordinates keep: each site's own result (the in-process simulation holds all)
+        else:
+            parts = self.embedding[key]
         return np.concatenate([np.asarray(parts[name]) for name in self.sites if name in parts])

@@ -348,22 +348,33 @@ class SiteWorker:
         return {**put_array({}, "update", u), "weight": self.weight(fields), **extra}
 
     def _secagg_start(self, fields: dict) -> dict:
-        from ..securesum.secagg import SecAggClient
-        from ..securesum.secagg_codec import decode_spec, dump_client
+        """Check the announced SecAgg+ round against this site's floors (:mod:`securefed.securesum.threat`) —
+        before anything is computed — then compute the upload with the site's own weight and start the client."""
+        from ..securesum.secagg import decode_spec
+        from ..securesum.secagg_client import SecAggClient
+        from ..securesum.secagg_codec import dump_client
+        from ..securesum.threat import check_secagg_spec, int_option
+        from .sums import dp_min_survivors, refuse_server_weight, request_dp_plan
 
+        refuse_server_weight(fields)
         spec = decode_spec(fields["spec"])
         site = int(fields["site"])
+        weight = self.weight(fields)
+        floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(request_dp_plan(fields)))
         u, extra = self.upload(fields, "secagg-start")
         g = self.rng(int(fields.get("seed", 0)), site)
-        client = SecAggClient(spec, site, self.identity(), np.ravel(u), self.weight(fields), g,
-                              min_survivors=_dp_min_survivors(fields, spec.n_clients))
+        dp_floor = _dp_min_survivors(fields, spec.n_clients, int_option(self.options, "dp-colluders", 0))
+        client = SecAggClient(spec, site, self.identity(), np.ravel(u), weight, g,
+                              min_survivors=min(max(floors.min_survivors, dp_floor), spec.n_clients),
+                              colluders=floors.colluders)
         msgs = client.start()
         self.state.update(spec=bytes(fields["spec"]), client=dump_client(client))
         self.save_rng(client._rng)
         return {"msgs": msgs, **extra}
 
     def _secagg(self, fields: dict) -> dict:
-        from ..securesum.secagg_codec import decode_spec, dump_client, load_client
+        from ..securesum.secagg import decode_spec
+        from ..securesum.secagg_codec import dump_client, load_client
 
         if "client" not in self.state:
             raise ProtocolError("no SecAgg+ round in progress on this site (restarted?)")
@@ -487,14 +498,19 @@ def _scale_parts(u: np.ndarray, fields: dict) -> np.ndarray:
     return u / scale
 
 
-def _dp_min_survivors(fields: dict, n_clients: int) -> int:
-    """Under distributed noise a site helps unmask only sums over at least the plan's t sites (else 1)."""
-    if "dp" not in fields:
+def _dp_min_survivors(fields: dict, n_clients: int, colluders: int = 0) -> int:
+    """Under distributed noise a site helps unmask only sums over at least the plan's t sites (else 1).
+
+    With ``colluders`` = c (site option ``dp-colluders``) the floor is t + c: colluding survivors can leave
+    their noise share out, so only |U| − c shares are certain (docs/threat-model-secure-sum.md); the site
+    refuses such a round before computing when t + c exceeds the sites (:mod:`securefed.securesum.threat`).
+    """
+    from .sums import dp_min_survivors, request_dp_plan
+
+    t = dp_min_survivors(request_dp_plan(fields))
+    if not t:
         return 1
-    plan = loads(fields["dp"], "DP plan")
-    if plan.get("noise") != "distributed":
-        return 1
-    return min(int(plan.get("min_survivors") or len(plan["sizes"])), int(n_clients))
+    return min(t, int(n_clients)) if not colluders else t + int(colluders)
 
 
 def _check_request_against_plan(fields: dict, plan: dict, gp, site: int, n_records: int, Y: np.ndarray, kind: str) -> None:

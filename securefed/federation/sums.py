@@ -13,12 +13,19 @@ the sites, stage by stage, closing each stage when every live site answered or a
 * ``ckks``: :class:`~securefed.securesum.ckks.CKKSServer` / :class:`~securefed.securesum.ckks.CKKSClient`;
   ``ckks-end`` tells every started site to drop the round's secret context.
 
-Weights: a site weighs its own upload by the public rule in the task (its record count, or 1); the
-coordinator only learns the weighted total and divides by the public total weight of the survivors.
+Weights: a site weighs its own upload by the public rule in the task (its record count, or 1) and refuses a
+request that carries a weight of the server's choosing; the coordinator only learns the weighted total and
+divides by the public total weight of the survivors.
 
-Site floors for CKKS (site options; a weaker spec is refused before anything is computed):
-``ckks-min-survivors`` (default 2), ``ckks-allow-minority-quorum`` and ``ckks-allow-signature-verify``
-(default false), and under distributed DP noise ``min_survivors ≥ t`` (:func:`check_spec_floors`).
+The relay checks sender identities: a message whose sender field names another site than the one whose reply
+carried it is dropped (recorded in ``rejected``), so no site can speak for another (:func:`relay`).
+
+Site floors (site options; a weaker spec is refused before anything is computed;
+:mod:`securefed.securesum.threat`): SecAgg+ ``secagg-max-colluders``, ``secagg-min-threshold``,
+``secagg-complete-up-to``, ``secagg-security-bits``, ``secagg-min-survivors``, ``dp-colluders``; CKKS
+``ckks-min-survivors`` (default 2), ``ckks-allow-minority-quorum`` and ``ckks-allow-signature-verify`` (default
+false), ``ckks-flood-bits`` (40), ``ckks-max-fallbacks`` (1), and under distributed DP noise
+``min_survivors ≥ t`` (:func:`check_spec_floors`). docs/threat-model-secure-sum.md states the threat model.
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError, DecodeError, ProtocolAbortedError, ProtocolError, SecureFedError, bad_value
+from ..errors import ConfigError, DecodeError, ProtocolAbortedError, ProtocolError, bad_value
 from ..securesum.base import AggregateResult
+from ..securesum.messages import sender_of
 from ..securesum.quantize import dequantize, plan_fixed_point, warn_clipped
 from .wire import get_array
 
-__all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site_handle_ckks", "CKKS_END_WAIT"]
+__all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site_handle_ckks", "refuse_server_weight",
+           "CKKS_END_WAIT"]
 
 #: Seconds the coordinator waits for ``ckks-end`` acknowledgements.
 CKKS_END_WAIT = 10.0
@@ -83,8 +92,8 @@ def _plain(co, base: dict, rule: str, label: str, tap):
 
 
 def _secagg(co, base: dict, rule: str, label: str, clip, tap):
-    from ..securesum.secagg import RoundSpec, SecAggServer
-    from ..securesum.secagg_codec import encode_spec
+    from ..securesum.secagg import RoundSpec, encode_spec
+    from ..securesum.secagg_server import SecAggServer
 
     shape = tuple(int(s) for s in base.pop("out_shape"))
     n = len(co.sites.names)
@@ -93,7 +102,7 @@ def _secagg(co, base: dict, rule: str, label: str, clip, tap):
     w = co.sites.weights(rule)
     fp = plan_fixed_point(float(clip), w, modulus_bits=sec.modulus_bits, fractional_bits=sec.fractional_bits)
     spec = RoundSpec(sec.session_id, sec._counter[0], n, gp.degree, gp.threshold, sec.session_id, int(np.prod(shape)), fp,
-                     tuple(co.sites.identities), tuple(sec.timeouts.items()))
+                     tuple(co.sites.identities), tuple(sec.timeouts.items()), gp.quorum)
     sec._counter[0] += 1
     server = SecAggServer(spec, co.now)
     sb = encode_spec(spec)
@@ -110,18 +119,19 @@ def _secagg(co, base: dict, rule: str, label: str, clip, tap):
     return AggregateResult(dequantize(server.result, fp).reshape(shape), surv, co.sites.weight_total(surv, rule),
                            "secagg", n_clipped, int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
                            int(sum(server.bytes_in.values())), 0.0,
-                           {"degree": spec.degree, "threshold": spec.threshold, "fixed_point": fp.as_dict(),
-                            "dropped_at": {k: list(v) for k, v in server.dropped_at.items()}, "rejected": rejected})
+                           {"degree": spec.degree, "threshold": spec.threshold, "quorum": spec.signatures_needed,
+                            "fixed_point": fp.as_dict(), "dropped_at": {k: list(v) for k, v in server.dropped_at.items()},
+                            "rejected": rejected})
 
 
 def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipped: dict, clip_key: str, tap=None):
     """Relay a sans-I/O server machine's messages to the sites stage by stage until it is done (generator).
 
-    Works for any server with ``stage``, ``done``, ``deadline``, ``receive(data, now)`` and ``tick(now)``
-    (``SecAggServer``, ``CKKSServer``); ``tap`` sees the replies to the first request (the one that carries
-    each site's upload). A site's refusal is recorded and the site treated as silent; a message
-    the machine rejects is listed in ``rejected`` (the round goes on); an error that aborts the machine
-    propagates (typed, "nothing revealed").
+    Works for any :class:`~securefed.securesum.machine.StageServer` (``SecAggServer``, ``CKKSServer``); ``tap``
+    sees the replies to the first request (the one that carries each site's upload). A site's refusal is
+    recorded and the site treated as silent; a message whose sender field is not the site whose reply carried
+    it is dropped here (a site cannot speak for another); a message the machine refuses is listed in
+    ``rejected`` (the round goes on); an error that aborts the machine propagates (typed, "nothing revealed").
     """
     msg_op = "secagg" if op == "secagg" else "ckks-msgs"
     while True:
@@ -136,13 +146,19 @@ def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipp
                     clipped[i] = max(clipped.get(i, 0), int(fields[clip_key]))
                 except (TypeError, ValueError):
                     rejected.append(f"site {i}: malformed {clip_key}")
-            for data in fields.get("msgs", []):
+            msgs = fields.get("msgs", [])
+            if not isinstance(msgs, (list, tuple)):
+                rejected.append(f"site {i}: malformed msgs")
+                continue
+            for data in msgs:
+                if not isinstance(data, (bytes, bytearray, memoryview)) or sender_of(data) != i:
+                    rejected.append(f"site {i}: a message that does not name site {i} as its sender; dropped")
+                    continue
+                before = len(server.rejected)
                 try:
-                    outgoing += server.receive(bytes(data), co.now)
-                except SecureFedError as exc:
-                    if server.stage == "aborted":
-                        raise
-                    rejected.append(f"site {i}: {type(exc).__name__}: {exc}")
+                    outgoing += server.receive(bytes(data), co.now)  # raises only when the round is aborted
+                finally:
+                    rejected.extend(f"site {i}: {type(e).__name__}: {e}" for _, e in server.rejected[before:])
         if server.stage == stage and not server.done:
             outgoing += server.tick(max(co.now, server.deadline))  # every asked site answered or the deadline passed
         if server.done:
@@ -170,9 +186,8 @@ def _ckks(co, base: dict, rule: str, label: str, clip, tap):
     try:
         yield from relay(co, server, payloads, "ckks", label, rejected, clipped, "ckks_clipped", tap)
     finally:
-        # done or aborted: every started site drops the round's state. The key holder handed the secret
-        # context to every site that advertised a key, and any of them — survivor or not, answering or
-        # silent — may hold it; so all of them are told.
+        # done or aborted: every started site drops the round's state (the key holder and the fallback
+        # decryptors hold the secret context, the others a public one) — survivor or not, answering or silent.
         yield from co.ask({i: {"op": "ckks-end"} for i in started}, min(spec.timeout("advertise"), CKKS_END_WAIT),
                           record_silence=False)
     for i in range(len(co.sites.names)):
@@ -185,18 +200,21 @@ def _ckks(co, base: dict, rule: str, label: str, clip, tap):
     return AggregateResult(
         server.result.reshape(shape), surv, co.sites.weight_total(surv, rule), "ckks", n_clipped,
         int(np.mean([server.bytes_in.get(i, 0) for i in surv])), int(sum(server.bytes_in.values())), 0.0,
-        {"params": p.as_dict(), "precision": p.step, "key_holder": spec.key_holder, "decryptor": server.decryptor,
-         "min_survivors": spec.min_survivors, "quorum": spec.signatures_needed, "verify": spec.verify,
-         "dropped_at": {k: list(v) for k, v in server.dropped_at.items()}, "rejected": rejected})
+        {"params": p.as_dict(), "precision": p.step, "key_holder": spec.key_holder, "fallbacks": list(spec.fallbacks),
+         "decryptor": server.decryptor, "flood_bits": spec.flood_bits, "flood_sigma": spec.flood_sigma,
+         "error_bound": spec.release_bound, "min_survivors": spec.min_survivors, "quorum": spec.signatures_needed,
+         "verify": spec.verify, "dropped_at": {k: list(v) for k, v in server.dropped_at.items()}, "rejected": rejected,
+         "blame": list(server.blame)})
 
 
 def ckks_round_spec(co, w, length: int, clip):
     """The public CKKS round parameters for the live sites (fresh session id from ``os.urandom``).
 
     ``min_survivors`` is the plan's ``ckks_min_survivors`` (unset → 2), at least the DP t under distributed noise
-    (:class:`ConfigError` if set explicitly below t).
+    (:class:`ConfigError` if set explicitly below t). The secret key goes to the key holder and one fallback
+    decryptor (the next live site), nobody else; ``max_abs_sum`` is Σ live weights × clip (the range check).
     """
-    from ..securesum.ckks import CKKS_STAGES, CKKS_TIMEOUTS, CKKSRoundSpec, choose_ckks_parameters
+    from ..securesum.ckks import CKKS_STAGES, CKKS_TIMEOUTS, FLOOD_BITS, CKKSRoundSpec, choose_ckks_parameters
 
     plan, sites = co.plan, co.sites
     n = len(sites.names)
@@ -220,9 +238,13 @@ def ckks_round_spec(co, w, length: int, clip):
                                    f"min_survivors = {min_surv} sites")
     tmo = {s: plan.stage_timeout for s in CKKS_STAGES} if plan.stage_timeout else dict(CKKS_TIMEOUTS)
     wl = np.asarray(w, dtype=float)[live]
-    params = choose_ckks_parameters(length, plan.ckks_precision, float(wl.sum()) * float(clip), len(live))
+    M = max(float(wl.sum()) * float(clip), float(clip))
+    n_fb = getattr(plan, "ckks_fallbacks", None)  # a plan option (when the plan offers it); default one fallback
+    n_fb = 1 if n_fb is None else int(n_fb)
+    fallbacks = tuple(i for i in live if i != kh)[:n_fb]
+    params = choose_ckks_parameters(length, plan.ckks_precision, M, len(live), FLOOD_BITS, 1 + len(fallbacks))
     spec = CKKSRoundSpec(os.urandom(16), 0, n, kh, params, float(clip), tuple(sites.identities), min_surv,
-                         plan.ckks_verify, tuple(tmo.items()), int(plan.ckks_quorum or 0))
+                         plan.ckks_verify, tuple(tmo.items()), int(plan.ckks_quorum or 0), M, FLOOD_BITS, fallbacks)
     if len(live) < spec.signatures_needed:
         raise ProtocolAbortedError(f"only {len(live)} of {n} sites are live; a CKKS sum is decrypted only when "
                                    f"{spec.signatures_needed} sites confirm the survivor set (a majority of all sites "
@@ -233,8 +255,9 @@ def ckks_round_spec(co, w, length: int, clip):
 # ============================================================================================ site half
 
 
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
+def request_dp_plan(fields: dict):
+    """The public DP plan a request carries (FedDL's ``dp`` or the billboard's ``billboard``), or None."""
+    return fields.get("dp") or fields.get("billboard")
 
 
 def dp_min_survivors(plan) -> int:
@@ -256,25 +279,12 @@ def dp_min_survivors(plan) -> int:
     if plan.get("noise") != "distributed":
         return 0
     try:
-        return int(plan.get("min_survivors") or len(plan["sizes"]))
+        return int(plan.get("min_survivors") or plan.get("t") or len(plan["sizes"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise DecodeError(f"malformed DP plan in the request: {exc}") from None
 
 
-def _node_min_survivors(node_config: dict) -> int:
-    raw = node_config.get("ckks-min-survivors", 2)
-    try:
-        v = int(raw)
-        ok = v >= 1 and float(raw) == v
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ConfigError(bad_value("site option ckks-min-survivors", raw, "use a positive integer, e.g. 2 (the "
-                                    "fewest sites a decrypted CKKS sum may cover)"))
-    return v
-
-
-def check_spec_floors(spec, node_config: dict | None = None, dp_plan=None) -> None:
+def check_spec_floors(spec, node_config: dict | None = None, dp_plan=None, weight: float | None = None) -> None:
     """Refuse a server-announced CKKS spec weaker than this site's floors (:class:`ProtocolError`).
 
     Parameters
@@ -283,64 +293,58 @@ def check_spec_floors(spec, node_config: dict | None = None, dp_plan=None) -> No
         As decoded from the server's ``ckks-start``.
     node_config : dict, optional
         The SuperNode's node config: ``ckks-min-survivors`` (default 2), ``ckks-allow-minority-quorum``
-        (default false), ``ckks-allow-signature-verify`` (default false). See the module docstring.
+        (default false), ``ckks-allow-signature-verify`` (default false), ``ckks-flood-bits`` (40),
+        ``ckks-max-fallbacks`` (1); :func:`securefed.securesum.threat.check_ckks_spec`.
     dp_plan : dict or str, optional
         The request's public DP plan; under distributed noise ``spec.min_survivors`` must be ≥ its t.
+    weight : float, optional
+        This site's own weight; its clipped contribution must fit the spec's bound on |sum|.
 
     Raises
     ------
     ProtocolError
         Naming the violated floor and the node-config key that would relax it.
     ConfigError
-        A malformed ``ckks-min-survivors``.
+        A malformed site option.
     """
-    nc = dict(node_config or {})
-    floor = _node_min_survivors(nc)
-    if spec.min_survivors < floor:
-        raise ProtocolError(f"the server's CKKS round lets a sum over min_survivors = {spec.min_survivors} site(s) be "
-                            f"decrypted, below this site's floor ckks-min-survivors = {floor} (a smaller sum could "
-                            "expose this site's update); refusing. To accept, lower ckks-min-survivors in this "
-                            "SuperNode's node config")
-    majority = spec.n_clients // 2 + 1
-    if spec.signatures_needed < majority and not _truthy(nc.get("ckks-allow-minority-quorum", False)):
-        raise ProtocolError(f"the server's CKKS round needs only quorum = {spec.signatures_needed} survivor-set "
-                            f"signatures of {spec.n_clients} sites, below a majority ({majority}): a malicious server "
-                            "could get two survivor sets decrypted and difference them; refusing. To accept, set "
-                            "ckks-allow-minority-quorum=true in this SuperNode's node config")
-    if spec.verify != "recompute" and not _truthy(nc.get("ckks-allow-signature-verify", False)):
-        raise ProtocolError(f"the server's CKKS round uses verify = {spec.verify!r}: the decryptor would decrypt the "
-                            "server's claimed sum unchecked (a malicious server could substitute one site's upload); "
-                            "refusing. To accept, set ckks-allow-signature-verify=true in this SuperNode's node config")
-    t = dp_min_survivors(dp_plan)
-    if spec.min_survivors < t:
-        raise ProtocolError(f"the request's DP plan uses distributed noise with t = {t} (each site adds a 1/sqrt(t) "
-                            f"share), but the CKKS round decrypts sums over min_survivors = {spec.min_survivors} < t "
-                            "sites, which would carry too little noise; refusing. The server must run with "
-                            f"ckks-min-survivors >= {t}")
+    from ..securesum.threat import check_ckks_spec
+
+    check_ckks_spec(spec, node_config, dp_min_survivors(dp_plan), weight=weight)
 
 
+def refuse_server_weight(fields: dict) -> None:
+    """A site's weight comes from its own data by the public rule in the request — never from the server: a
+    request carrying a ``weight`` field (e.g. 0 for every site but a victim, which would make the "sum" the
+    victim's update) is refused."""
+    if "weight" in fields:
+        raise ProtocolError(f"the request carries weight={fields['weight']!r}: a site weighs its upload itself by the "
+                            "public rule ('weights': 'records' or 'uniform') and never takes a weight from the server; "
+                            "refusing")
 
 
 def site_handle_ckks(fields: dict, worker, upload) -> dict:
     """Site side of a CKKS sum: ops ``ckks-start``, ``ckks-msgs`` and ``ckks-end``; returns the reply fields.
 
     On ``ckks-start`` the announced spec is checked first against the site's floors (:func:`check_spec_floors`
-    with the site's options and the request's DP plan); a weaker spec is refused before the update is computed.
-    The identity keys inside the spec are taken as relayed by the server (authentic keys are the operator's
-    job: node authentication and out-of-band comparison). The reply that carries this site's upload also
-    carries ``ckks_clipped``, the number of coordinates its client clipped to ``[−clip, clip]``.
+    with the site's options, the request's DP plan and the site's own weight); a weaker spec, or a request that
+    carries a weight of the server's choosing, is refused before the update is computed. The identity keys
+    inside the spec are taken as relayed by the server (authentic keys are the operator's job: node
+    authentication and out-of-band comparison). The reply that carries this site's upload also carries
+    ``ckks_clipped``, the number of coordinates its client clipped to ``[−clip, clip]``.
 
     ``worker`` is the :class:`~.site.SiteWorker` (its ``state`` dict keeps the client machine between messages,
-    removed when the machine is done or aborted, or on ``ckks-end``); ``upload(fields)`` returns the site's
-    ``(update, weight)``. Errors propagate to the worker, which returns them as ``{"error": ...}``.
+    removed when the machine is done or aborted, or on ``ckks-end``; its ``weight(fields)`` is the site's own
+    weight); ``upload(fields)`` returns the site's ``(update, weight)``. Errors propagate to the worker, which
+    returns them as ``{"error": ...}``.
     """
     from ..securesum.ckks import CKKSClient, decode_ckks_spec
 
     op = fields.get("op")
     state = worker.state
     if op == "ckks-start":
+        refuse_server_weight(fields)
         spec = decode_ckks_spec(fields["spec"])
-        check_spec_floors(spec, worker.options, fields.get("dp"))
+        check_spec_floors(spec, worker.options, request_dp_plan(fields), worker.weight(fields))
         u, weight = upload(fields)
         client = CKKSClient(spec, int(fields["site"]), worker.identity(), np.ravel(u), float(weight))
         msgs = client.start()

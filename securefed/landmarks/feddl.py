@@ -366,7 +366,7 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
     seed = seed_of(random_state)
     opts = dict(landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, rule=rule, lr=lr, gamma=gamma,
                 weights=weights, aggregation=aggregation, value_bound=value_bound, init=init, monitor=monitor,
-                method="none", refine_rounds=0, seed=seed, **(aggregation_options or {}), **privacy_options(privacy))
+                method="none", audit_holdout=0.0, seed=seed, **(aggregation_options or {}), **privacy_options(privacy))
     plan = RunPlan.build("api", **{("landmarks" if k == "n_landmarks" else k): v for k, v in opts.items()})
     fp = fingerprint(plan, [len(X) for X in sites], sites[0].shape[1])
     resume = read_checkpoint(checkpoint, fp, plan.rounds) if checkpoint else None

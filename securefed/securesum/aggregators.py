@@ -65,9 +65,11 @@ class SecAggAggregator:
         f of the fixed point (step 2^−f). None: the largest safe f (≤ 40) for this round.
     degree, threshold : int or None
         Explicit neighbour degree k and Shamir threshold t. None: derived from the threat model below
-        (:func:`securefed.securesum.graph.choose_parameters`). ``degree=clients-1`` is classic SecAgg.
-    dropout_rate, corrupt_fraction, security_bits, correctness_bits, server_model
-        The threat model used to derive k and t (see :mod:`.graph`).
+        (:func:`securefed.securesum.graph.choose_parameters`: against a malicious server colluding with c
+        clients, the complete graph with 2t > k + c up to 128 clients). ``degree=clients-1`` is classic SecAgg.
+    dropout_rate, corrupt_fraction, security_bits, correctness_bits, server_model, colluders, quorum
+        The threat model used to derive k, t and the consistency quorum q (see :mod:`.graph`; default
+        ``server_model="malicious"``, c = ⌈γ n⌉ ≥ 1, q = ⌊(n + c)/2⌋ + 1).
     timeouts : dict, optional
         Seconds per stage (keys ``advertise, share, masked, consistency, unmask``); defaults
         ``DEFAULT_TIMEOUTS``. The in-process driver never sleeps; deadlines are simulated.
@@ -84,8 +86,9 @@ class SecAggAggregator:
     def __init__(self, clip_range=None, *, modulus_bits: int = 32, fractional_bits: int | None = None,
                  degree: int | None = None, threshold: int | None = None, dropout_rate: float = 0.1,
                  corrupt_fraction: float = 0.1, security_bits: float = 40.0, correctness_bits: float = 10.0,
-                 server_model: str = "semi-honest", timeouts: dict | None = None, dropout=None,
-                 drop_stage: str | None = None, random_state=None):
+                 server_model: str = "malicious", timeouts: dict | None = None, dropout=None,
+                 drop_stage: str | None = None, random_state=None, colluders: int | None = None,
+                 quorum: int | None = None):
         if clip_range is None:
             raise ConfigError(bad_value("clip_range", None, "SecAgg needs a public bound on |update| coordinates, "
                                         "e.g. clip_range=1.0 for data scaled to [0, 1]; a data-derived default would leak"))
@@ -105,7 +108,7 @@ class SecAggAggregator:
         self.degree, self.threshold = degree, threshold
         self.threat_model = dict(dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
                                  security_bits=security_bits, correctness_bits=correctness_bits,
-                                 server_model=server_model)
+                                 server_model=server_model, colluders=colluders, quorum=quorum)
         self.timeouts = tmo
         self.dropout, self.drop_stage = dropout, drop_stage
         self.random_state = random_state
@@ -127,7 +130,7 @@ class SecAggAggregator:
         return other
 
     def graph_parameters(self, n_clients: int):
-        """The (degree, threshold) used for ``n_clients`` (cached)."""
+        """The (degree, threshold, quorum) used for ``n_clients`` (cached)."""
         if n_clients not in self._params:
             self._params[n_clients] = choose_parameters(n_clients, degree=self.degree, threshold=self.threshold,
                                                         **self.threat_model)
@@ -145,7 +148,7 @@ class SecAggAggregator:
         fp = plan_fixed_point(self.clip_range, weights, modulus_bits=self.modulus_bits,
                               fractional_bits=self.fractional_bits)
         return RoundSpec(self.session_id, self._counter[0], n_clients, gp.degree, gp.threshold, self.session_id, length, fp,
-                         self._identities(n_clients)[1], tuple(self.timeouts.items()))
+                         self._identities(n_clients)[1], tuple(self.timeouts.items()), gp.quorum)
 
     def aggregate(self, updates, weights=None, *, round_index: int = 0) -> AggregateResult:
         """One SecAgg+ round: the weighted sum over the surviving clients (see AggregateResult)."""
@@ -173,6 +176,7 @@ class SecAggAggregator:
             bytes_down=int(sum(out.bytes_up.values())), seconds=seconds,
             details=dict(round_index=round_index, protocol_round=spec.round_index, degree=spec.degree,
                          threshold=spec.threshold, graph=self.graph_parameters(n).as_dict(), fixed_point=fp.as_dict(),
-                         dropped_at={k: list(v) for k, v in out.dropped_at.items()}, scheduled_dropouts=sched,
-                         timings=out.timings, bytes_to_clients=int(sum(out.bytes_down.values())),
-                         rejected=out.rejected))
+                         quorum=spec.signatures_needed, dropped_at={k: list(v) for k, v in out.dropped_at.items()},
+                         scheduled_dropouts=sched, timings=out.timings,
+                         bytes_to_clients=int(sum(out.bytes_down.values())), rejected=out.rejected,
+                         client_errors=out.client_errors))

@@ -11,22 +11,31 @@ server) and each drops out independently with probability δ, three failure even
 (union bound over the n clients) — these are the conditions of Bell et al. 2020, §3.2 / Lemma 3.5,
 evaluated exactly with hypergeometric / binomial tails rather than asymptotic Chernoff bounds:
 
-1. **Privacy of the shares** (:func:`share_leak_probability`). Honest-but-curious server (securefed's
-   threat model, DESIGN §2): a client's secrets leak only if t of its k neighbours are corrupt,
-   ``n · P[Hyp(n−1, ⌈γn⌉, k) ≥ t] ≤ 2^−σ``. Actively malicious server (``server_model="malicious"``):
-   an honest client releases one kind of share per peer, so with c corrupt neighbours the server can
-   combine at most c + (k − c)/2 shares of a kind; require 2t > k + c, i.e.
-   ``n · P[Hyp(n−1, ⌈γn⌉, k) ≥ 2t − k] ≤ 2^−σ``.
+1. **Privacy of the shares** (:func:`share_leak_probability`). Actively malicious server
+   (``server_model="malicious"``, the default): an honest client releases one kind of share per peer, so
+   with c_v colluders among v's k neighbours the server can combine at most c_v + (k − c_v)/2 shares of a
+   kind; require **2t > k + c_v** (REPORT §3 (S)), i.e. ``n · P[Hyp(n−1, c, k) ≥ 2t − k] ≤ 2^−σ`` — exactly
+   0 for the complete graph when 2t > k + c. Honest-but-curious server (``"semi-honest"``, explicit
+   opt-in): leak only if t of the k neighbours are corrupt, ``n · P[Hyp(n−1, c, k) ≥ t] ≤ 2^−σ``.
 2. **Connectivity** (:func:`disconnect_probability`): the graph left after removing corrupt and dropped
    nodes must stay connected, or the server learns partial sums. H(n, k) under a random labelling
    disconnects only if ⌊k/2⌋ ring-consecutive nodes are all removed:
-   ``n · P[⌊k/2⌋ given nodes all removed] ≤ 2^−σ`` with removal probability γ + δ − γδ.
+   ``n · P[⌊k/2⌋ given nodes all removed] ≤ 2^−σ`` with removal probability γ + δ − γδ. Against a malicious
+   server the sites also bound a cut next to one honest survivor (:func:`cut_probability`, (C)).
 3. **Correctness** (:func:`dropout_failure_probability`): every client keeps ≥ t live neighbours,
    ``n · P[Bin(k, δ) > k − t] ≤ 2^−η``.
 
-The smallest k meeting all three is returned, with the *largest* t that still meets the correctness
-bound (more colluders are then needed to break a client); the full graph is the
-fallback. If even the full graph cannot meet them, a :class:`ConfigError` says which bound fails.
+**Global quorum** (:func:`default_quorum`): every revealer requires q valid consistency signatures from
+distinct members of the *same* survivor set, with **2q > n + c**; honest sites sign one set per round, so two
+different sets would need 2(q − c) ≤ n − c honest signers — impossible: the server cannot show two groups
+two survivor sets and unmask anyone by equivocation (Bonawitz et al. 2017, active variant; REPORT §3 (Q)).
+
+Malicious model (default): for ``n ≤ complete_up_to`` (128) the graph is complete (classic SecAgg; no
+disconnection, no cut) with the smallest safe threshold ``t = ⌊(n − 1 + c)/2⌋ + 1`` — the most dropouts
+tolerated — and ``q = ⌊(n + c)/2⌋ + 1``, where c (colluding sites) defaults to ``⌈γ n⌉`` and at least 1.
+Too few sites for any safe choice (t > n − 1, t < 2 or q > n) is a :class:`ConfigError`, never a silently
+weaker round. Above ``complete_up_to`` the smallest k meeting all three bounds is returned, with the *largest* t
+that still meets the correctness bound. :func:`check_parameters` is the sites' side of the same rule.
 """
 
 from __future__ import annotations
@@ -41,7 +50,11 @@ from scipy import stats
 from ..errors import ConfigError, bad_value
 
 __all__ = ["GraphParams", "harary_graph", "choose_parameters", "share_leak_probability",
-           "disconnect_probability", "dropout_failure_probability"]
+           "disconnect_probability", "dropout_failure_probability", "cut_probability", "default_colluders",
+           "default_quorum", "check_parameters", "COMPLETE_UP_TO"]
+
+#: Up to this many clients the default graph (and the sites' degree floor) is the complete graph.
+COMPLETE_UP_TO = 128
 
 
 @dataclass(frozen=True)
@@ -55,26 +68,48 @@ class GraphParams:
     log2_disconnect: float
     log2_dropout_failure: float
     source: str
+    quorum: int = 0
+    colluders: int = 0
+    server_model: str = "malicious"
+
+    @property
+    def dropouts_tolerated(self) -> int:
+        """Clients that may drop (anywhere in the round) while it still completes: every survivor keeps
+        ≥ t of its k neighbours (complete graph: n − 1 − t) and the quorum is met (n − q)."""
+        return max(0, min(self.degree - self.threshold, self.n - (self.quorum or self.n // 2 + 1)))
 
     def as_dict(self) -> dict:
         def fin(v):  # JSON has no -inf: None means "probability exactly 0"
             return None if v == -math.inf else round(v, 3)
 
-        return dict(n=self.n, degree=self.degree, threshold=self.threshold, log2_leak=fin(self.log2_leak),
+        return dict(n=self.n, degree=self.degree, threshold=self.threshold, quorum=self.quorum,
+                    colluders=self.colluders, server_model=self.server_model, log2_leak=fin(self.log2_leak),
                     log2_disconnect=fin(self.log2_disconnect), log2_dropout_failure=fin(self.log2_dropout_failure),
-                    source=self.source)
+                    dropouts_tolerated=self.dropouts_tolerated, source=self.source)
 
 
 def _log2(p: float) -> float:
     return -math.inf if p <= 0 else math.log2(p)
 
 
-def share_leak_probability(n: int, k: int, t: int, corrupt_fraction: float, server_model: str = "semi-honest") -> float:
-    """Bell et al. 2020, Lemma 3.5 (privacy): ``n · P[Hyp(n−1, ⌈γn⌉, k) ≥ need]`` (capped at 1).
+def default_colluders(n: int, corrupt_fraction: float = 0.1) -> int:
+    """The default number c of sites colluding with the server: ``⌈γ n⌉``, at least 1."""
+    return max(1, int(math.ceil(corrupt_fraction * n - 1e-9)))
 
-    ``need = t`` for an honest-but-curious server, ``2t − k`` for a malicious one.
+
+def default_quorum(n: int, colluders: int) -> int:
+    """Smallest q with 2q > n + c: two survivor sets can never both gather q signatures (REPORT §3 (Q))."""
+    return (n + colluders) // 2 + 1
+
+
+def share_leak_probability(n: int, k: int, t: int, corrupt_fraction: float, server_model: str = "semi-honest",
+                           colluders: int | None = None) -> float:
+    """Bell et al. 2020, Lemma 3.5 (privacy): ``n · P[Hyp(n−1, c, k) ≥ need]`` (capped at 1).
+
+    ``need = t`` for an honest-but-curious server, ``2t − k`` for a malicious one; c is ``colluders`` or
+    ``⌈γ n⌉``. With k = n − 1 the hypergeometric is the constant c, so the bound is exactly 0 or 1.
     """
-    corrupt = int(math.ceil(corrupt_fraction * n - 1e-9))
+    corrupt = int(colluders) if colluders is not None else int(math.ceil(corrupt_fraction * n - 1e-9))
     need = t if server_model == "semi-honest" else 2 * t - k
     if need <= 0:
         return 1.0
@@ -93,6 +128,57 @@ def disconnect_probability(n: int, k: int, corrupt_fraction: float, dropout_rate
     return min(1.0, n * removed ** max(1, k // 2))
 
 
+def cut_probability(n: int, k: int, t: int, colluders: int) -> float:
+    """(C) A cut of the honest survivors' masking graph next to one honest survivor b (the server would learn a
+    partial sum): b keeps t partners in U while the ⌊k/2⌋-window on one ring side holds no honest survivor,
+    so that window holds ≥ t − ⌈k/2⌉ colluders: ``n · P[Hyp(n, c, ⌊k/2⌋) ≥ t − ⌈k/2⌉]`` (0 for k = n − 1,
+    where 2t > k + c already connects the honest survivors; REPORT §3 (C))."""
+    if k >= n - 1:
+        return 0.0
+    need = t - (k + 1) // 2
+    if need <= 0:
+        return 1.0
+    p = float(stats.hypergeom.sf(need - 1, n, min(int(colluders), n), k // 2))
+    return min(1.0, n * p)
+
+
+def check_parameters(n: int, k: int, t: int, q: int, colluders: int, *, security_bits: float = 40.0,
+                     complete_up_to: int = COMPLETE_UP_TO, min_threshold: int = 2) -> list[str]:
+    """What is unsafe about (n, k, t, q) against a malicious server with ``colluders`` colluding sites.
+
+    Returns a list of violations (empty: safe), each naming the rule and its fix: t ≥ ``min_threshold``;
+    the complete graph up to ``complete_up_to`` sites; the share condition 2t > k + c (leak bound
+    ≤ 2^−σ for sparse graphs); the cut bound (C); the global quorum 2q > n + c (REPORT §3).
+    """
+    c = int(colluders)
+    out = []
+    if t < min_threshold:
+        out.append(f"threshold t = {t} is below the floor {min_threshold} (secagg-min-threshold)")
+    if n <= complete_up_to and k != n - 1:
+        out.append(f"degree k = {k} for n = {n} sites: up to secagg-complete-up-to = {complete_up_to} sites the "
+                   f"graph must be complete (k = {n - 1})")
+    sec = 2.0 ** -security_bits
+    if k >= n - 1:
+        if not 2 * t > k + min(c, k):
+            out.append(f"threshold t = {t} with k = {k} neighbours and c = {c} colluders: 2t > k + c fails, so an "
+                       f"equivocating server could collect both shares of a site (use t >= {(k + min(c, k)) // 2 + 1})")
+    else:
+        leak = share_leak_probability(n, k, t, 0.0, "malicious", colluders=c)
+        if leak > sec:
+            out.append(f"threshold t = {t} with k = {k}: probability 2^{_log2(leak):.1f} that some site has "
+                       f">= 2t - k colluding neighbours (need <= 2^-{security_bits:g}); raise t or the degree")
+        cut = cut_probability(n, k, t, c)
+        if cut > sec:
+            out.append(f"degree k = {k}, t = {t}: probability 2^{_log2(cut):.1f} of a cut next to an honest "
+                       f"survivor (partial sums; need <= 2^-{security_bits:g}); raise the degree")
+    if not 2 * q > n + c:
+        out.append(f"quorum q = {q} of n = {n} sites with c = {c} colluders: 2q > n + c fails, so two survivor "
+                   f"sets could both be confirmed (use q >= {default_quorum(n, c)})")
+    if q > n:
+        out.append(f"quorum q = {q} exceeds the {n} sites")
+    return out
+
+
 def dropout_failure_probability(n: int, k: int, t: int, dropout_rate: float) -> float:
     """Correctness: ``n · P[Bin(k, δ) > k − t]`` — some client keeps fewer than t live neighbours."""
     p = float(stats.binom.sf(k - t, k, dropout_rate))
@@ -102,8 +188,9 @@ def dropout_failure_probability(n: int, k: int, t: int, dropout_rate: float) -> 
 def choose_parameters(n: int, *, degree: int | None = None, threshold: int | None = None,
                       dropout_rate: float = 0.1, corrupt_fraction: float = 0.1,
                       security_bits: float = 40.0, correctness_bits: float = 10.0,
-                      server_model: str = "semi-honest") -> GraphParams:
-    """Pick (k, t) for ``n`` clients from the threat model, or check explicitly given ones.
+                      server_model: str = "malicious", colluders: int | None = None, quorum: int | None = None,
+                      complete_up_to: int = COMPLETE_UP_TO) -> GraphParams:
+    """Pick (k, t, q) for ``n`` clients from the threat model, or check explicitly given ones.
 
     Parameters
     ----------
@@ -120,8 +207,14 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
         σ: leak and disconnection probabilities are each ≤ 2^−σ.
     correctness_bits : float
         η: probability that the round fails because of dropouts is ≤ 2^−η.
-    server_model : {"semi-honest", "malicious"}
-        Which privacy condition to enforce (see the module docstring).
+    server_model : {"malicious", "semi-honest"}
+        Which privacy condition to enforce (see the module docstring); "semi-honest" only on request.
+    colluders : int, optional
+        c, the sites that may collude with the server (default ``⌈γ n⌉``, at least 1).
+    quorum : int, optional
+        q, consistency signatures every revealer requires (default ``⌊(n + c)/2⌋ + 1``).
+    complete_up_to : int
+        Malicious model: the complete graph for up to this many clients.
     """
     if server_model not in ("semi-honest", "malicious"):
         raise ConfigError(bad_value("server_model", server_model, 'use "semi-honest" or "malicious"'))
@@ -134,15 +227,32 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
         raise ConfigError(bad_value("degree", degree, f"use 1 <= degree <= clients-1 = {n - 1}"))
     if degree is not None and degree % 2 == 1 and n % 2 == 1 and degree != n - 1:
         raise ConfigError(bad_value("degree", degree, "an odd degree needs an even number of clients; use an even degree"))
+    c = default_colluders(n, corrupt_fraction) if colluders is None else int(colluders)
+    if not 0 <= c < n:
+        raise ConfigError(bad_value("colluders", colluders, f"use 0 <= colluders < clients = {n}"))
+    q = default_quorum(n, c) if quorum is None else int(quorum)
+    if not 1 <= q <= n:
+        raise ConfigError(bad_value("quorum", quorum, f"use 1 <= quorum <= clients = {n}"))
+
+    def params(k, t, source):
+        return GraphParams(n, k, t, _log2(share_leak_probability(n, k, t, corrupt_fraction, server_model, c)),
+                           _log2(disconnect_probability(n, k, corrupt_fraction, dropout_rate)),
+                           _log2(dropout_failure_probability(n, k, t, dropout_rate)), source, q, c, server_model)
+
     if threshold is not None and degree is None:
         degree = n - 1
     if threshold is not None:
         if not 1 <= threshold <= degree:
             raise ConfigError(bad_value("threshold", threshold, f"use 1 <= threshold <= degree = {degree}"))
-        return GraphParams(n, degree, threshold,
-                           _log2(share_leak_probability(n, degree, threshold, corrupt_fraction, server_model)),
-                           _log2(disconnect_probability(n, degree, corrupt_fraction, dropout_rate)),
-                           _log2(dropout_failure_probability(n, degree, threshold, dropout_rate)), "explicit")
+        return params(degree, threshold, "explicit")
+    if server_model == "malicious" and n <= complete_up_to and degree in (None, n - 1):
+        t = (n - 1 + c) // 2 + 1
+        if t > n - 1 or t < 2 or q > n:
+            raise ConfigError(bad_value(
+                "clients", n, f"with c = {c} colluding site(s) no safe SecAgg parameters exist for {n} sites (need "
+                f"2t > n - 1 + c with 2 <= t <= n - 1 and a quorum 2q > n + c with q <= n); use more sites or a "
+                "smaller colluders bound"))
+        return params(n - 1, t, "malicious-complete")
     sec, cor = 2.0 ** -security_bits, 2.0 ** -correctness_bits
     candidates = [degree] if degree is not None else [k for k in range(2, n) if k % 2 == 0 or n % 2 == 0] + [n - 1]
     seen = set()
@@ -157,13 +267,13 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
             continue
         best = None
         for t in range(1, k + 1):
-            leak = share_leak_probability(n, k, t, corrupt_fraction, server_model)
-            if leak > sec:
+            leak = share_leak_probability(n, k, t, corrupt_fraction, server_model, c)
+            if leak > sec or (server_model == "malicious" and (t < 2 or cut_probability(n, k, t, c) > sec)):
                 continue
             drop = dropout_failure_probability(n, k, t, dropout_rate)
             if drop > cor:
                 break  # larger t only makes dropout failures likelier
-            best = GraphParams(n, k, t, _log2(leak), _log2(dis), _log2(drop), "threat-model")
+            best = params(k, t, "threat-model")
         if best is not None:
             return best
         failures.append(f"k={k}: no t has share leak <= 2^-{security_bits:g} and dropout failure <= 2^-{correctness_bits:g}")

@@ -3,7 +3,8 @@
 Wire format of every message (all integers little-endian)::
 
     magic  b"SF"      2 bytes
-    version           1 byte   (currently 1; any other value is refused)
+    version           1 byte   (currently 2; any other value is refused — version 1 messages carried
+                               no signatures on masked inputs, unmask responses or decrypted sums)
     type              1 byte   (the message class, see ``MESSAGE_TYPES``)
     session_id        16 bytes
     round_index       4 bytes  (uint32)
@@ -16,6 +17,13 @@ count + uint32 each, strictly increasing), ``blobs`` (uint32 count + ``bytes`` e
 sub-records. Decoding is strict: wrong magic/version/type, a length that does not match, a field that
 runs past the end, trailing bytes, unsorted id lists, or a session id / round other than the expected
 one raise :class:`securefed.errors.DecodeError`. Nothing is ever silently truncated or padded.
+
+Version 2 (issue 13): every client → server message that changes a result carries its sender's Ed25519
+signature over the sender, the session, the round and the digest of the round spec (AdvertiseKeys with a
+commitment to the self-mask seed, every share item, MaskedInput with the peer set it masked with,
+ConsistencySignature, UnmaskResponse, PublicContext, SignedInput, DecryptedSum); the sender id is the
+first body field of every client → server message (:func:`sender_of`), so a relay can check it against
+the node a message came from.
 """
 
 from __future__ import annotations
@@ -28,14 +36,14 @@ from ..errors import DecodeError, ProtocolError
 
 __all__ = [
     "VERSION", "MAGIC", "HEADER", "MESSAGE_TYPES", "encode", "decode", "decode_expected", "peek_header",
-    "KeyEntry", "ShareCipher", "ShareValue", "SignatureEntry",
+    "KeyEntry", "ShareItem", "ShareValue", "SignatureEntry", "sender_of", "CLIENT_MESSAGES",
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
     "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
     "InputDigest", "InputEntry", "SignedInput", "DecryptRequest",
 ]
 
-VERSION = 1
+VERSION = 2
 MAGIC = b"SF"
 HEADER = struct.Struct("<2sBB16sII")
 MAX_LIST = 1 << 24
@@ -45,22 +53,28 @@ MAX_LIST = 1 << 24
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """One client's signed key advertisement, as relayed by the server."""
+    """One client's signed key advertisement (with its self-mask commitment), as relayed by the server."""
 
-    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("signature", "b64"))
+    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("commit", "b32"), ("signature", "b64"))
     sender: int
     c_pk: bytes
     s_pk: bytes
+    commit: bytes
     signature: bytes
 
 
 @dataclass(frozen=True)
-class ShareCipher:
-    """An AES-GCM ciphertext for (or from) ``peer``."""
+class ShareItem:
+    """A dealer's AES-GCM share ciphertext for one holder (``peer`` = the holder when the dealer sends it,
+    the dealer when the server forwards it), the hashes of the two shares inside and the dealer's
+    signature over (dealer, holder, SHA-256 of the ciphertext, both hashes)."""
 
-    FIELDS: ClassVar = (("peer", "u32"), ("ciphertext", "bytes"))
+    FIELDS: ClassVar = (("peer", "u32"), ("ciphertext", "bytes"), ("h_b", "b32"), ("h_s", "b32"), ("signature", "b64"))
     peer: int
     ciphertext: bytes
+    h_b: bytes
+    h_s: bytes
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -94,13 +108,15 @@ class _Message:
 
 @dataclass(frozen=True)
 class AdvertiseKeys(_Message):
-    """Stage 0, client → server: X25519 keys ``c_pk`` (channel) and ``s_pk`` (masks), Ed25519-signed."""
+    """Stage 0, client → server: X25519 keys ``c_pk`` (channel) and ``s_pk`` (masks), a commitment to the
+    self-mask seed (SecAgg+; zeros in CKKS), Ed25519-signed."""
 
     TYPE: ClassVar[int] = 1
-    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("signature", "b64"))
+    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("commit", "b32"), ("signature", "b64"))
     sender: int
     c_pk: bytes
     s_pk: bytes
+    commit: bytes
     signature: bytes
 
 
@@ -116,33 +132,36 @@ class KeysBroadcast(_Message):
 
 @dataclass(frozen=True)
 class EncryptedShares(_Message):
-    """Stage 1, client → server: one AES-GCM ciphertext of Shamir shares per live neighbour."""
+    """Stage 1, client → server: one signed share item per live neighbour it accepted."""
 
     TYPE: ClassVar[int] = 3
-    FIELDS: ClassVar = (("sender", "u32"), ("items", ShareCipher))
+    FIELDS: ClassVar = (("sender", "u32"), ("items", ShareItem))
     sender: int
     items: tuple
 
 
 @dataclass(frozen=True)
 class ForwardedShares(_Message):
-    """Stage 1, server → client: the ciphertexts addressed to the recipient (``peer`` = sender)."""
+    """Stage 1, server → client: the share items addressed to the recipient (``peer`` = dealer)."""
 
     TYPE: ClassVar[int] = 4
-    FIELDS: ClassVar = (("recipient", "u32"), ("items", ShareCipher))
+    FIELDS: ClassVar = (("recipient", "u32"), ("items", ShareItem))
     recipient: int
     items: tuple
 
 
 @dataclass(frozen=True)
 class MaskedInput(_Message):
-    """Stage 2, client → server: the masked, quantised vector (``bits``-bit little-endian words)."""
+    """Stage 2, client → server: the masked, quantised vector (``bits``-bit little-endian words), the
+    peers it masked with (whose shares it holds), signed."""
 
     TYPE: ClassVar[int] = 5
-    FIELDS: ClassVar = (("sender", "u32"), ("bits", "u8"), ("data", "bytes"))
+    FIELDS: ClassVar = (("sender", "u32"), ("bits", "u8"), ("data", "bytes"), ("peers", "ids"), ("signature", "b64"))
     sender: int
     bits: int
     data: bytes
+    peers: tuple
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -157,7 +176,7 @@ class ConsistencyRequest(_Message):
 
 @dataclass(frozen=True)
 class ConsistencySignature(_Message):
-    """Stage 3, client → server: Ed25519 signature over (session, round, U3)."""
+    """Stage 3, client → server: Ed25519 signature over (session, round, spec digest, U3)."""
 
     TYPE: ClassVar[int] = 7
     FIELDS: ClassVar = (("sender", "u32"), ("signature", "b64"))
@@ -167,7 +186,7 @@ class ConsistencySignature(_Message):
 
 @dataclass(frozen=True)
 class UnmaskRequest(_Message):
-    """Stage 4, server → client: U3 again plus the collected consistency signatures."""
+    """Stage 4, server → client: U3 again plus every collected consistency signature (≥ the quorum)."""
 
     TYPE: ClassVar[int] = 8
     FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("signatures", SignatureEntry))
@@ -178,13 +197,15 @@ class UnmaskRequest(_Message):
 
 @dataclass(frozen=True)
 class UnmaskResponse(_Message):
-    """Stage 4, client → server: self-mask shares of surviving peers, key shares of dropped peers."""
+    """Stage 4, client → server: self-mask shares of surviving peers, key shares of dropped peers, signed."""
 
     TYPE: ClassVar[int] = 9
-    FIELDS: ClassVar = (("sender", "u32"), ("self_shares", ShareValue), ("key_shares", ShareValue))
+    FIELDS: ClassVar = (("sender", "u32"), ("self_shares", ShareValue), ("key_shares", ShareValue),
+                        ("signature", "b64"))
     sender: int
     self_shares: tuple
     key_shares: tuple
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -212,12 +233,14 @@ class ContextHandoff(_Message):
 
 @dataclass(frozen=True)
 class PublicContext(_Message):
-    """CKKS, key holder → server: the public TenSEAL context (no secret key)."""
+    """CKKS, key holder → server (and, forwarded, → every client without the secret key): the public
+    TenSEAL context (no secret key), signed by the key holder."""
 
     TYPE: ClassVar[int] = 12
-    FIELDS: ClassVar = (("sender", "u32"), ("context", "bytes"))
+    FIELDS: ClassVar = (("sender", "u32"), ("context", "bytes"), ("signature", "b64"))
     sender: int
     context: bytes
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -243,13 +266,15 @@ class EncryptedSum(_Message):
 
 @dataclass(frozen=True)
 class DecryptedSum(_Message):
-    """CKKS, key holder → server: the decrypted sum, rounded to the stated ``step`` (float64 words)."""
+    """CKKS, decryptor → server: the decrypted sum, flooded and rounded to the stated ``step`` (float64
+    words), signed by the decryptor."""
 
     TYPE: ClassVar[int] = 15
-    FIELDS: ClassVar = (("sender", "u32"), ("step", "f64"), ("data", "bytes"))
+    FIELDS: ClassVar = (("sender", "u32"), ("step", "f64"), ("data", "bytes"), ("signature", "b64"))
     sender: int
     step: float
     data: bytes
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -302,6 +327,10 @@ MESSAGE_TYPES = {cls.TYPE: cls for cls in (
     AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
     ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
     EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest)}
+
+#: Messages a client sends (sender id first in the body); the rest are server → client (recipient first).
+CLIENT_MESSAGES = (AdvertiseKeys, EncryptedShares, MaskedInput, ConsistencySignature, UnmaskResponse,
+                   ContextHandoff, PublicContext, EncryptedInput, DecryptedSum, SignedInput)
 
 _FIXED = {"b32": 32, "b64": 64}
 _INTS = {"u8": struct.Struct("<B"), "u32": struct.Struct("<I"), "u64": struct.Struct("<Q"), "f64": struct.Struct("<d")}
@@ -462,6 +491,18 @@ def decode(data: bytes, *, session_id: bytes | None = None, round_index: int | N
     if r.pos != len(data):
         raise DecodeError(f"{len(data) - r.pos} trailing bytes after {cls.__name__}")
     return cls(session_id=session, round_index=rnd, **vals)
+
+
+def sender_of(data) -> int | None:
+    """The sender id a client → server message names (its first body field), or None if ``data`` is not a
+    well-framed client message. A relay compares it with the node the message came from."""
+    try:
+        cls = peek_header(data)[0]
+    except DecodeError:
+        return None
+    if cls not in CLIENT_MESSAGES or len(data) < HEADER.size + 4:
+        return None
+    return _U32.unpack_from(data, HEADER.size)[0]
 
 
 def message_fields(msg) -> dict:

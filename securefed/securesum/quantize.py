@@ -12,8 +12,10 @@ and the weighted mean is ``Σ_p w_p u_p / Σ_p w_p`` with the public weights.
 
 Overflow is refused before the round starts, never wrapped: with A active clients (everyone who
 starts the round — an upper bound on the survivors, which is the count Flower gets wrong) and
-W = Σ_{p active} w_p, ``|Σ_p q_p| ≤ W·c·2^f + A`` must stay below ``2^(k−1)`` so the centred residue
-mod 2^k decodes to the true integer sum (:func:`overflow_bound`). Values beyond ``±c`` are clipped,
+W = Σ_{p active} w_p, ``|Σ_p q_p| ≤ W·c·2^f + A`` must stay below ``2^(k−2)`` so the centred residue
+mod 2^k decodes to the true integer sum (:func:`overflow_bound`) with one **guard bit** to spare: the SecAgg+
+server refuses an unmasked sum outside ``±(W·c·2^f + A)`` (a client that masked with another seed than the
+one it committed to leaves pseudorandom words, which land outside with probability ≥ 1/2 per coordinate). Values beyond ``±c`` are clipped,
 counted and reported (a ``warnings.warn`` and the ``clipped`` field of the result).
 """
 
@@ -101,7 +103,7 @@ def plan_fixed_point(clip_range: float, weights, *, modulus_bits: int = 32,
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ConfigError(bad_value("weights", weights, "give one finite non-negative weight per active client"))
     n, wt = int(w.size), float(w.sum())
-    limit = 2.0 ** (modulus_bits - 1) - 1
+    limit = 2.0 ** (modulus_bits - 2) - 1  # one guard bit below the sign bit (range check of the unmasked sum)
     wmax = float(w.max()) if w.size else 0.0
     if fractional_bits is None:
         if overflow_bound(clip_range, 0, wt, n) > limit:
@@ -122,7 +124,8 @@ def plan_fixed_point(clip_range: float, weights, *, modulus_bits: int = 32,
                 if overflow_bound(clip_range, 0, wt, n) <= limit else None
             raise OverflowRiskError(bad_value(
                 "fractional_bits", fractional_bits,
-                f"{n} active clients × clip {clip_range:g} × total weight {wt:g} × 2^{f} can exceed 2^{modulus_bits - 1}; "
+                f"{n} active clients × clip {clip_range:g} × total weight {wt:g} × 2^{f} can exceed 2^{modulus_bits - 2} "
+                "(one guard bit below the sign bit); "
                 + (f"use fractional_bits <= {best}" if best is not None else "lower clip_range")
                 + " or raise modulus_bits"))
     return FixedPoint(float(clip_range), f, int(modulus_bits), n, wt)

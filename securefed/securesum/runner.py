@@ -1,21 +1,24 @@
-"""In-process driver of the SecAgg+ state machines: routes messages, injects dropouts and faults.
+"""In-process SecAgg+ round: the real state machines over the byte codec, with dropouts and faults.
 
-Used by :class:`securefed.securesum.SecAggAggregator` (honest runs, optional simulated dropouts) and by
-:func:`securefed.securesum.simulate`. It passes **encoded bytes** between the real state machines, so
-byte counts are what a network transport would carry, and it drives time with a simulated clock: when
-a stage is missing answers the clock jumps to the server's deadline and ``tick`` closes the stage —
-no real sleeping.
+Used by :class:`securefed.securesum.SecAggAggregator` and :func:`securefed.securesum.simulate`. It is a thin
+layer over the one round driver :func:`.machine.drive_round` (shared with CKKS): encoded bytes between the
+parties (byte counts are what a transport would carry), a simulated clock (a stage missing answers closes at
+its deadline, nothing sleeps), a client that raises is dropped from then on, a message whose sender field
+names another client is dropped by the relay.
 
 A client "dropping at stage S" sends nothing from stage S on (``STAGES`` order). Fault kinds
-(``TAMPER_KINDS``) act on one server → client message of the lowest-numbered live client:
+(``TAMPER_KINDS``) rewrite one server → client message of the lowest-numbered client that gets one; the
+client refuses it with a typed error and is treated as dropped (or, for a bad entry about a peer, leaves
+that peer out) — the round then completes over the others with their exact sum, or aborts with nothing
+revealed when too few are left. Never a wrong sum:
 
 =================  ==========================================================================  ======================
-kind               what happens                                                                error
+kind               what happens                                                                the client's error
 =================  ==========================================================================  ======================
-``ciphertext``     one byte of a share ciphertext flipped in ForwardedShares                    AuthenticationError
-``signature``      the server swaps a neighbour's mask key in KeysBroadcast (forged signature)  AuthenticationError
-``replay``         KeysBroadcast delivered a second time                                        ProtocolError
-``reorder``        a later-stage message (ConsistencyRequest) arrives before KeysBroadcast      ProtocolError
+``ciphertext``     one byte of a share ciphertext flipped in ForwardedShares                    (dealer left out)
+``signature``      the server swaps a neighbour's mask key in KeysBroadcast (forged signature)  (neighbour left out)
+``replay``         KeysBroadcast delivered a second time                                        UnexpectedMessageError
+``reorder``        a later-stage message (ConsistencyRequest) arrives before KeysBroadcast      UnexpectedMessageError
 ``wrong_round``    KeysBroadcast re-encoded for round + 1                                       DecodeError
 ``wrong_session``  KeysBroadcast re-encoded for another session                                 DecodeError
 ``truncate``       KeysBroadcast with its last byte cut                                         DecodeError
@@ -26,40 +29,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError, SecureFedError, bad_value
+from ..errors import ConfigError, bad_value
 from . import crypto
-from .messages import ConsistencyRequest, ForwardedShares, KeysBroadcast, ShareCipher, UnmaskResponse, decode, encode, peek_header
-from .secagg import STAGES, RoundSpec, SecAggClient, SecAggServer
+from .machine import RoundOutcome, drive_round
+from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
+                       KeysBroadcast, MaskedInput, UnmaskResponse, decode, encode, peek_header)
+from .secagg import STAGES, RoundSpec
+from .secagg_client import SecAggClient
+from .secagg_server import SecAggServer
 
-__all__ = ["TAMPER_KINDS", "RoundOutcome", "run_secagg_round", "dropout_schedule"]
+__all__ = ["TAMPER_KINDS", "RoundOutcome", "run_secagg_round", "dropout_schedule", "tamper_intercept",
+           "MESSAGE_STAGE"]
 
 TAMPER_KINDS = ("ciphertext", "signature", "replay", "reorder", "wrong_round", "wrong_session", "truncate")
-_STAGE_IDX = {s: i for i, s in enumerate(STAGES)}
-
-
-@dataclass
-class RoundOutcome:
-    """Everything one in-process round produced (``words`` is None when it aborted)."""
-
-    words: np.ndarray | None
-    survivors: tuple
-    error: Exception | None
-    timings: dict
-    bytes_up: dict
-    bytes_down: dict
-    clipped: dict
-    dropped_at: dict
-    revealed: int = 0
-    rejected: list = field(default_factory=list)
-
-    @property
-    def aborted(self) -> bool:
-        return self.error is not None
+#: SecAgg+ client message → the client stage it belongs to (dropout schedules)
+MESSAGE_STAGE = {AdvertiseKeys: "advertise", EncryptedShares: "share", MaskedInput: "masked",
+                 ConsistencySignature: "consistency", UnmaskResponse: "unmask"}
 
 
 def dropout_schedule(n: int, dropout, drop_stage, rng: np.random.Generator, stages=STAGES) -> dict:
@@ -96,117 +84,68 @@ def dropout_schedule(n: int, dropout, drop_stage, rng: np.random.Generator, stag
 
 
 def _reencode(data: bytes, **changes) -> bytes:
-    msg = decode(data)
-    return encode(dataclasses.replace(msg, **changes))
+    return encode(dataclasses.replace(decode(data), **changes))
 
 
-def _apply_tamper(kind: str, stage: str, outgoing: list, spec: RoundSpec, state: dict) -> list:
-    """Rewrite the server → client messages delivered at ``stage`` according to fault ``kind``."""
-    if state.get("done") or not outgoing:
-        return outgoing
-    rid, data = outgoing[0]
-    cls = peek_header(data)[0]
-    new = list(outgoing)
-    if cls is KeysBroadcast and kind in ("signature", "replay", "reorder", "wrong_round", "wrong_session", "truncate"):
-        if kind == "signature":
+def tamper_intercept(kind: str, spec: RoundSpec):
+    """An ``intercept`` for :func:`.machine.drive_round` that applies fault ``kind`` once (table above)."""
+    if kind not in TAMPER_KINDS:
+        raise ConfigError(bad_value("tamper", kind, f"use one of {', '.join(TAMPER_KINDS)} or None"))
+    state = {"done": False}
+
+    def intercept(direction, rid, data):
+        if state["done"] or direction != "down":
+            return [data]
+        cls = peek_header(data)[0]
+        if cls is KeysBroadcast and kind != "ciphertext":
+            state["done"] = True
+            if kind == "signature":
+                msg = decode(data)
+                e0 = msg.entries[0]
+                swapped = dataclasses.replace(e0, s_pk=crypto.x25519_keypair()[1])
+                return [encode(dataclasses.replace(msg, entries=(swapped,) + msg.entries[1:]))]
+            if kind == "replay":
+                return [data, data]
+            if kind == "reorder":
+                early = encode(ConsistencyRequest(spec.session_id, spec.round_index, rid, tuple(range(spec.n_clients))))
+                return [early, data]
+            if kind == "wrong_round":
+                return [_reencode(data, round_index=spec.round_index + 1)]
+            if kind == "wrong_session":
+                return [_reencode(data, session_id=os.urandom(16))]
+            return [data[:-1]]  # truncate
+        if cls is ForwardedShares and kind == "ciphertext":
             msg = decode(data)
-            e0 = msg.entries[0]
-            swapped = dataclasses.replace(e0, s_pk=crypto.x25519_keypair()[1])
-            new[0] = (rid, encode(dataclasses.replace(msg, entries=(swapped,) + msg.entries[1:])))
-        elif kind == "replay":
-            new.insert(1, (rid, data))
-        elif kind == "reorder":
-            early = encode(ConsistencyRequest(spec.session_id, spec.round_index, rid, tuple(range(spec.n_clients))))
-            new.insert(0, (rid, early))
-        elif kind == "wrong_round":
-            new[0] = (rid, _reencode(data, round_index=spec.round_index + 1))
-        elif kind == "wrong_session":
-            new[0] = (rid, _reencode(data, session_id=os.urandom(16)))
-        elif kind == "truncate":
-            new[0] = (rid, data[:-1])
-        state["done"] = True
-    elif cls is ForwardedShares and kind == "ciphertext":
-        msg = decode(data)
-        it = msg.items[0]
-        ct = bytearray(it.ciphertext)
-        ct[len(ct) // 2] ^= 0x01
-        new[0] = (rid, encode(dataclasses.replace(msg, items=(ShareCipher(it.peer, bytes(ct)),) + msg.items[1:])))
-        state["done"] = True
-    return new
+            if not msg.items:
+                return [data]
+            state["done"] = True
+            it = msg.items[0]
+            ct = bytearray(it.ciphertext)
+            ct[len(ct) // 2] ^= 0x01
+            return [encode(dataclasses.replace(msg, items=(dataclasses.replace(it, ciphertext=bytes(ct)),)
+                                               + msg.items[1:]))]
+        return [data]
+
+    return intercept
 
 
 def run_secagg_round(spec: RoundSpec, identity_private, updates, weights, rng: np.random.Generator,
-                     drop_at: dict | None = None, tamper: str | None = None, min_survivors: int = 1) -> RoundOutcome:
-    """Run one SecAgg+ round in-process over the real state machines and the byte codec
-    (``min_survivors``: every client's :class:`SecAggClient` floor on the survivor set it signs)."""
-    if tamper is not None and tamper not in TAMPER_KINDS:
-        raise ConfigError(bad_value("tamper", tamper, f"use one of {', '.join(TAMPER_KINDS)} or None"))
-    drop_at = dict(drop_at or {})
+                     drop_at: dict | None = None, tamper: str | None = None, min_survivors: int = 1,
+                     colluders: int | None = None, intercept=None, clients=None) -> RoundOutcome:
+    """Run one SecAgg+ round in-process over the real state machines and the byte codec.
+
+    ``min_survivors`` and ``colluders`` go to every :class:`SecAggClient` (its floor on the survivor set it
+    signs; the c it checks the spec against). ``intercept`` (tests) rewrites messages on the wire, ``tamper``
+    applies one of ``TAMPER_KINDS``; ``clients`` replaces the honest client machines (tests of malicious
+    clients). Returns a :class:`RoundOutcome` whose ``result`` (``words``) is the sum mod 2^k.
+    """
+    if tamper is not None:
+        if intercept is not None:
+            raise ConfigError(bad_value("tamper", tamper, "give either tamper or intercept"))
+        intercept = tamper_intercept(tamper, spec)
     n = spec.n_clients
-    now = 0.0
-    timings = {s: {"clients": 0.0, "server": 0.0} for s in STAGES}
-    bytes_up = {i: 0 for i in range(n)}
-    bytes_down = {i: 0 for i in range(n)}
-    revealed = 0
-    rejected: list = []
-    tamper_state: dict = {}
-
-    def alive(i: int, stage: str) -> bool:
-        s = drop_at.get(i)
-        return s is None or _STAGE_IDX[s] > _STAGE_IDX[stage]
-
-    t0 = time.perf_counter()
-    server = SecAggServer(spec, now)
-    timings["advertise"]["server"] += time.perf_counter() - t0
-    clients = [SecAggClient(spec, i, identity_private[i], updates[i], weights[i], rng, min_survivors=min_survivors)
-               for i in range(n)]
-    outgoing: list = []
-    error = None
-    try:
-        for stage in STAGES:
-            t0 = time.perf_counter()
-            replies: list = []
-            if stage == "advertise":
-                for i in range(n):
-                    if alive(i, stage):
-                        replies += clients[i].start(now)
-            else:
-                if tamper is not None:
-                    outgoing = _apply_tamper(tamper, stage, outgoing, spec, tamper_state)
-                for rid, data in outgoing:
-                    bytes_down[rid] += len(data)
-                    if alive(rid, stage):
-                        replies += clients[rid].receive(data, now)
-            timings[stage]["clients"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            outgoing = []
-            for data in replies:
-                if peek_header(data)[0] is UnmaskResponse:
-                    revealed += 1
-                sender = _sender_of(data)
-                bytes_up[sender] += len(data)
-                try:
-                    outgoing += server.receive(data, now)
-                except SecureFedError as exc:
-                    if server.stage == "aborted":
-                        raise
-                    rejected.append(f"{type(exc).__name__}: {exc}")
-            if server.stage == stage:
-                now = server.deadline
-                outgoing += server.tick(now)
-            timings[stage]["server"] += time.perf_counter() - t0
-            if server.done:
-                break
-    except SecureFedError as exc:
-        error = exc
-    clipped = {i: c.clipped for i, c in enumerate(clients)}
-    words = server.result if error is None else None
-    return RoundOutcome(words, tuple(server.survivors) if error is None else (), error, timings,
-                        bytes_up, bytes_down, clipped, dict(server.dropped_at), revealed, rejected)
-
-
-def _sender_of(data: bytes) -> int:
-    """Sender id of a client → server message: the first body field (uint32) of every such message."""
-    from .messages import HEADER
-
-    return int.from_bytes(data[HEADER.size:HEADER.size + 4], "little")
+    server = SecAggServer(spec, 0.0)
+    if clients is None:
+        clients = [SecAggClient(spec, i, identity_private[i], updates[i], weights[i], rng, min_survivors=min_survivors,
+                                colluders=colluders) for i in range(n)]
+    return drive_round(server, clients, MESSAGE_STAGE, STAGES, drop_at=drop_at, intercept=intercept)

@@ -1,7 +1,8 @@
 """Byte codecs of the SecAgg+ round spec and of a live client state machine (no pickle).
 
 * :func:`encode_spec` / :func:`decode_spec` — the public :class:`~securefed.securesum.secagg.RoundSpec`
-  the server announces at the start of a round (JSON + hex bytes; strictly checked).
+  the server announces at the start of a round (JSON + hex bytes; strictly checked; defined in
+  :mod:`.secagg`, whose spec digest every signature covers).
 * :func:`dump_client` / :func:`load_client` — a site's :class:`~securefed.securesum.secagg.SecAggClient`
   between two messages of a deployment that keeps no process alive between them (Flower starts a fresh
   ``ClientApp`` per message): the machine is stored in the site's own state (it never leaves the site).
@@ -16,47 +17,12 @@ import numpy as np
 
 from ..errors import DecodeError, ProtocolError
 from . import crypto
-from .quantize import FixedPoint
-from .secagg import RoundSpec, SecAggClient
+from .secagg import RoundSpec, decode_spec, encode_spec
+from .secagg_client import SecAggClient
 
 __all__ = ["encode_spec", "decode_spec", "dump_client", "load_client"]
 
-SPEC_VERSION = 1
-STATE_VERSION = 1
-
-
-# ------------------------------------------------------------------------------------------ RoundSpec
-
-
-def encode_spec(spec: RoundSpec) -> bytes:
-    """The public round parameters as JSON bytes (byte strings hex-encoded)."""
-    fp = spec.fixed_point
-    doc = {"v": SPEC_VERSION, "session_id": spec.session_id.hex(), "round_index": spec.round_index,
-           "n_clients": spec.n_clients, "degree": spec.degree, "threshold": spec.threshold,
-           "graph_seed": spec.graph_seed.hex(), "length": spec.length,
-           "fixed_point": [fp.clip, fp.fractional_bits, fp.modulus_bits, fp.active_clients, fp.weight_total],
-           "identity_keys": [k.hex() for k in spec.identity_keys], "timeouts": [[k, v] for k, v in spec.timeouts]}
-    return json.dumps(doc, sort_keys=True).encode()
-
-
-def decode_spec(data: bytes) -> RoundSpec:
-    """Strict inverse of :func:`encode_spec` (DecodeError on any unknown version or malformed field)."""
-    try:
-        doc = json.loads(bytes(data).decode())
-        if doc.get("v") != SPEC_VERSION:
-            raise DecodeError(f"round spec version {doc.get('v')!r} is not {SPEC_VERSION}")
-        clip, f, k, active, wt = doc["fixed_point"]
-        fp = FixedPoint(float(clip), int(f), int(k), int(active), float(wt))
-        keys = tuple(bytes.fromhex(h) for h in doc["identity_keys"])
-        if any(len(x) != 32 for x in keys):
-            raise DecodeError("round spec: identity keys must be 32 bytes")
-        return RoundSpec(bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
-                         int(doc["degree"]), int(doc["threshold"]), bytes.fromhex(doc["graph_seed"]),
-                         int(doc["length"]), fp, keys, tuple((str(a), float(b)) for a, b in doc["timeouts"]))
-    except DecodeError:
-        raise
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DecodeError(f"malformed round spec: {exc}") from None
+STATE_VERSION = 2
 
 
 # --------------------------------------------------------------------------------- client state codec

@@ -10,6 +10,7 @@ so a 256-bit seed or an X25519 private scalar is shared without loss.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from typing import Iterable, Sequence
 
@@ -53,7 +54,14 @@ def share(secret: int, xs: Sequence[int], threshold: int, prime: int = PRIME) ->
 
 
 def lagrange_at_zero(xs: Sequence[int], prime: int = PRIME) -> list[int]:
-    """Lagrange basis values ``λ_j = Π_{m≠j} x_m / (x_m − x_j)`` at 0, so ``f(0) = Σ_j λ_j f(x_j)``."""
+    """Lagrange basis values ``λ_j = Π_{m≠j} x_m / (x_m − x_j)`` at 0, so ``f(0) = Σ_j λ_j f(x_j)``.
+
+    Cached per abscissa set: a SecAgg+ server reconstructs many secrets from the same revealers."""
+    return list(_lagrange(tuple(int(x) for x in xs), int(prime)))
+
+
+@functools.lru_cache(maxsize=256)
+def _lagrange(xs: tuple, prime: int) -> tuple:
     lams = []
     for j, xj in enumerate(xs):
         num, den = 1, 1
@@ -62,7 +70,7 @@ def lagrange_at_zero(xs: Sequence[int], prime: int = PRIME) -> list[int]:
                 num = num * xm % prime
                 den = den * (xm - xj) % prime
         lams.append(num * pow(den, -1, prime) % prime)
-    return lams
+    return tuple(lams)
 
 
 def reconstruct(points: Iterable[tuple[int, int]], threshold: int, prime: int = PRIME) -> int:
@@ -86,8 +94,11 @@ def secret_to_int(raw: bytes) -> int:
     return int.from_bytes(raw, "big")
 
 
-def int_to_secret(value: int) -> bytes:
-    """Inverse of :func:`secret_to_int`; raises ProtocolAbortedError if the value is not a 256-bit secret."""
+def int_to_secret(value: int, strict: bool = True) -> bytes | None:
+    """Inverse of :func:`secret_to_int`; a value that is not a 256-bit secret (inconsistent shares) raises
+    ProtocolAbortedError, or returns None with ``strict=False``."""
     if not 0 <= value < 2**256:
+        if not strict:
+            return None
         raise ProtocolAbortedError("a reconstructed secret is out of range: shares are inconsistent")
     return value.to_bytes(32, "big")

@@ -2,7 +2,9 @@
 
 ``simulate`` draws client inputs uniformly in ``[−clip_range, clip_range]`` from a seeded generator,
 runs one round through :func:`.runner.run_secagg_round` or :func:`.ckks.run_ckks_round` (encoded bytes
-between parties, simulated clock for deadlines), and reports the outcome as a JSON-ready dict.
+between parties, simulated clock for deadlines; both return a :class:`~.machine.RoundOutcome`), and reports
+the outcome as a JSON-ready dict. A fault (``tamper``) is refused by the client that gets it with a typed
+error (``client_errors``); the round then completes over the others with their exact sum, or aborts.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import numpy as np
 
 from ..errors import ConfigError, bad_value
 from . import crypto
-from .ckks import CKKS_STAGES, choose_ckks_parameters, release_error_bound, run_ckks_round
 from .graph import choose_parameters
 from .quantize import dequantize, plan_fixed_point
 from .runner import TAMPER_KINDS, dropout_schedule, run_secagg_round
@@ -63,6 +64,8 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         raise ConfigError(bad_value("length", length, "use a positive vector length"))
     if tamper is not None and tamper not in TAMPER_KINDS:
         raise ConfigError(bad_value("tamper", tamper, f"use one of {', '.join(TAMPER_KINDS)}"))
+    if protocol == "ckks":
+        from .ckks import CKKS_STAGES, choose_ckks_parameters, release_error_bound, run_ckks_round
     stages = STAGES if protocol == "secagg" else CKKS_STAGES
     if drop_stage is not None and drop_stage not in stages:
         raise ConfigError(bad_value("drop_stage", drop_stage, f"for {protocol} use one of {', '.join(stages)}"))
@@ -82,33 +85,33 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         import os
 
         sid = os.urandom(16)
-        spec = RoundSpec(sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()))
+        spec = RoundSpec(sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()),
+                         gp.quorum)
         out = run_secagg_round(spec, priv, inputs, weights, rng, drop_at=sched, tamper=tamper)
         wall = time.perf_counter() - t0
         err, survivors = out.error, out.survivors
         total = dequantize(out.words, fp) if err is None else None
         error_bound = fp.step * clients
-        timings = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
-        timings["clients_total"] = round(sum(d["clients"] for d in out.timings.values()), 6)
-        timings["server_total"] = round(sum(d["server"] for d in out.timings.values()), 6)
-        up, down = out.bytes_up, out.bytes_down
         params = dict(graph=gp.as_dict(), fixed_point=fp.as_dict())
-        dropped = {k: list(v) for k, v in out.dropped_at.items()}
         revealed = out.revealed
-        rejected = out.rejected
     else:
         params_ckks = choose_ckks_parameters(length, precision, clients * clip_range, clients)
         out = run_ckks_round(params_ckks, priv, pub, inputs, weights, clip_range, drop_at=sched, key_holder=key_holder,
                              tamper=tamper)
         wall = time.perf_counter() - t0
-        err, survivors, total = out["error"], out["survivors"], out["total"]
-        error_bound = release_error_bound(params_ckks.step)
-        timings = {k: round(v, 6) for k, v in out["timings"].items()}
-        up, down = out["bytes_up"], out["bytes_down"]
-        params = params_ckks.as_dict()
-        dropped = {s: sorted(i for i, st in sched.items() if st == s) for s in CKKS_STAGES}
+        err, survivors, total = out.error, out.survivors, out.total
+        from .ckks import flood_sigma
+
+        sigma = flood_sigma(params_ckks.scale_bits, clients, clients * clip_range)
+        error_bound = release_error_bound(params_ckks.step, sigma, length)
+        params = dict(params_ckks.as_dict(), flood_sigma=sigma)
         revealed = 0 if err is not None else 1
-        rejected = []
+    timings = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
+    timings["clients_total"] = round(sum(d["clients"] for d in out.timings.values()), 6)
+    timings["server_total"] = round(sum(d["server"] for d in out.timings.values()), 6)
+    up, down = out.bytes_up, out.bytes_down
+    dropped = {k: list(v) for k, v in out.dropped_at.items()}
+    rejected = out.rejected
     timings["total"] = round(wall, 6)
     t1 = time.perf_counter()
     exact = np.sum([inputs[i] for i in survivors], axis=0) if survivors else None
@@ -130,6 +133,7 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         "scheduled_dropouts": {str(k): v for k, v in sorted(sched.items())},
         "revealed_shares": revealed,
         "rejected": rejected,
+        "client_errors": {str(k): v for k, v in sorted(out.client_errors.items())},
         "timings": timings,
         "bytes": {
             "client_upload": int(np.mean([up[i] for i in senders])) if senders else 0,

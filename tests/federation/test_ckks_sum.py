@@ -59,7 +59,7 @@ def arrays():
 
 def _setup(arrays, options=None, **plan_kw):
     workers = {i: SiteWorker({"site-name": f"s{i}", **(options or {})}, X) for i, X in enumerate(arrays)}
-    plan = RunPlan.build("flower", **{**dict(aggregation="ckks", value_bound=1.0, method="none", seed=3), **plan_kw})
+    plan = RunPlan.build("flower", **{**dict(aggregation="ckks", value_bound=1.0, method="none", seed=3, audit_holdout=0.0), **plan_kw})
     co = Coordinator(plan)
     keys = [crypto.ed25519_public_bytes(w.identity()) for w in workers.values()]
     co.sites = Sites([f"s{i}" for i in range(3)], [len(X) for X in arrays], [0] * 3, 3, keys, [0, 1, 2], {0, 1, 2})
@@ -152,7 +152,9 @@ def test_malicious_server_cannot_get_one_sites_ciphertext_decrypted(arrays):
     ex = _ex(workers, tamper=swap)
     with pytest.raises(ProtocolAbortedError, match="decrypt"):
         _sum(co, ex)
-    assert all("AuthenticationError" in co.sites.silent[i] and "refused" in co.sites.silent[i] for i in range(3))
+    # both key holders (the key holder 0 and its one fallback 1) refused; site 2 holds no secret key
+    assert all("AuthenticationError" in co.sites.silent[i] and "refused" in co.sites.silent[i] for i in (0, 1))
+    assert 2 not in co.sites.silent
     assert all("ckks_client" not in w.state for w in ex.workers.values())
 
 
@@ -310,21 +312,21 @@ def test_clipped_coordinates_reach_the_result_and_warn(arrays):
 
 
 def test_ckks_end_reaches_a_non_survivor_that_holds_the_secret_context(arrays):
-    """Site 2 processes its key handoff (so it holds the secret context) but its upload is lost: it is not
-    a survivor, yet it must be told to drop the context."""
+    """Site 1, the fallback decryptor, processes its key handoff (so it holds the secret context) but its
+    upload is lost: it is not a survivor, yet it must be told to drop the context. Site 2 never held it."""
     from securefed.securesum.ckks import CKKSClient, decode_ckks_spec
 
-    held = []
+    held = {}
 
     def watch(a, fields):
-        if a == 2 and fields["op"] == "ckks-end":
-            st = ex.workers[2].state
-            held.append(CKKSClient.load(st["ckks_client"], decode_ckks_spec(st["ckks_spec"]),
-                                        ex.workers[2].identity())._ctx.is_private())
+        if a in (1, 2) and fields["op"] == "ckks-end" and "ckks_client" in ex.workers[a].state:
+            st = ex.workers[a].state
+            held[a] = CKKSClient.load(st["ckks_client"], decode_ckks_spec(st["ckks_spec"]),
+                                      ex.workers[a].identity())._ctx.is_private()
         return fields
 
     co, workers = _setup(arrays)
-    ex = _ex(workers, lose={2: 1}, tamper=watch)
+    ex = _ex(workers, lose={1: 1}, tamper=watch)
     res = _sum(co, ex)
-    assert res.survivors == (0, 1) and held == [True]
+    assert res.survivors == (0, 2) and held == {1: True, 2: False} and res.details["fallbacks"] == [1]
     assert all("ckks_client" not in w.state and "ckks_spec" not in w.state for w in ex.workers.values())

@@ -31,7 +31,7 @@ def sites():
 
 def _plan(**kw):
     base = dict(method="none", landmarks=6, rounds=2, local_steps=2, aggregation="secagg", value_bound=3.0, degree=2,
-                threshold=2, min_sites=3, seed=3, refine_rounds=0)
+                threshold=2, min_sites=3, seed=3, audit_holdout=0.0)
     base.update(kw)
     return RunPlan.build("flower", **base)
 
@@ -176,7 +176,7 @@ def test_spec_codec_round_trip_and_strictness():
     back = decode_spec(encode_spec(spec))
     assert back == spec and back.neighbours == spec.neighbours
     with pytest.raises(DecodeError):
-        decode_spec(encode_spec(spec).replace(b'"v": 1', b'"v": 2'))
+        decode_spec(encode_spec(spec).replace(b'"v": 2', b'"v": 3'))
     with pytest.raises(DecodeError):
         decode_spec(b"{not json")
 
@@ -191,27 +191,28 @@ def test_site_reports_protocol_errors_instead_of_crashing(sites):
 # ------------------------------------------------------------------------------------ embedding
 
 def test_no_rows_tsne_embedding_is_the_sites_own_placement(sites):
-    from openTSNE import TSNE
+    """The landmark map is the coordinator's count-weighted t-SNE of the landmarks; each site's coordinates are its
+    own placement against that broadcast, recomputed here from the broadcast and the site's records alone."""
+    from securefed.embedding.placement import place_refine, weighted_tsne
 
     res = _run(_plan(aggregation="plain", method="tsne", nystrom="local", perplexity=30.0), sites)
     emb = res.embedding
-    Y = res.landmarks
-    perp = min(30.0, (len(Y) - 1) / 3.0)
-    model = TSNE(perplexity=perp, random_state=emb["model_seed"], n_jobs=1).fit(Y)
-    np.testing.assert_array_equal(emb["landmark_embedding"], np.asarray(model))
+    Y, c, space = res.landmarks, res.masses, res.landmark_space
+    assert res.landmark_info["method"] == "cells" and c is not None and np.all(c >= 15)
+    E, Zn = weighted_tsne(Y, c, perplexity=30.0, seed=emb["model_seed"], n_components=2)
+    np.testing.assert_array_equal(emb["landmark_embedding"], E)
     assert list(emb["coordinates"]) == NAMES and not emb["missing"]
-    last = res.steps  # the placement is not a sum: it is one request to each site
-    assert last
     for name, X in zip(NAMES, sites):
-        np.testing.assert_allclose(emb["coordinates"][name], model.transform(X, perplexity=perp), rtol=0, atol=1e-9)
+        own = place_refine(space.features(X), Y, E, c, Zn, perplexity=30.0)
+        np.testing.assert_allclose(emb["coordinates"][name], own, rtol=0, atol=1e-9)
 
 
-def test_site_refuses_to_place_records_against_a_different_model(sites):
+def test_site_refuses_a_landmark_map_that_does_not_match_the_landmarks(sites):
     Y = np.random.default_rng(0).normal(size=(6, 3))
-    req = put_array(put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "model_seed": 1}, "Y", Y),
-                    "landmark_embedding", np.zeros((6, 2)))
+    req = put_array(put_array(put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "Zn": 1.0}, "Y", Y),
+                              "landmark_embedding", np.zeros((5, 2))), "masses", np.ones(6))
     rep = SiteWorker({"site-name": "s0"}, sites[0]).handle(req)
-    assert rep["error"].startswith("ProtocolError") and "differs" in rep["error"]
+    assert rep["error"].startswith("ProtocolError") and "does not match" in rep["error"]
 
 
 @pytest.mark.parametrize("method", ["tsne", "spectral", "umap"])
@@ -225,7 +226,7 @@ def test_rows_mode_equals_the_estimator(sites, method):
     res = _run(_plan(aggregation="plain", method=method, nystrom="rows", n_iter=300, perplexity=10.0, n_clusters=3,
                      n_neighbors=10), sites, ex=ex)
     est.set_params(n_landmarks=6, rounds=2, local_steps=2, nystrom="rows", random_state=3, keep_sent=True,
-                   refine_rounds=0, value_bound=3.0)
+                   value_bound=3.0, aggregation="plain", audit_holdout=0.0)
     est.fit(sites)
     np.testing.assert_array_equal(res.landmarks, est.landmarks_)
     if method == "spectral":
@@ -243,7 +244,7 @@ def test_spectral_local_equals_the_estimator(sites):
 
     res = _run(_plan(aggregation="plain", method="spectral", nystrom="local", landmarks=8, n_clusters=3), sites)
     est = FedSpectralClustering(n_clusters=3, n_landmarks=8, rounds=2, local_steps=2, nystrom="local", random_state=3,
-                                refine_rounds=0, value_bound=3.0).fit(sites)
+                                value_bound=3.0, aggregation="plain", audit_holdout=0.0).fit(sites)
     np.testing.assert_array_equal(res.stacked("labels"), est.labels_)
 
 
@@ -430,13 +431,13 @@ def test_audit_gate_stops_before_anything_per_record_leaves(sites):
     strict = dict(aggregation="plain", method="tsne", nystrom="rows", landmarks=len(init), rounds=1, local_steps=1,
                   lr=1e-12, gamma=1.0, init=init, audit_holdout=0.3)
     ex = _exchange(sites)
-    co = Coordinator(RunPlan.build("api", **{**dict(min_sites=3, seed=3, refine_rounds=0), **strict}))
+    co = Coordinator(RunPlan.build("api", **{**dict(min_sites=3, seed=3), **strict}))
     with pytest.raises(AuditFailedError, match="audit failed"):
         drive(co, ex)
     assert "rows" not in ex.ops and "place" not in ex.ops
     block = co.partial["audit"]
     assert block["verdict"] == "fail" and block["auc"] > 0.9 and block["failures"]
-    res = run_in_process(RunPlan.build("api", **{**dict(min_sites=3, seed=3, refine_rounds=0, n_iter=300,
+    res = run_in_process(RunPlan.build("api", **{**dict(min_sites=3, seed=3, n_iter=300,
                                                         allow_audit_failure=True), **strict}), sites, names=NAMES)
     audit = res.audit
     assert audit["verdict"] == "fail (overridden)" and audit["failures"] and audit["auc"] > 0.9
@@ -498,25 +499,25 @@ def test_restarted_site_with_other_data_is_not_readmitted(sites):
 
 
 def test_restarted_site_rejoins_secagg_with_its_new_identity_key(tmp_path):
-    """4 sites, SecAgg+ degree 3 / threshold 2: s3 crashes in round 1 (the round completes without it), comes
-    back with a new address and key, and round 2 sums all 4 — its signed messages verify only because the
+    """5 sites, SecAgg+ with the sites' safe defaults (complete graph, t = 3, q = 4): s3 crashes in round 1 (the round completes without it), comes
+    back with a new address and key, and round 2 sums all 5 — its signed messages verify only because the
     re-hello announced the new key in round 2's spec."""
     rng = np.random.default_rng(7)
-    arrays = [rng.normal(size=(25, 3)) * 0.5 for _ in range(4)]
+    arrays = [rng.normal(size=(25, 3)) * 0.5 for _ in range(5)]
 
     class Restarting(InMemoryExchange):
         def request(self, payloads, deadline):
             out = super().request(payloads, deadline)
-            if 3 in self.dead and any(f["op"] == "secagg" for f in payloads.values()) and len(self.workers) == 4:
+            if 3 in self.dead and any(f["op"] == "secagg" for f in payloads.values()) and len(self.workers) == 5:
                 self.restart(3)
             return out
 
     ex = Restarting({i: SiteWorker({"site-name": f"q{i}"}, X) for i, X in enumerate(arrays)},
                     silent_from={3: "secagg-start"}, fresh_process=True)
-    res = drive(Coordinator(_plan(gamma=1.0, init="public", rounds=2, local_steps=1, degree=3, threshold=2,
-                                  min_sites=4)), ex)
+    res = drive(Coordinator(_plan(gamma=1.0, init="public", rounds=2, local_steps=1, degree=None, threshold=None,
+                                  min_sites=5)), ex)
     rounds = [st for st in res.steps if st["label"].startswith("round")]
-    assert rounds[0]["survivors"] == [0, 1, 2] and rounds[1]["survivors"] == [0, 1, 2, 3]
+    assert rounds[0]["survivors"] == [0, 1, 2, 4] and rounds[1]["survivors"] == [0, 1, 2, 3, 4]
     assert res.readmitted == [{"site": "q3", "at": "before round 2"}]
 
 

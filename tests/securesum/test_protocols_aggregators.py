@@ -56,17 +56,17 @@ def test_too_many_dropouts_abort_with_typed_error():
 
 
 def test_overflow_is_refused_against_active_clients():
-    # 2000 active clients with clip 1 and f=20 need 2000·2^20 + 2000 < 2^31: fine; 3000 clients are not
-    plan_fixed_point(1.0, np.ones(2000), modulus_bits=32, fractional_bits=20)
+    # one guard bit: 1000 active clients with clip 1 and f=20 need 1000·2^20 + 1000 < 2^30: fine; 1500 are not
+    plan_fixed_point(1.0, np.ones(1000), modulus_bits=32, fractional_bits=20)
     with pytest.raises(OverflowRiskError, match="fractional_bits"):
-        plan_fixed_point(1.0, np.ones(3000), modulus_bits=32, fractional_bits=20)
-    assert overflow_bound(1.0, 20, 3000.0, 3000) > 2**31 - 1
+        plan_fixed_point(1.0, np.ones(1500), modulus_bits=32, fractional_bits=20)
+    assert overflow_bound(1.0, 20, 1500.0, 1500) > 2**30 - 1
     with pytest.raises(OverflowRiskError):
         plan_fixed_point(1e6, np.full(10, 1e4), modulus_bits=32)
     with pytest.raises(OverflowRiskError):
         SecAggAggregator(clip_range=1e6, modulus_bits=32, degree=2, threshold=2).aggregate([np.ones(3)] * 3, [1e4] * 3)
     fp = plan_fixed_point(1e6, np.full(10, 1e4), modulus_bits=64)
-    assert overflow_bound(fp.clip, fp.fractional_bits, 1e5, 10) <= 2**63 - 1
+    assert overflow_bound(fp.clip, fp.fractional_bits, 1e5, 10) <= 2**62 - 1
 
 
 def test_clipping_is_counted_and_warned():
@@ -103,12 +103,16 @@ def test_threat_model_bounds_are_computed_exactly():
     assert share_leak_probability(n, k, t, gamma) == pytest.approx(min(1.0, n * tail))
     drop = sum(special.comb(k, x, exact=True) * 0.2**x * 0.8 ** (k - x) for x in range(k - t + 1, k + 1))
     assert dropout_failure_probability(n, k, t, 0.2) == pytest.approx(n * drop)
-    gp = choose_parameters(100, dropout_rate=0.1, corrupt_fraction=0.1)
-    assert gp.degree < 99 and gp.log2_disconnect <= -40 and gp.log2_dropout_failure <= -10
-    assert 2 ** gp.log2_dropout_failure == pytest.approx(dropout_failure_probability(100, gp.degree, gp.threshold, 0.1))
+    # sparse graphs (above the complete-graph range): the bounds of Bell et al. with the malicious condition
+    gp = choose_parameters(200, dropout_rate=0.1, corrupt_fraction=0.1)
+    assert gp.degree < 199 and gp.log2_disconnect <= -40 and gp.log2_dropout_failure <= -10 and gp.log2_leak <= -40
+    assert 2 ** gp.log2_dropout_failure == pytest.approx(dropout_failure_probability(200, gp.degree, gp.threshold, 0.1))
+    assert gp.quorum == (200 + gp.colluders) // 2 + 1 and 2 * gp.quorum > 200 + gp.colluders
+    semi = choose_parameters(100, dropout_rate=0.1, corrupt_fraction=0.1, server_model="semi-honest")
+    assert semi.degree < 99  # the honest-but-curious model stays available, explicitly
     assert choose_parameters(10, degree=9, threshold=5).source == "explicit"
     with pytest.raises(ConfigError, match="threat model"):
-        choose_parameters(5, dropout_rate=0.3, corrupt_fraction=0.2)
+        choose_parameters(200, dropout_rate=0.3, corrupt_fraction=0.2, complete_up_to=0)
 
 
 def test_with_options_keeps_session_and_identities():

@@ -20,23 +20,24 @@ sorted_ids = st.lists(st.integers(0, 10_000), unique=True, max_size=12).map(lamb
 rnd = st.integers(0, 2**32 - 1)
 sess = st.binary(min_size=16, max_size=16)
 
+ITEMS = st.lists(st.builds(M.ShareItem, ids, blob, b32, b32, b64), max_size=4).map(tuple)
 MESSAGES = st.one_of(
-    st.builds(M.AdvertiseKeys, sess, rnd, ids, b32, b32, b64),
-    st.builds(M.KeysBroadcast, sess, rnd, ids, st.lists(st.builds(M.KeyEntry, ids, b32, b32, b64), max_size=4).map(tuple)),
-    st.builds(M.EncryptedShares, sess, rnd, ids, st.lists(st.builds(M.ShareCipher, ids, blob), max_size=4).map(tuple)),
-    st.builds(M.ForwardedShares, sess, rnd, ids, st.lists(st.builds(M.ShareCipher, ids, blob), max_size=4).map(tuple)),
-    st.builds(M.MaskedInput, sess, rnd, ids, st.integers(0, 255), blob),
+    st.builds(M.AdvertiseKeys, sess, rnd, ids, b32, b32, b32, b64),
+    st.builds(M.KeysBroadcast, sess, rnd, ids, st.lists(st.builds(M.KeyEntry, ids, b32, b32, b32, b64), max_size=4).map(tuple)),
+    st.builds(M.EncryptedShares, sess, rnd, ids, ITEMS),
+    st.builds(M.ForwardedShares, sess, rnd, ids, ITEMS),
+    st.builds(M.MaskedInput, sess, rnd, ids, st.integers(0, 255), blob, sorted_ids, b64),
     st.builds(M.ConsistencyRequest, sess, rnd, ids, sorted_ids),
     st.builds(M.ConsistencySignature, sess, rnd, ids, b64),
     st.builds(M.UnmaskRequest, sess, rnd, ids, sorted_ids, st.lists(st.builds(M.SignatureEntry, ids, b64), max_size=3).map(tuple)),
     st.builds(M.UnmaskResponse, sess, rnd, ids, st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple),
-              st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple)),
+              st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple), b64),
     st.builds(M.SharePlaintext, sess, rnd, ids, ids, share, share),
     st.builds(M.ContextHandoff, sess, rnd, ids, ids, blob),
-    st.builds(M.PublicContext, sess, rnd, ids, blob),
+    st.builds(M.PublicContext, sess, rnd, ids, blob, b64),
     st.builds(M.EncryptedInput, sess, rnd, ids, st.lists(blob, max_size=3).map(tuple)),
     st.builds(M.EncryptedSum, sess, rnd, ids, sorted_ids, st.lists(blob, max_size=3).map(tuple)),
-    st.builds(M.DecryptedSum, sess, rnd, ids, st.floats(allow_nan=False), blob),
+    st.builds(M.DecryptedSum, sess, rnd, ids, st.floats(allow_nan=False), blob, b64),
 )
 
 
@@ -81,10 +82,20 @@ def _sample():
 
 
 def test_unknown_version_refused():
-    raw = bytearray(_sample())
-    raw[2] = 2
-    with pytest.raises(DecodeError, match="version"):
-        M.decode(bytes(raw))
+    """Version 1 (unsigned masked inputs, unmask responses and decrypted sums) and any other version are refused."""
+    assert M.VERSION == 2
+    for v in (1, 3):
+        raw = bytearray(_sample())
+        raw[2] = v
+        with pytest.raises(DecodeError, match="version"):
+            M.decode(bytes(raw))
+
+
+def test_sender_of_reads_the_sender_of_client_messages_only():
+    sig = M.ConsistencySignature(SID, 0, 7, b"s" * 64)
+    assert M.sender_of(M.encode(sig)) == 7
+    assert M.sender_of(_sample()) is None  # a server → client message names a recipient, not a sender
+    assert M.sender_of(b"junk") is None and M.sender_of(M.encode(sig)[:10]) is None
 
 
 def test_wrong_length_and_trailing_bytes_refused():
@@ -116,9 +127,9 @@ def test_unsorted_ids_and_oversized_fields_refused():
     with pytest.raises(DecodeError, match="increasing"):
         M.decode(head + body)
     with pytest.raises(DecodeError):
-        M.encode(M.AdvertiseKeys(SID, 0, 1, b"short", b"x" * 32, b"s" * 64))
+        M.encode(M.AdvertiseKeys(SID, 0, 1, b"short", b"x" * 32, b"c" * 32, b"s" * 64))
     with pytest.raises(DecodeError):
-        M.encode(M.AdvertiseKeys(SID, 2**32, 1, b"x" * 32, b"x" * 32, b"s" * 64))
+        M.encode(M.AdvertiseKeys(SID, 2**32, 1, b"x" * 32, b"x" * 32, b"c" * 32, b"s" * 64))
 
 
 def test_messages_are_frozen():

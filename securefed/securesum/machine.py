@@ -1,0 +1,369 @@
+"""The one shape of every securefed protocol machine: stage servers, stage clients, one round driver.
+
+Both protocols (SecAgg+ in :mod:`.secagg_client` / :mod:`.secagg_server`, CKKS in :mod:`.ckks.machines`) are
+sans-I/O state machines built on the two base classes here:
+
+* :class:`StageServer` — ``receive(data, now)`` and ``tick(now)`` return ``[(recipient, bytes), …]``. Its
+  transitions are one table, ``TRANSITIONS = {stage: {MessageClass: "handler"}}``: a message is decoded
+  strictly against the current stage's classes and handed to its handler. **Fail closed** (as h11's ERROR
+  state): the machine never raises for one client's bad message — a message it refuses (malformed, stale,
+  bad signature, duplicate, from a client not expected now) is *discarded and recorded* in
+  :attr:`StageServer.rejected` (``(sender or None, error)``), with the machine's state unchanged, and the
+  round goes on without it. Any exception that does escape ``receive`` or ``tick`` — a round that cannot
+  complete, a check that fails while a stage closes, or an error of any other origin (a bug, a library
+  failure) — first moves the machine to ``"aborted"``: ``exception raised ⇒ stage == "aborted"``, and an
+  aborted machine holds nothing and answers nothing.
+* :class:`StageClient` — ``start(now)`` and ``receive(data, now)`` return encoded messages;
+  ``TRANSITIONS = {state: {MessageClass: "handler"}}``; any exception aborts the client (it sends nothing
+  further) and propagates.
+
+:func:`drive_round` is the one in-process round driver (SecAgg+ and CKKS): it passes encoded bytes between a
+server machine and its clients, drives a simulated clock (a stage missing answers closes at its deadline
+through ``tick``), applies scheduled dropouts, treats a client that raises as dropped from then on (what a
+deployment does with a site that returns an error), checks that every message's sender field names the
+client it came from (as the coordinator's relay does), and lets tests rewrite any message (``intercept``).
+Both runners return a :class:`RoundOutcome`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError, ProtocolAbortedError, ProtocolError, SecureFedError, bad_value
+from .messages import decode_expected, peek_header, sender_of
+
+__all__ = ["StageServer", "StageClient", "UnexpectedMessageError", "RoundOutcome", "drive_round"]
+
+
+class UnexpectedMessageError(ProtocolError):
+    """A well-formed message of this session and round, but of a type the machine does not expect now.
+
+    What a replayed or reordered message looks like. Malformed bytes, another session or another round
+    stay :class:`~securefed.errors.DecodeError`.
+    """
+
+
+class StageServer:
+    """Base of the SecAgg+ and CKKS server machines (module docstring).
+
+    Subclasses set ``TRANSITIONS``, ``FIRST_STAGE``, ``NAME`` and implement ``_stage_complete()``,
+    ``_close(now, timed_out)`` and ``_clear()``; handlers validate a message completely *before* they change
+    anything (raise a :class:`SecureFedError` to refuse it) and then record it.
+    """
+
+    TRANSITIONS: dict = {}
+    FIRST_STAGE = ""
+    NAME = "server"
+    #: server stage → the client stage whose messages it waits for (dropout schedules use client stages)
+    CLIENT_STAGE: dict = {}
+
+    def __init__(self, spec, now: float = 0.0):
+        self.spec = spec
+        self.stage = self.FIRST_STAGE
+        self.deadline = now + spec.timeout(self.FIRST_STAGE)
+        self.expected: set = set(range(spec.n_clients))
+        self.bytes_in: dict[int, int] = {}
+        self.bytes_out: dict[int, int] = {}
+        self.dropped_at: dict[str, tuple] = {}
+        self.rejected: list = []
+        self.blame: tuple = ()
+        self.result: np.ndarray | None = None
+        self.survivors: tuple = ()
+        self.error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stage in ("done", "aborted")
+
+    def client_stage(self) -> str:
+        return self.CLIENT_STAGE.get(self.stage, self.stage)
+
+    # ---------------------------------------------------------------------------------- entry points
+    def receive(self, data: bytes, now: float = 0.0) -> list[tuple[int, bytes]]:
+        """Feed one client message. Returns the messages to send; a refused message returns ``[]`` and is
+        recorded in :attr:`rejected`. Raises only when the round cannot go on (the machine is aborted)."""
+        if self.done:
+            self._reject(sender_of(data), ProtocolError(f"{self.NAME} is {self.stage}; message discarded"))
+            return []
+        try:
+            handlers = self.TRANSITIONS[self.stage]
+            msg = decode_expected(data, self.spec, tuple(handlers), f"{self.NAME} in stage {self.stage!r}",
+                                  "stale, replayed or reordered; discarded", UnexpectedMessageError)
+            if not 0 <= msg.sender < self.spec.n_clients:
+                raise ProtocolError(f"{self.NAME}: message from unknown client {msg.sender}; discarded")
+            getattr(self, handlers[type(msg)])(msg)
+        except SecureFedError as exc:
+            if self.stage == "aborted":  # a handler found that the round cannot go on
+                raise
+            self._reject(sender_of(data), exc)
+            return []
+        except Exception as exc:  # not a refusal of this message: fail closed
+            self._abort_on(exc)
+            raise
+        self.bytes_in[msg.sender] = self.bytes_in.get(msg.sender, 0) + len(data)
+        if self._stage_complete():
+            return self._guarded(now, False)
+        return []
+
+    def tick(self, now: float) -> list[tuple[int, bytes]]:
+        """Close the current stage if its deadline has passed."""
+        if self.done or now < self.deadline:
+            return []
+        return self._guarded(now, True)
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _guarded(self, now: float, timed_out: bool) -> list:
+        try:
+            return self._close(now, timed_out)
+        except Exception as exc:
+            self._abort_on(exc)
+            raise
+
+    def _reject(self, sender, exc: Exception) -> None:
+        self.rejected.append((sender, exc))
+
+    def _abort_on(self, exc: Exception) -> None:
+        if self.stage != "aborted":
+            self.stage = "aborted"
+            self._clear()
+            self.result = None
+            self.survivors = ()
+        if self.error is None:
+            self.error = exc
+
+    def _fail(self, reason: str, timed_out: bool, what: str = "nothing revealed"):
+        from ..errors import ProtocolTimeoutError
+
+        err = (ProtocolTimeoutError if timed_out else ProtocolAbortedError)(
+            f"{self.ROUND_NAME} {self.spec.round_index} aborted, {what}: {reason}")
+        self._abort_on(err)
+        raise err
+
+    ROUND_NAME = "round"
+
+    def _send(self, out: list, rid: int, msg) -> None:
+        from .messages import encode
+
+        data = encode(msg)
+        self.bytes_out[rid] = self.bytes_out.get(rid, 0) + len(data)
+        out.append((rid, data))
+
+    def _clear(self) -> None:  # pragma: no cover - subclasses drop their secrets / uploads
+        pass
+
+    def _stage_complete(self) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def _close(self, now: float, timed_out: bool) -> list:  # pragma: no cover
+        raise NotImplementedError
+
+
+class StageClient:
+    """Base of the SecAgg+ and CKKS client machines: ``TRANSITIONS = {state: {MessageClass: "handler"}}``.
+
+    Every message is decoded strictly for the client's spec, must be addressed to this client, and goes to
+    the handler of its class in the current state; any exception aborts the client (``_abort``) and
+    propagates. ``done`` and ``aborted`` accept nothing further.
+    """
+
+    TRANSITIONS: dict = {}
+
+    def _abort(self) -> None:  # pragma: no cover - subclasses drop their secrets
+        self.state = "aborted"
+
+    def _survivor_set(self, survivors, floor: int, error=ProtocolAbortedError) -> tuple:
+        """The survivor set U a server announces: known clients, this client among them, at least ``floor``."""
+        surv = tuple(survivors)
+        if any(not 0 <= u < self.spec.n_clients for u in surv):
+            raise ProtocolError(f"client {self.id}: survivor list names unknown clients")
+        if self.id not in surv:
+            raise ProtocolAbortedError(f"client {self.id} is declared dropped; it confirms no survivor set and "
+                                       "takes no part in the rest of the round")
+        if len(surv) < floor:
+            raise error(f"client {self.id} refuses a survivor set of {len(surv)} clients: it confirms only sets of "
+                        f"at least {floor} (min_survivors / quorum)")
+        return surv
+
+    def receive(self, data: bytes, now: float = 0.0) -> list[bytes]:
+        """Consume one server message; return the reply (possibly empty). Any violation aborts."""
+        if self.state in ("aborted", "done"):
+            raise ProtocolAbortedError(f"client {self.id} is {self.state} and accepts no further messages")
+        try:
+            handlers = self.TRANSITIONS.get(self.state)
+            if not handlers:
+                raise ProtocolError(f"client {self.id}: no message expected in state {self.state!r}")
+            msg = decode_expected(data, self.spec, tuple(handlers), f"client {self.id} in state {self.state!r}",
+                                  "replayed or reordered message", UnexpectedMessageError)
+            to = getattr(msg, "recipient", self.id)  # a forwarded PublicContext is for every client (holder-signed)
+            if to != self.id:
+                raise ProtocolError(f"client {self.id} received a message addressed to client {to}")
+            return getattr(self, handlers[type(msg)])(msg)
+        except Exception:
+            self._abort()
+            raise
+
+
+# ================================================================================================ driver
+
+
+@dataclass
+class RoundOutcome:
+    """What one in-process round produced — the same type for SecAgg+ and CKKS.
+
+    ``result`` is the server's output (SecAgg+: the sum's words mod 2^k; CKKS: the released float sum) or
+    None when the round aborted; ``timings`` is ``{stage: {"clients": s, "server": s}}``; ``client_errors``
+    names the clients that raised (treated as dropped from then on); ``rejected`` lists the messages a
+    machine refused or the relay dropped (``"client i: Type: message"``); ``blame`` the clients a machine
+    proved to have cheated (e.g. inconsistent shares).
+    """
+
+    result: np.ndarray | None
+    survivors: tuple
+    error: Exception | None
+    timings: dict
+    bytes_up: dict
+    bytes_down: dict
+    clipped: dict
+    dropped_at: dict
+    revealed: int = 0
+    rejected: list = field(default_factory=list)
+    client_errors: dict = field(default_factory=dict)
+    decryptor: int | None = None
+    blame: tuple = ()
+
+    @property
+    def aborted(self) -> bool:
+        return self.error is not None
+
+    @property
+    def words(self):
+        """SecAgg+: the sum's words mod 2^k (alias of ``result``)."""
+        return self.result
+
+    @property
+    def total(self):
+        """CKKS: the released sum (alias of ``result``)."""
+        return self.result
+
+
+def _fmt(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: dict | None = None,
+                intercept=None, now: float = 0.0, max_steps: int = 10_000) -> RoundOutcome:
+    """Run one round between ``server`` and ``clients`` in this process (module docstring).
+
+    Parameters
+    ----------
+    server : StageServer
+    clients : list of StageClient
+        Client ``i`` is the machine of client id ``i``.
+    message_stage : dict
+        Client message class → the client stage it belongs to (a client dropping at stage S sends nothing of
+        stage S or later and processes nothing from then on).
+    stages : tuple
+        The client stages in order.
+    drop_at : dict, optional
+        ``{client: stage}`` scheduled dropouts.
+    intercept : callable, optional
+        ``intercept(direction, who, data) -> list[bytes]`` rewrites every message on the wire
+        (``direction`` ``"up"``: ``who`` sent it; ``"down"``: ``who`` is the recipient). Tests and fault
+        injection only.
+    """
+    drop_at = dict(drop_at or {})
+    idx = {s: i for i, s in enumerate(stages)}
+    n = len(clients)
+    for i, s in drop_at.items():
+        if s not in idx:
+            raise ConfigError(bad_value("drop stage", s, f"use one of {', '.join(stages)}"))
+    timings = {s: {"clients": 0.0, "server": 0.0} for s in stages}
+    bytes_up = {i: 0 for i in range(n)}
+    bytes_down = {i: 0 for i in range(n)}
+    rejected: list = []
+    client_errors: dict = {}
+    dead: set = set()
+    revealed = [0]
+    outgoing: list = []
+
+    def alive(i: int, stage: str) -> bool:
+        s = drop_at.get(i)
+        return i not in dead and (s is None or idx[s] > idx[stage])
+
+    def wire(direction, who, data):
+        return [data] if intercept is None else list(intercept(direction, who, data))
+
+    def upload(i: int, msgs: list) -> None:
+        for data in msgs:
+            for d in wire("up", i, data):
+                try:
+                    cls = peek_header(d)[0]
+                except SecureFedError:
+                    cls = None
+                if cls is not None and cls in message_stage and not alive(i, message_stage[cls]):
+                    continue  # dropped: the message never leaves the client
+                bytes_up[i] += len(d)
+                claimed = sender_of(d)
+                if claimed != i:
+                    rejected.append(f"client {i}: message claims sender {claimed}; dropped by the relay")
+                    continue
+                stage = server.client_stage() if server.client_stage() in timings else stages[-1]
+                before = len(server.rejected)
+                t0 = time.perf_counter()
+                try:
+                    outgoing.extend(server.receive(d, now))
+                finally:  # also when the message ended the round
+                    timings[stage]["server"] += time.perf_counter() - t0
+                    rejected.extend(f"client {i}: {_fmt(e)}" for _, e in server.rejected[before:])
+                if len(server.rejected) == before and cls is not None and cls.__name__ == "UnmaskResponse":
+                    revealed[0] += 1
+
+    error = None
+    try:
+        t0 = time.perf_counter()
+        for i, c in enumerate(clients):
+            if alive(i, stages[0]):
+                upload(i, c.start(now))
+        timings[stages[0]]["clients"] += time.perf_counter() - t0
+        steps = 0
+        while not server.done:
+            steps += 1
+            if steps > max_steps:  # pragma: no cover - a machine that neither advances nor times out
+                raise ProtocolAbortedError("the round made no progress")
+            if not outgoing:
+                now = max(now, server.deadline)
+                stage = server.client_stage() if server.client_stage() in timings else stages[-1]
+                t0 = time.perf_counter()
+                outgoing.extend(server.tick(now))
+                timings[stage]["server"] += time.perf_counter() - t0
+                continue
+            batch, outgoing[:] = list(outgoing), []
+            stage = server.client_stage() if server.client_stage() in timings else stages[-1]
+            for rid, data in batch:
+                for d in wire("down", rid, data):
+                    bytes_down[rid] += len(d)
+                    if not alive(rid, stage):
+                        continue
+                    t0 = time.perf_counter()
+                    try:
+                        replies = clients[rid].receive(d, now)
+                    except SecureFedError as exc:
+                        client_errors[rid] = _fmt(exc)
+                        dead.add(rid)
+                        continue
+                    finally:
+                        timings[stage]["clients"] += time.perf_counter() - t0
+                    upload(rid, replies)
+    except SecureFedError as exc:
+        error = exc
+    if error is None and server.error is not None:  # pragma: no cover - defensive
+        error = server.error
+    return RoundOutcome(
+        result=None if error is not None else server.result, survivors=() if error is not None else tuple(server.survivors),
+        error=error, timings=timings, bytes_up=bytes_up, bytes_down=bytes_down,
+        clipped={i: int(getattr(c, "clipped", 0)) for i, c in enumerate(clients)}, dropped_at=dict(server.dropped_at),
+        revealed=revealed[0], rejected=rejected, client_errors=client_errors,
+        decryptor=getattr(server, "decryptor", None), blame=tuple(getattr(server, "blame", ())))

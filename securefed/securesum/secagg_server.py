@@ -1,0 +1,318 @@
+"""The SecAgg+ server machine (sans-I/O; the protocol and its threat model are in :mod:`.secagg`).
+
+Transitions (``SecAggServer.TRANSITIONS``; a stage closes when every expected client answered or at its
+deadline, :class:`~.machine.StageServer`)::
+
+    stage        accepts               handler          closes with
+    advertise    AdvertiseKeys         _on_advert       U1 (pruned: ≥ t live neighbours) → KeysBroadcast
+    share        EncryptedShares       _on_shares       U2 (pruned: ≥ t holders and ≥ t dealers) → ForwardedShares
+    masked       MaskedInput           _on_masked       U (consistent peer sets, ≥ t partners in U) → ConsistencyRequest
+    consistency  ConsistencySignature  _on_signature    ≥ q signers → UnmaskRequest(U, all signatures)
+    unmask       UnmaskResponse        _on_unmask       checked reconstruction, range check → result (done)
+
+What the server checks, so that a wrong sum is never output (the threat model is in :mod:`.secagg`):
+
+* an advertisement with an invalid or low-order X25519 key is refused (the client is dropped);
+* a survivor's signed peer set P_u must lie within the peers it dealt to and the dealers forwarded to it;
+  when u masked with v but v left u out (v found u's shares bad), u is dropped — its pairwise masks are
+  then removed with its reconstructed mask key, exactly as for a client that dropped after masking;
+* every revealed share must match the hash its dealer signed for that holder (else it is discarded and the
+  revealer recorded in :attr:`rejected`); a self-mask seed reconstructed from matching shares must match
+  the dealer's commitment, a mask key its advertised public key — else the round aborts naming the dealer
+  (:attr:`blame`); the unmasked sum must lie in the fixed-point plan's range (a guard bit makes a seed other
+  than the committed one fail this with probability ≥ 1/2 per coordinate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AuthenticationError, DecodeError, ProtocolError
+from . import crypto, shamir
+from .machine import StageServer
+from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
+                       KeyEntry, KeysBroadcast, MaskedInput, ShareItem, SignatureEntry, UnmaskRequest, UnmaskResponse)
+from .quantize import overflow_bound
+from .secagg import (STAGES, RoundSpec, advert_payload, commitment, consistency_payload, masked_payload, pair_info,
+                     self_info, share_hash, unmask_payload)
+
+__all__ = ["SecAggServer"]
+
+
+def _prune(alive: set, ok) -> set:
+    """Largest subset in which ``ok(u, subset)`` holds for every member (iterated removal)."""
+    alive = set(alive)
+    changed = True
+    while changed:
+        changed = False
+        for u in sorted(alive):
+            if not ok(u, alive):
+                alive.discard(u)
+                changed = True
+    return alive
+
+
+class SecAggServer(StageServer):
+    """The SecAgg+ server state machine. No I/O and no sleeping: the caller passes ``now``.
+
+    ``receive(data, now)`` and ``tick(now)`` return ``[(recipient, bytes), …]``. Refused messages are
+    recorded in :attr:`rejected` and discarded without aborting the round (a client cannot sabotage others);
+    a round that cannot complete raises :class:`ProtocolAbortedError` (:class:`ProtocolTimeoutError` when a
+    deadline caused it) *before* any share is requested that could not lead to the sum, and the server
+    discards everything it holds (fail closed, :class:`~.machine.StageServer`).
+    """
+
+    TRANSITIONS = {"advertise": {AdvertiseKeys: "_on_advert"}, "share": {EncryptedShares: "_on_shares"},
+                   "masked": {MaskedInput: "_on_masked"}, "consistency": {ConsistencySignature: "_on_signature"},
+                   "unmask": {UnmaskResponse: "_on_unmask"}}
+    FIRST_STAGE = "advertise"
+    NAME = "server"
+    STAGES = STAGES
+
+    def __init__(self, spec: RoundSpec, now: float = 0.0):
+        super().__init__(spec, now)
+        self.received: dict[int, object] = {}
+        self._keys: dict[int, AdvertiseKeys] = {}
+        self._probe = crypto.x25519_keypair()[0]
+
+    def _clear(self) -> None:
+        self.received = {}
+        self._keys = {}
+        self._inputs = {}
+        self._items = {}
+
+    def _stage_complete(self) -> bool:
+        return set(self.received) >= self.expected
+
+    def _accept(self, msg) -> None:
+        u = msg.sender
+        if u not in self.expected:
+            raise ProtocolError(f"server: client {u} is not expected in stage {self.stage!r}; discarded")
+        if u in self.received:
+            raise ProtocolError(f"server: duplicate {type(msg).__name__} from client {u} (replay); discarded")
+
+    # ------------------------------------------------------------------------ validation of one message
+    def _on_advert(self, msg: AdvertiseKeys) -> None:
+        spec = self.spec
+        self._accept(msg)
+        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
+                      advert_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.c_pk, msg.s_pk,
+                                     msg.commit), what=f"client {msg.sender}'s advertised keys")
+        if msg.c_pk == msg.s_pk:
+            raise AuthenticationError(f"server: client {msg.sender} advertised one key twice; discarded")
+        for pk in (msg.c_pk, msg.s_pk):
+            crypto.x25519_shared(self._probe, pk)  # invalid / low-order keys (all-zero secret) raise
+        taken = {k for a in self.received.values() for k in (a.c_pk, a.s_pk)}
+        if {msg.c_pk, msg.s_pk} & taken:
+            raise AuthenticationError(f"server: client {msg.sender} advertised another client's key; discarded")
+        self.received[msg.sender] = msg
+
+    def _on_shares(self, msg: EncryptedShares) -> None:
+        self._accept(msg)
+        u, t = msg.sender, self.spec.threshold
+        peers = [it.peer for it in msg.items]
+        allowed = self.spec.neighbours[u] & self._u1
+        if peers != sorted(set(peers)) or not set(peers) <= allowed:
+            raise ProtocolError(f"server: client {u} dealt shares to {peers}, not a sorted subset of its live "
+                                f"neighbours {sorted(allowed)}; discarded")
+        if len(peers) < t:
+            raise ProtocolError(f"server: client {u} dealt to only {len(peers)} neighbours (threshold {t}); discarded")
+        self.received[u] = msg
+
+    def _on_masked(self, msg: MaskedInput) -> None:
+        spec, fp, u = self.spec, self.spec.fixed_point, msg.sender
+        self._accept(msg)
+        if msg.bits != fp.modulus_bits or len(msg.data) != spec.length * np.dtype(fp.dtype).itemsize:
+            raise DecodeError(f"server: masked input of client {u} has the wrong size or modulus; discarded")
+        crypto.verify(spec.identity_keys[u], msg.signature,
+                      masked_payload(spec.session_id, spec.round_index, spec.digest, u, msg.bits, msg.data, msg.peers),
+                      what=f"client {u}'s masked input")
+        allowed = self._dealt[u] & self._dealers[u]
+        if not set(msg.peers) <= allowed:
+            raise ProtocolError(f"server: client {u} claims to have masked with {sorted(set(msg.peers) - allowed)}, "
+                                "with whom it exchanged no shares; discarded (client dropped)")
+        if len(msg.peers) < spec.threshold:
+            raise ProtocolError(f"server: client {u} masked with only {len(msg.peers)} peers; discarded")
+        self.received[u] = msg
+
+    def _on_signature(self, msg: ConsistencySignature) -> None:
+        spec = self.spec
+        self._accept(msg)
+        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
+                      consistency_payload(spec.session_id, spec.round_index, spec.digest, self._u3),
+                      what=f"client {msg.sender}'s survivor set")
+        self.received[msg.sender] = msg
+
+    def _on_unmask(self, msg: UnmaskResponse) -> None:
+        spec, w = self.spec, msg.sender
+        self._accept(msg)
+        crypto.verify(spec.identity_keys[w], msg.signature,
+                      unmask_payload(spec.session_id, spec.round_index, spec.digest, w, msg.self_shares, msg.key_shares),
+                      what=f"client {w}'s unmask response")
+        held = self._peer_sets[w]
+        want_self = sorted(held & set(self._u3))
+        want_key = sorted(held - set(self._u3))
+        if [s.owner for s in msg.self_shares] != want_self or [s.owner for s in msg.key_shares] != want_key:
+            raise ProtocolError(f"server: client {w} revealed shares for the wrong peers; discarded")
+        self.received[w] = msg
+
+    # ------------------------------------------------------------------------ stage transitions
+    def _advance(self, stage: str, now: float, expected: set) -> None:
+        self.dropped_at[self.stage] = tuple(sorted(self.expected - set(self.received)))
+        self.stage = stage
+        self.deadline = now + self.spec.timeout(stage)
+        self.expected = set(expected)
+        self.received = {}
+
+    def _holders(self, u: int, among: set) -> set:
+        """The live clients that hold valid shares of client u (u is in their signed peer set)."""
+        return {w for w in among if u in self._peer_sets.get(w, ())}
+
+    def _needed_ok(self, live: set, timed_out: bool, what: str) -> None:
+        """Every client whose secret the unmasking needs keeps ≥ t holders of valid shares among ``live``."""
+        t, u3 = self.spec.threshold, set(self._u3)
+        for u in sorted(self._u2):
+            if u not in u3 and not self._holders(u, u3):
+                continue  # dropped and nobody in U masked with it: nothing to recover
+            n_live = len(self._holders(u, live))
+            if n_live < t:
+                self._fail(f"client {u} keeps only {n_live} live holders of its shares at stage {what!r} "
+                           f"(threshold {t})", timed_out)
+
+    def _close(self, now: float, timed_out: bool) -> list[tuple[int, bytes]]:
+        spec, sid, rnd, t = self.spec, self.spec.session_id, self.spec.round_index, self.spec.threshold
+        nb = spec.neighbours
+        out: list = []
+        if self.stage == "advertise":
+            u1 = _prune(set(self.received), lambda u, s: len(nb[u] & s) >= t)
+            if not u1:
+                self._fail(f"only {len(self.received)} clients advertised valid keys; none keeps {t} live "
+                           "neighbours", timed_out)
+            self._keys = {u: self.received[u] for u in u1}
+            self._u1 = u1
+            self._advance("share", now, u1)
+            for u in sorted(u1):
+                entries = tuple(KeyEntry(v, self._keys[v].c_pk, self._keys[v].s_pk, self._keys[v].commit,
+                                         self._keys[v].signature) for v in sorted(nb[u] & u1))
+                self._send(out, u, KeysBroadcast(sid, rnd, u, entries))
+        elif self.stage == "share":
+            dealt = {u: {it.peer for it in self.received[u].items} for u in self.received}
+            u2 = _prune(set(dealt), lambda u, s: len(dealt[u] & s) >= t and
+                        len({v for v in s if u in dealt[v]}) >= t)
+            if not u2:
+                self._fail(f"only {len(self.received)} clients shared keys; none keeps {t} live holders", timed_out)
+            self._u2 = u2
+            self._dealt = {u: dealt[u] & u2 for u in u2}
+            self._dealers = {u: {v for v in u2 if u in dealt[v]} for u in u2}
+            self._items = {u: {it.peer: it for it in self.received[u].items} for u in u2}
+            self._advance("masked", now, u2)
+            for u in sorted(u2):
+                items = tuple(ShareItem(v, self._items[v][u].ciphertext, self._items[v][u].h_b, self._items[v][u].h_s,
+                                        self._items[v][u].signature) for v in sorted(self._dealers[u]))
+                self._send(out, u, ForwardedShares(sid, rnd, u, items))
+        elif self.stage == "masked":
+            sent = dict(self.received)
+            self._peer_sets = {u: set(m.peers) for u, m in sent.items()}
+            # u masked with v but v left u out (u's shares were bad for v): drop u; its masks with v are then
+            # removed with its reconstructed key, as for a client that dropped after masking
+            accused = {u for u in sent for v in self._peer_sets[u] if v in sent and u not in self._peer_sets[v]}
+            u3 = _prune(set(sent) - accused, lambda u, s: len(self._peer_sets[u] & s) >= t)
+            self.accused = tuple(sorted(accused))
+            if not u3:
+                self._fail("no consistent masked input arrived", timed_out)
+            q = spec.signatures_needed
+            if len(u3) < q:
+                self._fail(f"only {len(u3)} consistent masked inputs, the quorum is {q}", timed_out)
+            self._u3 = tuple(sorted(u3))
+            fp = spec.fixed_point
+            self._inputs = {u: np.frombuffer(sent[u].data, dtype=fp.dtype) for u in self._u3}
+            self._needed_ok(u3, timed_out, "masked")
+            self._advance("consistency", now, u3)
+            left_out = set(sent) - u3  # sent a masked input that is not consistent: dropped after masking
+            self.dropped_at["masked"] = tuple(sorted(set(self.dropped_at["masked"]) | left_out))
+            for u in self._u3:
+                self._send(out, u, ConsistencyRequest(sid, rnd, u, self._u3))
+        elif self.stage == "consistency":
+            signers = set(self.received)
+            q = spec.signatures_needed
+            if len(signers) < q:
+                self._fail(f"only {len(signers)} survivors confirmed the survivor set, the quorum is {q}", timed_out)
+            self._needed_ok(signers, timed_out, "consistency")
+            sigs = tuple(SignatureEntry(v, self.received[v].signature) for v in sorted(signers))
+            self._advance("unmask", now, signers)
+            for u in sorted(signers):
+                self._send(out, u, UnmaskRequest(sid, rnd, u, self._u3, sigs))
+        elif self.stage == "unmask":
+            self._finish(timed_out)
+        return out
+
+    def _points(self, owner: int, kind: bytes) -> list:
+        """Revealed shares of ``owner``'s secret that match the hash its dealer signed for each revealer."""
+        spec, sid, rnd = self.spec, self.spec.session_id, self.spec.round_index
+        pts = []
+        for w, msg in sorted(self.received.items()):
+            lst = msg.self_shares if kind == b"b" else msg.key_shares
+            for s in lst:
+                if s.owner != owner:
+                    continue
+                item = self._items[owner][w]
+                want = item.h_b if kind == b"b" else item.h_s
+                if share_hash(sid, rnd, owner, w, kind, s.value) == want:
+                    pts.append((w + 1, s.value))
+                else:
+                    self.rejected.append((w, AuthenticationError(
+                        f"server: client {w} revealed a share of client {owner}'s secret that does not match the "
+                        "hash its dealer signed; share discarded")))
+        return pts
+
+    def _finish(self, timed_out: bool) -> None:
+        spec, t = self.spec, self.spec.threshold
+        sid, rnd, fp = spec.session_id, spec.round_index, spec.fixed_point
+        u3 = set(self._u3)
+        self.dropped_at[self.stage] = tuple(sorted(self.expected - set(self.received)))
+        acc = np.zeros(spec.length, dtype=fp.dtype)
+        for u in self._u3:
+            np.add(acc, self._inputs[u], out=acc)
+        buf = bytearray(acc.nbytes + 16)
+        for u in self._u3:
+            pts = self._points(u, b"b")
+            if len(pts) < t:
+                self._fail(f"only {len(pts)} valid shares of client {u}'s self-mask seed (threshold {t})", timed_out)
+            b = shamir.int_to_secret(shamir.reconstruct(pts, t), strict=False)
+            if b is None or commitment(sid, rnd, u, b) != self._keys[u].commit:
+                self.blame = (u,)
+                self._fail(f"client {u} dealt shares of a self-mask seed other than the one it committed to (its "
+                           "signed share hashes are the evidence); exclude it and rerun", False, "sum withheld")
+            crypto.add_mask_inplace(acc, b, session_id=sid, info=self_info(rnd, u), sign=-1, buf=buf)
+        for u in sorted(self._u2 - u3):
+            partners = sorted(self._holders(u, u3))
+            if not partners:
+                continue
+            pts = self._points(u, b"s")
+            if len(pts) < t:
+                self._fail(f"only {len(pts)} valid shares of client {u}'s mask key (threshold {t})", timed_out)
+            raw = shamir.int_to_secret(shamir.reconstruct(pts, t), strict=False)
+            s_sk = None if raw is None else crypto.x25519_private_from_bytes(raw)
+            if s_sk is None or crypto.x25519_public_bytes(s_sk) != self._keys[u].s_pk:
+                self.blame = (u,)
+                self._fail(f"client {u} dealt shares of a mask key other than the one it advertised (its signed "
+                           "share hashes are the evidence); exclude it and rerun", False, "sum withheld")
+            for v in partners:
+                shared = crypto.x25519_shared(s_sk, self._keys[v].s_pk)
+                # survivor v added +m when v < u, −m when v > u: remove it
+                crypto.add_mask_inplace(acc, shared, session_id=sid, info=pair_info(rnd, u, v),
+                                        sign=-1 if v < u else +1, buf=buf)
+        if fp.modulus_bits not in (32, 64):
+            acc &= fp.dtype((1 << fp.modulus_bits) - 1)
+        from .quantize import dequantize
+
+        bound = overflow_bound(fp.clip, fp.fractional_bits, fp.weight_total, fp.active_clients)
+        worst = float(np.max(np.abs(dequantize(acc, fp)))) * fp.scale if acc.size else 0.0
+        if worst > bound:
+            self._fail(f"the unmasked sum lies outside its public range (|word| {worst:.3g} > {bound:.3g}): a client "
+                       "masked with a seed other than the one it committed to, or sent garbage", False, "sum withheld")
+        self.result = acc
+        self.survivors = self._u3
+        self.stage = "done"
+        self.received = {}
+        self._inputs = {}
