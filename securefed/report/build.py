@@ -28,7 +28,7 @@ import numpy as np
 
 from ..audits.gate import AuditPolicy, audit_gate
 from ..errors import ConfigError, DataError, bad_value
-from .labels import GLOSSARY, LABELS, plain_failure
+from .labels import GLOSSARY, LABELS
 from .summary import (RunFolder, epsilon_is_void, infer_mode, paper_formula, privacy_block, release_inventory,
                       run_warnings, site_table, summary, utility_table)
 
@@ -380,13 +380,13 @@ def _verdict(run: RunFolder, budget, mia_block, rec_block) -> tuple[dict, dict |
     if gate and "verdict" in gate:
         gate_status = str(gate["verdict"])
         overridden = bool(gate.get("overridden"))
-        reasons += [f"landmark audit: {plain_failure(f)}" for f in gate.get("failures", [])]
+        reasons += [f"landmark audit: {f}" for f in gate.get("failures", [])]
     elif mia_block["available"]:
         claimed = budget.get("epsilon") if budget["available"] else None
         dec = audit_gate(run.mia, AuditPolicy(), claimed_epsilon=claimed, allow_failure=True)
         gate_status = "pass" if dec.passed else "fail"
         gate = {"failures": list(dec.failures)}
-        reasons += [f"landmark audit (default policy): {plain_failure(f)}" for f in dec.failures]
+        reasons += [f"landmark audit (default policy): {f}" for f in dec.failures]
     else:
         gate_status = "not audited"
         reasons.append("landmark audit: not available (" + mia_block["reason"] + ")")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import json
 
-from .labels import PAPER, SENT_NAMES, count, label, percent, show
+from .labels import PAPER, SENT_NAMES, count, label, percent, plain_failure, show
 
 __all__ = ["render_html"]
 
@@ -82,7 +82,7 @@ def _summary(report: dict) -> str:
         out.append(f"<h3>How good the map is</h3><p>{_e(s['quality'])}</p>")
     if s["warnings"]:
         out.append("<div class='warn'><b>Warnings</b><ul>" + "".join(f"<li>{_e(w)}</li>" for w in s["warnings"]) + "</ul></div>")
-    out.append("<p class='small'>Why the verdict: " + _e("; ".join(v["reasons"])) + ".</p></section>")
+    out.append("<p class='small'>Why the verdict: " + _e("; ".join(plain_failure(r) for r in v["reasons"])) + ".</p></section>")
     return "".join(out)
 
 

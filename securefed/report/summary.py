@@ -431,8 +431,10 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
     sites += ". No site receives another site's records, rows or positions."
     return [{"who": "the coordinator", "learns": f"how many records each site holds; {lm}; {per}"},
             {"who": "the other sites", "learns": sites},
-            {"who": "the reader of this report", "learns": "the quality figures and the centralized comparison, computed "
-                                                          "on the pooled records — they exist only in this simulation"}]
+            {"who": "the reader of this report", "learns": (
+                "the audit figures only: the run stopped before the map was drawn" if stopped else
+                "the quality figures" + (" and the centralized comparison" if run.metrics.get("centralized") else "")
+                + ", computed on the pooled records — they exist only in this simulation")}]
 
 
 def _quality_sentence(util: dict, dp: bool) -> str | None:
