@@ -8,8 +8,18 @@ Datasets
 returned **unscaled**: securefed never standardises silently (a global standardisation would need
 pooled statistics, which a federation does not have).
 
-User files: ``.csv`` (header row; ``label_column`` names the label column), ``.npy`` (a 2-D
-array, no labels), ``.npz`` (key ``X`` and optionally ``y``).
+User files: ``.csv`` (header row; ``label_column`` names the label column, ``id_column`` the record ids),
+``.npy`` (a 2-D array, no labels), ``.npz`` (key ``X`` and optionally ``y``, ``ids``, ``feature_names``),
+``.h5ad`` (AnnData, with the optional extra ``securefed[anndata]``: ``X`` or an ``obsm`` layer such as
+``X_pca``, labels from an ``obs`` column, ids from ``obs_names``). A column that looks like a record id
+(header ``id``/``patient_id``…, or values ``0…n−1``) is never used as a feature silently: it is refused unless
+named as ``id_column`` or kept deliberately (``allow_id_like``).
+
+Per-site files
+--------------
+:func:`load_sites` reads one site per file (a list of paths, a glob or a directory) and returns
+:class:`SiteData` objects named by file stem. :func:`feature_scale_warning` says when feature scales differ by
+orders of magnitude; :func:`standardize` applies the federation's means and standard deviations on one site.
 
 Partitions
 ----------
@@ -22,7 +32,9 @@ Hsu, Qi & Brown 2019, "Measuring the effects of non-identical data distribution"
 from __future__ import annotations
 
 import csv
+import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -33,10 +45,14 @@ from .errors import ConfigError, DataError, bad_value
 
 __all__ = [
     "Dataset",
+    "SiteData",
     "BUILTIN_DATASETS",
     "FILE_TYPES",
     "PARTITION_SCHEMES",
     "load_dataset",
+    "load_sites",
+    "feature_scale_warning",
+    "standardize",
     "partition",
     "check_sites",
     "check_finite",
@@ -44,12 +60,26 @@ __all__ = [
 ]
 
 BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "iris", "mnist5k")
-FILE_TYPES = (".csv", ".npy", ".npz")
+FILE_TYPES = (".csv", ".npy", ".npz", ".h5ad")
 PARTITION_SCHEMES = ("iid", "label", "dirichlet:ALPHA")
 
 
+class _Records:
+    """``n_samples`` / ``n_features`` of a record matrix ``X`` (rows = records)."""
+
+    X: np.ndarray
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X.shape[1])
+
+
 @dataclass(frozen=True)
-class Dataset:
+class Dataset(_Records):
     """A loaded dataset.
 
     Attributes
@@ -63,6 +93,8 @@ class Dataset:
     feature_names : tuple of str or None
     target_names : tuple of str or None
         ``target_names[c]`` is the original label of class ``c`` when labels were mapped.
+    ids : tuple of str or None
+        Record ids in file order (``id_column``; ``.h5ad``: ``obs_names``), never a feature.
     """
 
     X: np.ndarray
@@ -70,30 +102,29 @@ class Dataset:
     name: str
     feature_names: tuple[str, ...] | None = None
     target_names: tuple[str, ...] | None = None
-
-    @property
-    def n_samples(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def n_features(self) -> int:
-        return int(self.X.shape[1])
+    ids: tuple[str, ...] | None = None
 
 
 # --------------------------------------------------------------------------- validation helpers
 
 
-def check_finite(X: np.ndarray, parameter: str) -> None:
-    """Raise :class:`DataError` if ``X`` holds NaN or ±inf, counting the affected rows and columns."""
+def check_finite(X: np.ndarray, parameter: str, *, rows=None, columns=None) -> None:
+    """Raise :class:`DataError` if ``X`` holds NaN or ±inf, counting the affected rows and columns.
+
+    ``rows`` / ``columns`` (optional) name each row (e.g. ``"CSV line 7"``) and column, so the message points at
+    the first bad cell the way the user sees the file.
+    """
     bad = ~np.isfinite(X)
     if bad.any():
-        rows = int(bad.any(axis=1).sum()) if X.ndim == 2 else int(bad.sum())
+        n_rows = int(bad.any(axis=1).sum()) if X.ndim == 2 else int(bad.sum())
         cols = int(bad.any(axis=0).sum()) if X.ndim == 2 else 1
         first = np.argwhere(bad)[0].tolist()
+        if rows is not None and X.ndim == 2:
+            first = f"{rows[first[0]]}, column {columns[first[1]]!r}" if columns is not None else f"{rows[first[0]]}"
         raise DataError(
             bad_value(
                 parameter,
-                f"<{int(bad.sum())} NaN/inf values in {rows} rows and {cols} columns, first at {first}>",
+                f"<{int(bad.sum())} NaN/inf values in {n_rows} rows and {cols} columns, first at {first}>",
                 "impute or drop the missing/infinite values before use (e.g. per-site column medians, "
                 "sklearn.impute.SimpleImputer); securefed does not impute silently",
             )
@@ -129,8 +160,8 @@ def _to_float(cell: str, row: int, col: str) -> float:
             bad_value(
                 f"csv row {row} column {col!r}",
                 cell,
-                "feature cells must be numbers; encode categorical columns numerically "
-                "or pass this column as label_column",
+                "feature cells must be numbers; encode categorical columns numerically, "
+                "or pass this column as label_column, or as id_column (--id-column) if it identifies records",
             )
         ) from None
 
@@ -166,48 +197,6 @@ def _load_builtin(name: str) -> Dataset:
     )
 
 
-def _load_csv(path: Path, label_column: str | None) -> Dataset:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise DataError(bad_value("name_or_path", str(path), "the CSV file is empty; it needs a header row and data rows")) from None
-        rows = [r for r in reader if any(c.strip() for c in r)]
-    if label_column is not None and label_column not in header:
-        raise DataError(
-            bad_value(
-                "label_column",
-                label_column,
-                f"{path.name} has no such column; columns present: {header}. "
-                "Pass one of them, or omit label_column for unlabelled data",
-            )
-        )
-    if not rows:
-        raise DataError(bad_value("name_or_path", str(path), "the CSV file has a header but no data rows"))
-    width = len(header)
-    for i, r in enumerate(rows):
-        if len(r) != width:
-            raise DataError(bad_value(f"csv row {i + 2}", f"<{len(r)} fields>",
-                                      f"every row needs {width} fields like the header"))
-    li = header.index(label_column) if label_column is not None else None
-    feat_idx = [j for j in range(width) if j != li]
-    if not feat_idx:
-        raise DataError(bad_value("name_or_path", str(path), "the CSV has no feature columns besides the label"))
-    X = np.array([[_to_float(r[j], i + 2, header[j]) for j in feat_idx] for i, r in enumerate(rows)], dtype=np.float64)
-    y, target_names = (None, None)
-    if li is not None:
-        raw = [r[li].strip() for r in rows]
-        if any(v == "" for v in raw):
-            raise DataError(bad_value(f"label_column {label_column!r}", "<empty cells>", "every record needs a label; drop unlabelled rows"))
-        try:
-            y, target_names = _as_labels(np.array([float(v) for v in raw]), "label_column")
-        except ValueError:
-            y, target_names = _as_labels(raw, "label_column")
-    check_finite(X, f"{path.name} features")
-    return Dataset(np.ascontiguousarray(X), y, path.name, tuple(header[j] for j in feat_idx), target_names)
-
-
 def as_float_matrix(A, parameter: str, min_rows: int = 1) -> np.ndarray:
     """Validate a numeric 2-D array (≥ ``min_rows`` rows, ≥ 1 column, finite); return a float64 C-contiguous array.
 
@@ -225,50 +214,328 @@ def as_float_matrix(A, parameter: str, min_rows: int = 1) -> np.ndarray:
     return X
 
 
-def _load_npy(path: Path) -> Dataset:
+# --------------------------------------------------------------------------- user files
+
+#: header names that mean "this column identifies records" (case-insensitive); pandas writes its index as "" or
+#: "Unnamed: 0"
+_ID_NAME = re.compile(r"^(?:id|ids|idx|index|key|uuid|guid|identifier|rowid|row_?id|unnamed: ?\d+|)$", re.I)
+_ID_SUFFIX = re.compile(r"(?:^|[_\-\s.])(?:id|ids|idx|index|key|uuid|guid|identifier|no|nr|number)$", re.I)
+_ID_CAMEL = re.compile(r"[a-z0-9](?:ID|Id|IDs|Ids)$")
+
+
+@dataclass
+class _Table:
+    """One file as read: features, raw labels (strings or numbers, mapped later), ids, feature names."""
+
+    X: np.ndarray
+    labels: np.ndarray | None
+    ids: tuple[str, ...] | None
+    feature_names: tuple[str, ...] | None
+    path: Path
+
+
+def _keep_set(allow_id_like) -> tuple[bool, set[str]]:
+    """``allow_id_like``: True (keep every id-like column), or column names / positions kept deliberately."""
+    if allow_id_like is True:
+        return True, set()
+    if allow_id_like in (None, False):
+        return False, set()
+    if isinstance(allow_id_like, (str, int)):
+        allow_id_like = [allow_id_like]
+    return False, {str(v) for v in allow_id_like}
+
+
+def _id_like_reason(name: str | None, values: np.ndarray | None) -> str | None:
+    """Why a feature column looks like a record id (its header name, or its values), or None."""
+    if name is not None:
+        stripped = name.strip()
+        if _ID_NAME.match(stripped) or _ID_SUFFIX.search(stripped) or _ID_CAMEL.search(stripped):
+            return f"its header {stripped!r} names a record identifier"
+    if values is None or len(values) < 5 or not np.all(np.isfinite(values)) or not np.all(values == np.round(values)):
+        return None
+    step = np.diff(values)
+    if np.all(step == 1):
+        return f"its values are the consecutive integers {int(values[0])}…{int(values[-1])}"
+    s = np.sort(values)
+    if s[0] in (0, 1) and np.all(np.diff(s) == 1):
+        return f"its values are a permutation of {int(s[0])}…{int(s[-1])}"
+    if len(values) >= 20 and np.all(step > 0):
+        return "its values are strictly increasing integers"
+    return None
+
+
+def _refuse_id_like(path: Path, column: str, reason: str, numeric: bool) -> None:
+    raise DataError(bad_value(
+        "id_column", None,
+        f"column {column!r} of {path.name} looks like a record id ({reason}); securefed never uses a record id as a "
+        f"feature{' silently' if numeric else ''}: pass id_column={column!r} (--id-column {column}) to keep it out of "
+        f"the features and get it back with the results, or allow_id_like=[{column!r}] (--keep-column {column}) to use "
+        "it as a feature deliberately"))
+
+
+def _check_id_like(X: np.ndarray, names, path: Path, allow_id_like) -> None:
+    keep_all, keep = _keep_set(allow_id_like)
+    if keep_all:
+        return
+    for j in range(X.shape[1]):
+        label = names[j] if names is not None else str(j)
+        if label in keep or str(j) in keep:
+            continue
+        reason = _id_like_reason(names[j] if names is not None else None, X[:, j])
+        if reason:
+            _refuse_id_like(path, label, reason, numeric=True)
+
+
+def _check_ids(ids, path: Path, parameter: str) -> tuple[str, ...]:
+    ids = tuple(str(v).strip() for v in ids)
+    empty = [i for i, v in enumerate(ids) if v == ""]
+    if empty:
+        raise DataError(bad_value(parameter, f"<{len(empty)} empty ids in {path.name}, first at record {empty[0]}>",
+                                  "every record needs an id; fill them in or drop those records"))
+    seen: dict[str, int] = {}
+    for i, v in enumerate(ids):
+        if v in seen:
+            raise DataError(bad_value(parameter, v, f"this id appears twice in {path.name} (records {seen[v]} and {i}); "
+                                      "ids must identify one record each within a site"))
+        seen[v] = i
+    return ids
+
+
+def _unreadable(parameter: str, path: Path, exc: BaseException) -> DataError:
+    why = getattr(exc, "strerror", None) or f"{exc.__class__.__name__}: {exc}"
+    return DataError(bad_value(parameter, str(path), f"cannot read the file ({why}); check that it is a valid "
+                               f"{path.suffix.lower() or 'data'} file and readable"))
+
+
+def _read_csv(path: Path, label_column, id_column, allow_id_like, parameter) -> _Table:
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = [h.strip() for h in next(reader)]
+            except StopIteration:
+                raise DataError(bad_value(parameter, str(path), "the CSV file is empty; it needs a header row and data rows")) from None
+            rows = [r for r in reader if any(c.strip() for c in r)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise _unreadable(parameter, path, exc) from None
+    for opt, col in (("label_column", label_column), ("id_column", id_column)):
+        if col is not None and col not in header:
+            raise DataError(bad_value(opt, col, f"{path.name} has no such column; columns present: {header}. "
+                                      f"Pass one of them, or omit {opt}"))
+    if label_column is not None and label_column == id_column:
+        raise DataError(bad_value("id_column", id_column, "the id column cannot also be the label column"))
+    if not rows:
+        raise DataError(bad_value(parameter, str(path), "the CSV file has a header but no data rows (an empty site)"))
+    width = len(header)
+    for i, r in enumerate(rows):
+        if len(r) != width:
+            raise DataError(bad_value(f"csv row {i + 2}", f"<{len(r)} fields>", f"every row of {path.name} needs {width} fields like the header"))
+    li = header.index(label_column) if label_column is not None else None
+    ii = header.index(id_column) if id_column is not None else None
+    feat_idx = [j for j in range(width) if j not in (li, ii)]
+    if not feat_idx:
+        raise DataError(bad_value(parameter, str(path), "the CSV has no feature columns besides the label and id columns"))
+    keep_all, keep = _keep_set(allow_id_like)
+    for j in feat_idx:  # a named id column is refused before its cells are parsed (string ids would fail there)
+        if not keep_all and header[j] not in keep:
+            reason = _id_like_reason(header[j], None)
+            if reason:
+                numeric = all(_is_number(r[j]) for r in rows)
+                _refuse_id_like(path, header[j], reason, numeric)
+    X = np.array([[_to_float(r[j], i + 2, header[j]) for j in feat_idx] for i, r in enumerate(rows)], dtype=np.float64)
+    names = tuple(header[j] for j in feat_idx)
+    check_finite(X, f"{path.name} features", rows=[f"CSV line {i + 2}" for i in range(len(rows))], columns=names)
+    _check_id_like(X, names, path, allow_id_like)
+    labels = None
+    if li is not None:
+        raw = [r[li].strip() for r in rows]
+        if any(v == "" for v in raw):
+            raise DataError(bad_value(f"label_column {label_column!r}", "<empty cells>",
+                                      f"every record of {path.name} needs a label; drop unlabelled rows"))
+        labels = _raw_labels(raw)
+    ids = _check_ids([r[ii] for r in rows], path, "id_column") if ii is not None else None
+    return _Table(np.ascontiguousarray(X), labels, ids, names, path)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def _raw_labels(raw) -> np.ndarray:
+    """Strings that are all numbers become a float array (mapped to ints later); otherwise kept as strings."""
+    try:
+        return np.array([float(v) for v in raw])
+    except (TypeError, ValueError):
+        return np.array([str(v) for v in raw])
+
+
+def _read_npy(path: Path, allow_id_like, parameter) -> _Table:
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as exc:
-        raise DataError(bad_value("name_or_path", str(path), f"not a plain numeric .npy file ({exc})")) from None
-    return Dataset(as_float_matrix(arr, path.name), None, path.name)
+        raise DataError(bad_value(parameter, str(path), f"not a plain numeric .npy file ({exc})")) from None
+    except OSError as exc:
+        raise _unreadable(parameter, path, exc) from None
+    if isinstance(arr, np.ndarray) and arr.ndim == 2 and len(arr) == 0:
+        raise DataError(bad_value(parameter, str(path), "the array has no rows (an empty site)"))
+    X = as_float_matrix(arr, path.name)
+    _check_id_like(X, None, path, allow_id_like)
+    return _Table(X, None, None, None, path)
 
 
-def _load_npz(path: Path) -> Dataset:
-    with np.load(path, allow_pickle=False) as z:
+def _read_npz(path: Path, label_column, id_column, allow_id_like, parameter) -> _Table:
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise _unreadable(parameter, path, exc) from None
+    with z:
         keys = list(z.keys())
         if "X" not in keys:
-            raise DataError(bad_value("name_or_path", str(path), f"a .npz needs key 'X' (and optionally 'y'); keys present: {keys}"))
+            raise DataError(bad_value(parameter, str(path), f"a .npz needs key 'X' (optionally 'y', 'ids', 'feature_names'); keys present: {keys}"))
+        if z["X"].ndim == 2 and len(z["X"]) == 0:
+            raise DataError(bad_value(parameter, str(path), "'X' has no rows (an empty site)"))
         X = as_float_matrix(z["X"], f"{path.name}['X']")
-        y, names = (None, None)
-        if "y" in keys:
-            y, names = _as_labels(z["y"], f"{path.name}['y']")
-            if len(y) != len(X):
-                raise DataError(bad_value(f"{path.name}['y']", f"<{len(y)} labels>", f"give one label per record ({len(X)})"))
-    return Dataset(X, y, path.name, None, names)
+        lkey, ikey = label_column or "y", id_column or "ids"
+        for opt, key, given in (("label_column", lkey, label_column), ("id_column", ikey, id_column)):
+            if given is not None and key not in keys:
+                raise DataError(bad_value(opt, given, f"{path.name} has no such key; keys present: {keys}"))
+        labels = ids = names = None
+        if lkey in keys:
+            labels = np.asarray(z[lkey])
+            if labels.ndim != 1 or len(labels) != len(X):
+                raise DataError(bad_value(f"{path.name}[{lkey!r}]", f"<array of shape {labels.shape}>", f"give one label per record ({len(X)})"))
+        if ikey in keys:
+            raw = z[ikey]
+            if raw.ndim != 1 or len(raw) != len(X):
+                raise DataError(bad_value(f"{path.name}[{ikey!r}]", f"<array of shape {raw.shape}>", f"give one id per record ({len(X)})"))
+            ids = _check_ids(raw.tolist(), path, "id_column")
+        if "feature_names" in keys:
+            names = tuple(str(v) for v in z["feature_names"].tolist())
+            if len(names) != X.shape[1]:
+                raise DataError(bad_value(f"{path.name}['feature_names']", f"<{len(names)} names>", f"give one name per column ({X.shape[1]})"))
+    _check_id_like(X, names, path, allow_id_like)
+    return _Table(X, labels, ids, names, path)
 
 
-def load_dataset(name_or_path: str | os.PathLike, label_column: str | None = None) -> Dataset:
+def _read_h5ad(path: Path, label_column, id_column, layer, parameter) -> _Table:
+    try:
+        import anndata
+    except ImportError:
+        raise DataError(bad_value(parameter, str(path), "reading .h5ad files needs the optional dependency anndata: "
+                                  "pip install 'securefed[anndata]'")) from None
+    try:
+        adata = anndata.read_h5ad(path)
+    except Exception as exc:  # h5py/anndata raise many kinds for a broken file
+        raise _unreadable(parameter, path, exc) from None
+    if layer is None:
+        M, names = adata.X, tuple(str(v) for v in adata.var_names)
+    elif layer in adata.obsm:
+        M = adata.obsm[layer]
+        cols = getattr(M, "columns", None)
+        if cols is not None:
+            names, M = tuple(str(c) for c in cols), M.to_numpy()
+        else:
+            names = tuple(f"{layer}_{j + 1}" for j in range(np.shape(M)[1] if np.ndim(M) == 2 else 0))
+    elif layer in adata.layers:
+        M, names = adata.layers[layer], tuple(str(v) for v in adata.var_names)
+    else:
+        raise DataError(bad_value("layer", layer, f"{path.name} has no obsm key or layer of that name; obsm keys: "
+                                  f"{list(adata.obsm.keys())}, layers: {list(adata.layers.keys())}; omit layer to use X"))
+    if M is None:
+        raise DataError(bad_value(parameter, str(path), "the AnnData object has no X matrix; pass layer='X_pca' (an obsm key) or another layer"))
+    if hasattr(M, "toarray"):
+        M = M.toarray()
+    if adata.n_obs == 0:
+        raise DataError(bad_value(parameter, str(path), "the AnnData object has no observations (an empty site)"))
+    obs_names = [str(v) for v in adata.obs_names]
+    where = f"{path.name} {'X' if layer is None else layer}"
+    M = np.asarray(M)
+    if M.ndim == 2 and M.dtype.kind in "iufb":
+        check_finite(M.astype(np.float64), where, rows=[f"observation {v!r}" for v in obs_names], columns=names)
+    X = as_float_matrix(M, where)
+    labels = None
+    for opt, col in (("label_column", label_column), ("id_column", id_column)):
+        if col is not None and col not in adata.obs.columns:
+            raise DataError(bad_value(opt, col, f"{path.name} has no such obs column; obs columns: {list(adata.obs.columns)}"))
+    if label_column is not None:
+        col = adata.obs[label_column]
+        if col.isna().any():
+            raise DataError(bad_value(f"label_column {label_column!r}", "<missing values>", f"every observation of {path.name} needs a label"))
+        labels = _raw_labels(col.astype(str).tolist()) if col.dtype.kind not in "iuf" else np.asarray(col, dtype=np.float64)
+    ids = _check_ids(adata.obs[id_column].astype(str).tolist() if id_column is not None else obs_names, path,
+                     "id_column" if id_column is not None else "obs_names")
+    return _Table(X, labels, ids, names, path)
+
+
+def _read(path: Path, *, label_column=None, id_column=None, layer=None, allow_id_like=(), parameter="spec") -> _Table:
+    suffix = path.suffix.lower()
+    if layer is not None and suffix != ".h5ad":
+        raise DataError(bad_value("layer", layer, f"only .h5ad files have layers; {path.name} is a {suffix} file"))
+    if suffix == ".csv":
+        return _read_csv(path, label_column, id_column, allow_id_like, parameter)
+    if suffix == ".h5ad":
+        return _read_h5ad(path, label_column, id_column, layer, parameter)
+    for opt, val in (("label_column", label_column), ("id_column", id_column)):
+        if val is not None and suffix == ".npy":
+            raise DataError(bad_value(opt, val, f"a .npy file holds only the features; use a .csv, .npz (keys 'X', 'y', "
+                                      f"'ids') or .h5ad file for labels and ids ({path.name})"))
+    if suffix == ".npy":
+        return _read_npy(path, allow_id_like, parameter)
+    return _read_npz(path, label_column, id_column, allow_id_like, parameter)
+
+
+def _map_labels(raw: list, parameter: str) -> tuple[list, tuple[str, ...] | None]:
+    """One label mapping for all sites (the same class gets the same code everywhere)."""
+    if all(r is None for r in raw):
+        return raw, None
+    sizes = [len(r) for r in raw]
+    kinds = {r.dtype.kind in "fiub" for r in raw}
+    joint = np.concatenate([np.asarray(r, dtype=np.float64) for r in raw]) if kinds == {True} else \
+        np.concatenate([np.array([_label_str(v) for v in r.tolist()]) for r in raw])
+    codes, names = _as_labels(joint, parameter)
+    return np.split(codes, np.cumsum(sizes)[:-1]), names
+
+
+def _label_str(v) -> str:
+    return str(int(v)) if isinstance(v, float) and v == int(v) else str(v)
+
+
+def load_dataset(name_or_path: str | os.PathLike, label_column: str | None = None, id_column: str | None = None, *,
+                 layer: str | None = None, allow_id_like=()) -> Dataset:
     """Load a built-in dataset by name or a user file by path.
 
     Parameters
     ----------
     name_or_path : str or path
-        One of :data:`BUILTIN_DATASETS` or a path ending in ``.csv``, ``.npy`` or ``.npz``.
+        One of :data:`BUILTIN_DATASETS` or a path ending in ``.csv``, ``.npy``, ``.npz`` or ``.h5ad``.
     label_column : str, optional
-        CSV only: the column holding the class label. Non-numeric labels are mapped to ``0…K−1``
-        (sorted), the originals kept in ``Dataset.target_names``.
+        The class label: a CSV column, an ``.npz`` key (default ``'y'`` when present) or an ``.h5ad`` ``obs``
+        column. Non-numeric labels are mapped to ``0…K−1`` (sorted), the originals kept in ``Dataset.target_names``.
+    id_column : str, optional
+        The record ids (kept as strings, never a feature): a CSV column, an ``.npz`` key (default ``'ids'`` when
+        present) or an ``.h5ad`` ``obs`` column (default: ``obs_names``).
+    layer : str, optional
+        ``.h5ad`` only: an ``obsm`` key (e.g. ``'X_pca'``) or a layer name instead of ``X``.
+    allow_id_like : True or iterable of column names
+        Columns that look like record ids (header ``id``, ``patient_id``…, or values ``0…n−1``) are refused unless
+        named here (``--keep-column``) — they are used as features deliberately then.
 
     Raises
     ------
     ConfigError
         Unknown name / file type, or the file does not exist.
     DataError
-        Unreadable content, missing label column, non-numeric feature cells, NaN/inf values.
+        Unreadable content, missing label/id column, an id-like feature column, non-numeric feature cells, NaN/inf.
     """
     key = str(name_or_path)
     if key.lower() in BUILTIN_DATASETS:
-        if label_column is not None:
-            raise ConfigError(bad_value("label_column", label_column, f"built-in dataset {key!r} has its labels already; omit label_column"))
+        for opt, val in (("label_column", label_column), ("id_column", id_column), ("layer", layer)):
+            if val is not None:
+                raise ConfigError(bad_value(opt, val, f"built-in dataset {key!r} has its labels already and no ids; omit {opt}"))
         return _load_builtin(key.lower())
     path = Path(key)
     suffix = path.suffix.lower()
@@ -278,14 +545,194 @@ def load_dataset(name_or_path: str | os.PathLike, label_column: str | None = Non
         )
     if not path.is_file():
         raise ConfigError(bad_value("name_or_path", key, "no such file; check the path"))
-    if label_column is not None and suffix != ".csv":
-        raise ConfigError(bad_value("label_column", label_column, f"only .csv files take a label column; {suffix} files carry labels as key 'y' (.npz) or none (.npy)"))
-    if suffix == ".csv":
-        return _load_csv(path, label_column)
-    if suffix == ".npy":
-        return _load_npy(path)
-    return _load_npz(path)
+    t = _read(path, label_column=label_column, id_column=id_column, layer=layer, allow_id_like=allow_id_like,
+              parameter="name_or_path")
+    (y,), names = _map_labels([t.labels], "label_column")
+    return Dataset(t.X, y, path.name, t.feature_names, names, t.ids)
 
+
+# --------------------------------------------------------------------------- per-site files
+
+
+@dataclass(frozen=True)
+class SiteData(_Records):
+    """One site's records as its file holds them.
+
+    Attributes
+    ----------
+    name : str
+        The file's stem (``a.csv`` → ``"a"``); distinct across sites.
+    X : ndarray of float64, shape (n, m)
+        Records as rows (finite, C-contiguous), in file order.
+    y : ndarray of int64 or None
+        Class labels, mapped with **one** mapping for all sites (``target_names``).
+    ids : tuple of str or None
+        Record ids in file order (CSV/``.npz`` id column, ``.h5ad`` ``obs_names`` or an ``obs`` column).
+    feature_names : tuple of str or None
+    target_names : tuple of str or None
+    path : str
+    """
+
+    name: str
+    X: np.ndarray
+    y: np.ndarray | None
+    ids: tuple[str, ...] | None
+    feature_names: tuple[str, ...] | None
+    target_names: tuple[str, ...] | None
+    path: str
+
+
+def _expand(spec) -> list[Path]:
+    """Paths from a list of paths/globs/directories, a glob, a directory or one file."""
+    items = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not items:
+        raise DataError(bad_value("spec", [], "give at least one per-site file, a glob such as 'sites/*.csv' or a directory"))
+    out: list[Path] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise DataError(bad_value("spec", f"<{type(item).__name__}>", "give file paths, globs or a directory as strings"))
+        s = os.fspath(item)
+        p = Path(s)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.suffix.lower() in FILE_TYPES and not q.name.startswith("."))
+            if not found:
+                raise DataError(bad_value("spec", s, f"the directory holds no per-site files ending in {list(FILE_TYPES)}"))
+            out += found
+        elif any(c in s for c in "*?["):
+            found = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
+            if not found:
+                raise DataError(bad_value("spec", s, "the glob matches no files; check the pattern (quote it in a shell)"))
+            out += found
+        elif not p.is_file():
+            raise DataError(bad_value("spec", s, "no such file or directory; check the path"))
+        else:
+            out.append(p)
+    for p in out:
+        if p.suffix.lower() not in FILE_TYPES:
+            raise DataError(bad_value("spec", str(p), f"unsupported file type; per-site files end in {list(FILE_TYPES)}"))
+    return out
+
+
+def _check_same_features(tables: list[_Table], names: list[str]) -> None:
+    ref, rname = tables[0], names[0]
+    for t, name in zip(tables[1:], names[1:]):
+        if ref.feature_names is not None and t.feature_names is not None and ref.feature_names != t.feature_names:
+            a, b = ref.feature_names, t.feature_names
+            j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+            here = repr(b[j]) if j < len(b) else "nothing"
+            there = repr(a[j]) if j < len(a) else "nothing"
+            raise DataError(bad_value(
+                "spec", str(t.path),
+                f"site {name!r} has different feature columns from site {rname!r}: feature column {j + 1} is {here} in "
+                f"{t.path.name} but {there} in {ref.path.name} ({len(b)} vs {len(a)} feature columns); every site "
+                "needs the same features in the same order"))
+        if t.X.shape[1] != ref.X.shape[1]:
+            raise DataError(bad_value("spec", str(t.path), f"site {name!r} has {t.X.shape[1]} feature columns but site "
+                                      f"{rname!r} has {ref.X.shape[1]}; every site needs the same features"))
+
+
+def load_sites(spec, *, label_column: str | None = None, id_column: str | None = None, layer: str | None = None,
+               allow_id_like=(), min_records: int = 2) -> list[SiteData]:
+    """Load one site per file, as each hospital holds its records.
+
+    Parameters
+    ----------
+    spec : path, glob, directory, or a list of them
+        ``["a.csv", "b.csv"]``, ``"sites/*.csv"`` or ``"sites/"`` (every ``.csv``/``.npy``/``.npz``/``.h5ad`` in
+        it). Site names are the file stems; sites come back sorted by name.
+    label_column, id_column, layer, allow_id_like
+        As in :func:`load_dataset`; the same for every file. Labels get one mapping across all sites.
+    min_records : int
+        Fewest records a site may hold (default 2: FedDL compares pairs).
+
+    Raises
+    ------
+    DataError
+        Naming the parameter: no files / unsupported type / unreadable file (``spec``), duplicate site names,
+        an empty or too small site, feature columns that differ between sites (the first differing column),
+        a missing label/id column, an id-like feature column, NaN/inf (with the row), labels in some sites only.
+    """
+    paths = _expand(spec)
+    by_name: dict[str, Path] = {}
+    for p in paths:
+        if p.stem in by_name:
+            raise DataError(bad_value("spec", str(p), f"two files give the site name {p.stem!r} ({by_name[p.stem]} and "
+                                      f"{p}); site names are file stems and must be distinct — rename one"))
+        by_name[p.stem] = p
+    names = sorted(by_name)
+    tables = [_read(by_name[n], label_column=label_column, id_column=id_column, layer=layer,
+                    allow_id_like=allow_id_like) for n in names]
+    for n, t in zip(names, tables):
+        if t.X.shape[0] < min_records:
+            raise DataError(bad_value("spec", str(t.path), f"site {n!r} holds {t.X.shape[0]} record(s); every site needs "
+                                      f"at least {min_records} (FedDL compares pairs); merge it with another site's file"))
+    _check_same_features(tables, names)
+    has = [t.labels is not None for t in tables]
+    if any(has) and not all(has):
+        raise DataError(bad_value("label_column", label_column, f"labels found for sites {[n for n, h in zip(names, has) if h]} "
+                                  f"but not for {[n for n, h in zip(names, has) if not h]}; give labels for every site or none"))
+    hasid = [t.ids is not None for t in tables]
+    if any(hasid) and not all(hasid):
+        raise DataError(bad_value("id_column", id_column, f"record ids found for sites {[n for n, h in zip(names, hasid) if h]} "
+                                  f"but not for {[n for n, h in zip(names, hasid) if not h]}; give ids for every site or none"))
+    ys, target_names = _map_labels([t.labels for t in tables], "label_column")
+    return [SiteData(n, t.X, y, t.ids, t.feature_names, target_names, str(t.path)) for n, t, y in zip(names, tables, ys)]
+
+
+# --------------------------------------------------------------------------- feature scales
+
+
+def feature_scale_warning(sites, *, max_ratio: float = 100.0) -> str | None:
+    """One line when per-feature scales differ by more than ``max_ratio`` (else None).
+
+    The scale of feature ``j`` is its pooled within-site standard deviation ``sqrt(Σ_p n_p var_p(j) / Σ_p n_p)``
+    (each site's variance around its own mean; constant features are ignored). Distances, and so every map, are
+    then dominated by the largest-scale features: the warning suggests ``--standardize``.
+
+    ``sites``: :class:`SiteData` objects or 2-D arrays (rows = records).
+    """
+    arrays = [s.X if isinstance(s, SiteData) else np.asarray(s, dtype=np.float64) for s in sites]
+    if not arrays:
+        return None
+    names = sites[0].feature_names if isinstance(sites[0], SiteData) else None
+    n = sum(len(a) for a in arrays)
+    if n == 0:
+        return None
+    var = sum(len(a) * a.var(axis=0) for a in arrays if len(a)) / n
+    std = np.sqrt(var)
+    live = np.flatnonzero(std > 1e-12 * max(1.0, float(std.max())))
+    if len(live) < 2:
+        return None
+    hi, lo = live[np.argmax(std[live])], live[np.argmin(std[live])]
+    ratio = float(std[hi] / std[lo])
+    if ratio <= max_ratio:
+        return None
+
+    def nm(j):
+        return repr(names[j]) if names is not None else f"column {j + 1}"
+
+    return (f"feature scales differ by a factor of {ratio:.3g} (standard deviation {std[hi]:.3g} for {nm(hi)}, "
+            f"{std[lo]:.3g} for {nm(lo)}): distances, and so the map, are dominated by the large-scale features; "
+            "pass --standardize to give every feature unit variance (federated means and variances by secure sum)")
+
+
+def standardize(X, mean, std) -> np.ndarray:
+    """``(X − mean) / std`` per feature, on one site; a feature with ``std == 0`` is only centred.
+
+    ``mean`` and ``std`` are the federation's (one secure sum of counts, sums and sums of squares); the site's
+    records never leave it.
+    """
+    X = as_float_matrix(X, "X")
+    mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+    std = np.asarray(std, dtype=np.float64).reshape(-1)
+    for name, v in (("mean", mean), ("std", std)):
+        if v.shape != (X.shape[1],):
+            raise DataError(bad_value(name, f"<array of shape {v.shape}>", f"give one value per feature ({X.shape[1]})"))
+        check_finite(v.reshape(1, -1), name)
+    if np.any(std < 0):
+        raise DataError(bad_value("std", f"<{int(np.sum(std < 0))} negative values>", "standard deviations are ≥ 0"))
+    scale = np.where(std > 0, std, 1.0)
+    return np.ascontiguousarray((X - mean) / scale)
 
 # --------------------------------------------------------------------------- partitioners
 

@@ -209,3 +209,194 @@ def test_check_sites_errors(sites, match):
 def test_check_sites_min_records():
     with pytest.raises(DataError, match="at least 5"):
         check_sites([np.ones((4, 2))], min_records=5)
+
+
+# ----------------------------------------------------------------------------- per-site files, ids, AnnData
+
+from securefed.data import SiteData, feature_scale_warning, load_sites, standardize  # noqa: E402
+
+
+def _csv(path, header, rows):
+    path.write_text(",".join(header) + "\n" + "\n".join(",".join(str(v) for v in r) for r in rows) + "\n")
+    return path
+
+
+@pytest.fixture
+def site_dir(tmp_path):
+    d = tmp_path / "sites"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for name, kinds in (("b_hospital", ["dog", "cat", "dog"]), ("a_hospital", ["cat", "cat", "emu", "cat"])):
+        rows = [[f"{name[0]}-{i:03d}", *np.round(rng.normal(size=2), 4), k] for i, k in enumerate(kinds)]
+        _csv(d / f"{name}.csv", ["record", "f1", "f2", "kind"], rows)
+    (d / "notes.txt").write_text("ignored")
+    return d
+
+
+def test_load_sites_directory_names_ids_and_one_label_mapping(site_dir):
+    sites = load_sites(site_dir, label_column="kind", id_column="record")
+    assert [s.name for s in sites] == ["a_hospital", "b_hospital"] and all(isinstance(s, SiteData) for s in sites)
+    a, b = sites
+    assert a.ids == ("a-000", "a-001", "a-002", "a-003") and b.ids == ("b-000", "b-001", "b-002")
+    assert a.feature_names == ("f1", "f2") and a.X.shape == (4, 2) and b.X.shape == (3, 2)
+    assert a.target_names == b.target_names == ("cat", "dog", "emu")  # one mapping across sites
+    np.testing.assert_array_equal(a.y, [0, 0, 2, 0])
+    np.testing.assert_array_equal(b.y, [1, 0, 1])
+    # the same sites from a glob and from a list of paths
+    g = load_sites(str(site_dir / "*.csv"), label_column="kind", id_column="record")
+    lst = load_sites([site_dir / "b_hospital.csv", str(site_dir / "a_hospital.csv")], label_column="kind", id_column="record")
+    for other in (g, lst):
+        assert [s.name for s in other] == ["a_hospital", "b_hospital"]
+        assert all(np.array_equal(x.X, y.X) and x.ids == y.ids for x, y in zip(sites, other))
+
+
+def test_load_sites_errors_name_the_parameter(tmp_path, site_dir):
+    with pytest.raises(DataError, match=r"^spec=.*no such file"):
+        load_sites(tmp_path / "nope.csv")
+    with pytest.raises(DataError, match=r"^spec=.*matches no files"):
+        load_sites(str(tmp_path / "*.csv"))
+    with pytest.raises(DataError, match=r"^spec=\[\]"):
+        load_sites([])
+    (tmp_path / "x").mkdir()
+    _csv(tmp_path / "x" / "a_hospital.csv", ["record", "f1", "f2", "kind"], [["z", 1, 2, "cat"], ["y", 3, 4, "dog"]])
+    with pytest.raises(DataError, match=r"^spec=.*site name 'a_hospital'.*distinct"):
+        load_sites([site_dir, tmp_path / "x" / "a_hospital.csv"], label_column="kind", id_column="record")
+    # mismatched feature columns: the first differing one is named
+    _csv(tmp_path / "p.csv", ["age", "weight", "height"], [[1, 2, 3], [4, 5, 6]])
+    _csv(tmp_path / "q.csv", ["age", "height", "weight"], [[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(DataError, match=r"^spec=.*feature column 2 is 'height' in q.csv but 'weight' in p.csv"):
+        load_sites([tmp_path / "p.csv", tmp_path / "q.csv"])
+    # an empty site, a 1-record site
+    (tmp_path / "e").mkdir()
+    _csv(tmp_path / "e" / "full.csv", ["u", "v"], [[1, 2], [3, 4]])
+    (tmp_path / "e" / "empty.csv").write_text("u,v\n")
+    with pytest.raises(DataError, match=r"^spec=.*empty\.csv.*no data rows"):
+        load_sites(tmp_path / "e")
+    _csv(tmp_path / "e" / "empty.csv", ["u", "v"], [[5, 6]])
+    with pytest.raises(DataError, match=r"site 'empty' holds 1 record.*at least 2"):
+        load_sites(tmp_path / "e")
+    # unreadable file, NaN with its row
+    (tmp_path / "junk.npy").write_bytes(b"\x00\x01 not numpy")
+    with pytest.raises(DataError, match=r"^spec=.*junk\.npy"):
+        load_sites(tmp_path / "junk.npy")
+    _csv(tmp_path / "n.csv", ["u", "v"], [[1, 2], [3, "nan"], [5, 6]])
+    with pytest.raises(DataError, match=r"first at CSV line 3, column 'v'.*impute"):
+        load_sites(tmp_path / "n.csv")
+    with pytest.raises(DataError, match=r"^id_column='nope'.*columns present"):
+        load_sites(site_dir, id_column="nope", label_column="kind")
+    with pytest.raises(DataError, match=r"^layer="):
+        load_sites(site_dir, layer="X_pca")
+
+
+@pytest.mark.parametrize("header,values", [
+    ("patient_id", [101, 102, 103, 104, 105]),   # header says id
+    ("ID", [7, 3, 9, 1, 4]),
+    ("PatientID", [7, 3, 9, 1, 4]),
+    ("", [0, 1, 2, 3, 4]),                        # pandas' unnamed index
+    ("x0", [0, 1, 2, 3, 4]),                      # values 0..n-1
+    ("x0", [5, 3, 1, 2, 4]),                      # a permutation of 1..n
+])
+def test_an_id_column_never_becomes_a_feature(tmp_path, header, values):
+    rows = [[v, float(i) * 0.37 + 1, (i * 7) % 5 + 0.5] for i, v in enumerate(values)]
+    p = _csv(tmp_path / "s.csv", [header, "f1", "f2"], rows)
+    for load in (lambda **kw: load_sites(p, **kw), lambda **kw: load_dataset(p, **kw)):
+        with pytest.raises(DataError) as e:
+            load()
+        msg = str(e.value)
+        assert msg.startswith("id_column=None") and f"--id-column {header}" in msg and f"--keep-column {header}" in msg
+        kept = load(id_column=header)
+        X = kept[0].X if isinstance(kept, list) else kept.X
+        ids = kept[0].ids if isinstance(kept, list) else kept.ids
+        assert X.shape == (5, 2) and ids == tuple(str(v) for v in values)  # out of the features, ids kept
+        deliberate = load(allow_id_like=[header])
+        X = deliberate[0].X if isinstance(deliberate, list) else deliberate.X
+        assert X.shape == (5, 3)  # kept as a feature only when asked
+
+
+def test_string_id_column_and_ordinary_features_pass(tmp_path):
+    p = _csv(tmp_path / "s.csv", ["mrn", "age", "paid", "lipid"], [["A7", 31, 1, 0.5], ["B2", 45, 0, 0.7], ["C9", 38, 1, 0.2]])
+    with pytest.raises(DataError, match="id_column"):  # a string column: the error says how to pass it as ids
+        load_dataset(p)
+    ds = load_dataset(p, id_column="mrn")
+    assert ds.ids == ("A7", "B2", "C9") and ds.feature_names == ("age", "paid", "lipid")
+    _csv(tmp_path / "d.csv", ["id", "f"], [["a", 1], ["a", 2]])
+    with pytest.raises(DataError, match=r"^id_column='a'.*twice"):
+        load_dataset(tmp_path / "d.csv", id_column="id")
+    # an npy whose first column is a row index is refused too; allow_id_like keeps it by position
+    X = np.column_stack([np.arange(10.0), np.random.default_rng(0).normal(size=(10, 2))])
+    np.save(tmp_path / "i.npy", X)
+    with pytest.raises(DataError, match="column '0'.*looks like a record id"):
+        load_dataset(tmp_path / "i.npy")
+    assert load_dataset(tmp_path / "i.npy", allow_id_like=[0]).X.shape == (10, 3)
+
+
+def test_npz_sites_with_ids_and_labels(tmp_path):
+    rng = np.random.default_rng(1)
+    for name in ("s1", "s2"):
+        np.savez(tmp_path / f"{name}.npz", X=rng.normal(size=(4, 3)), y=np.array(["u", "v", "u", "w"]),
+                 ids=np.array([f"{name}-{i}" for i in range(4)]))
+    sites = load_sites(tmp_path)
+    assert sites[1].ids == ("s2-0", "s2-1", "s2-2", "s2-3") and sites[0].target_names == ("u", "v", "w")
+
+
+def _adata(n, rng, sparse=True):
+    import anndata
+    import pandas as pd
+    import scipy.sparse as sp
+
+    X = rng.poisson(2.0, size=(n, 6)).astype(np.float32)
+    obs = pd.DataFrame({"cell_type": pd.Categorical(rng.choice(["B", "T", "NK"], n)),
+                        "barcode": [f"bc{i:04d}" for i in rng.permutation(n)]},
+                       index=[f"cell-{i}" for i in rng.permutation(10 * n)[:n]])
+    ad = anndata.AnnData(X=sp.csr_matrix(X) if sparse else X, obs=obs,
+                         var=pd.DataFrame(index=[f"gene{j}" for j in range(6)]))
+    ad.obsm["X_pca"] = rng.normal(size=(n, 3))
+    return ad
+
+
+def test_h5ad_sites_x_obsm_labels_ids(tmp_path):
+    pytest.importorskip("anndata")
+    rng = np.random.default_rng(2)
+    ads = {"hosp_a": _adata(7, rng), "hosp_b": _adata(5, rng, sparse=False)}
+    for k, ad in ads.items():
+        ad.write_h5ad(tmp_path / f"{k}.h5ad")
+    sites = load_sites(tmp_path, label_column="cell_type")
+    for s in sites:
+        ad = ads[s.name]
+        assert s.ids == tuple(ad.obs_names) and s.feature_names == tuple(ad.var_names) and s.X.dtype == np.float64
+        np.testing.assert_array_equal(s.X, np.asarray(ad.X.todense() if hasattr(ad.X, "todense") else ad.X))
+        assert [s.target_names[c] for c in s.y] == list(ad.obs["cell_type"].astype(str))
+    pca = load_sites(tmp_path, layer="X_pca", id_column="barcode")
+    assert pca[0].X.shape == (7, 3) and pca[0].ids == tuple(ads["hosp_a"].obs["barcode"]) and pca[0].y is None
+    with pytest.raises(DataError, match=r"^layer='X_umap'.*obsm keys: \['X_pca'\]"):
+        load_sites(tmp_path, layer="X_umap")
+    with pytest.raises(DataError, match=r"^label_column='celltype'.*obs columns"):
+        load_sites(tmp_path, label_column="celltype")
+    ds = load_dataset(tmp_path / "hosp_b.h5ad", label_column="cell_type")
+    assert ds.X.shape == (5, 6) and ds.ids == tuple(ads["hosp_b"].obs_names)
+
+
+def test_h5ad_without_anndata_is_a_typed_error(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "a.h5ad").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "anndata", None)
+    with pytest.raises(DataError, match=r"pip install 'securefed\[anndata\]'"):
+        load_sites(tmp_path / "a.h5ad")
+
+
+def test_feature_scale_warning_and_standardize():
+    ds = load_dataset("breast_cancer")
+    parts = partition(ds.X, ds.y, 3, "iid", random_state=0)
+    msg = feature_scale_warning([ds.X[p] for p in parts])
+    assert msg is not None and "--standardize" in msg and "\n" not in msg
+    mean, std = ds.X.mean(axis=0), ds.X.std(axis=0)
+    Z = [standardize(ds.X[p], mean, std) for p in parts]
+    assert feature_scale_warning(Z) is None
+    np.testing.assert_allclose(np.vstack(Z).std(axis=0), 1.0, atol=1e-12)
+    const = standardize(np.array([[1.0, 5.0], [3.0, 5.0]]), [2.0, 5.0], [1.0, 0.0])
+    np.testing.assert_array_equal(const, [[-1.0, 0.0], [1.0, 0.0]])
+    with pytest.raises(DataError, match=r"^std="):
+        standardize(np.ones((2, 2)), [0, 0], [1.0])
+    site = SiteData("a", ds.X, None, None, ds.feature_names, None, "a")
+    assert "'worst area'" in feature_scale_warning([site])

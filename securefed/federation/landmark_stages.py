@@ -24,7 +24,10 @@ from .space import LandmarkSpace
 from .sums import secure_sum
 from .wire import dumps, put_array
 
-__all__ = ["feddl", "cells", "billboard"]
+__all__ = ["feddl", "cells", "billboard", "MIN_CELLS"]
+
+#: fewest cells a map is drawn from (the landmark t-SNE needs a perplexity (k − 1)/3 above 1)
+MIN_CELLS = 5
 
 
 def feddl(co):
@@ -213,7 +216,7 @@ def cells(co):
     d = V.shape[1]
     r_feat = 2.0 * B * math.sqrt(m) if plan.sum_bound else None  # public bound on |feature| (|x_j| ≤ B)
     floor = plan.cell_floor
-    k_target = max(2, int(N / floor))
+    k_target = max(2, min(int(plan.landmarks), int(N / floor)))  # N/floor cells at most, capped by landmarks
     Y = np.zeros((1, d))
     rounds, growing, polish = 0, True, 1
     while True:
@@ -238,6 +241,11 @@ def cells(co):
         polish -= 1
         if polish < 0:
             break
+    if len(Y) < MIN_CELLS:
+        raise ConfigError(bad_value(plan.name("cell_floor"), floor, f"only {len(Y)} cells of at least {floor} records "
+                                    f"formed from {int(N)} records; a map needs at least {MIN_CELLS}: lower "
+                                    f"{plan.name('cell_floor')} (the membership audit measures what smaller cells leak) "
+                                    "or bring more records"))
     co.release(f"{rounds} rounds of per-cell record counts and (for cells of at least {floor} records) per-cell sums "
                "of the features and of their squares", note=f"a cell mean is revealed only over ≥ {floor} records")
     co.release("the PCA basis, the cell landmarks and their counts", to="every site")
@@ -268,7 +276,7 @@ def billboard(co):
     if noise is None:
         raise ConfigError(bad_value(plan.name("epsilon"), None, "the DP billboard needs a target ε (noise-multiplier is "
                                     "for FedDL's gradient perturbation): give epsilon"))
-    co.privacy = priv = BillboardPrivacy(plan, co.run_id, s.sizes, noise, co.ledger)
+    co.privacy = priv = BillboardPrivacy(plan, co.run_id, s.sizes, noise, co.ledger, scale=scale)
     t = priv.t
     n_max = float(max(s.sizes))
     share1 = noise["sigma1"] / math.sqrt(t) if priv.distributed else noise["sigma1"]

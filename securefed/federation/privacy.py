@@ -398,7 +398,8 @@ class BillboardPrivacy:
     """The coordinator's side of the DP billboard: the public plan, the aggregate ledger (each site's release events
     mirrored) and the privacy block of the result."""
 
-    def __init__(self, plan, run_id: str, sizes, noise: dict, ledger=None):
+    def __init__(self, plan, run_id: str, sizes, noise: dict, ledger=None, *, scale: float | None = None):
+        self.public = {"tau_x": plan.clip_norm, "feature_scale": scale}
         self.distributed = plan.noise == "distributed" and plan.aggregation != "plain"
         self.t = int(plan.min_survivors or len(sizes)) if self.distributed else 1
         self.plan = billboard_plan(plan, run_id, sizes, self.t)
@@ -435,7 +436,10 @@ class BillboardPrivacy:
                 "sigma_per_release": [n["sigma1"], n["sigma2"]],
                 "sensitivity_per_release": [2.0, 2.0 ** 0.5], "releases": 2, "noise": self.plan["noise"],
                 "noise_share": self.noise_note, "min_survivors": self.t, "adjacency": "replace one record",
-                "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()}}
+                "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
+                "tau_x": self.public["tau_x"], "feature_scale": self.public["feature_scale"],
+                "clip_note": "each record is divided by the public feature scale, mapped into the public basis and "
+                             "its random features are bounded (‖φ‖ = 1): the sensitivity needs no clipping of records"}
 
 
 def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int):

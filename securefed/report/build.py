@@ -1,21 +1,23 @@
 """``securefed audit RUN_DIR``: one self-contained ``report.html`` and a versioned, schema-checked ``report.json``.
 
-The report is written for a compliance officer: a verdict first (pass / fail and why), then **what leaves each
-site in this run's mode** (DESIGN §2, filled in), the privacy budget (the accountant's ε and the paper's bound),
-the membership-inference results on the landmarks, the measured reconstruction risk of what the sites sent, the
-quality figures, all parameters, library versions and a glossary. Plots are PNGs embedded as base64 (matplotlib
-Agg), so the file can be mailed or archived on its own.
+The report is written for a compliance officer. It opens with a **summary in plain words** (the verdict and its
+remedy, what left each site, who could learn what, what ε means here, how good the map is), then the **release
+inventory** (every data-dependent output, who receives it, whether ε covers it), the **per-site table**, the
+**quality figures beside the privacy figures**, and the details: what each mode sends, the privacy budget, the
+membership-inference and reconstruction audits, the map, the ledger, all parameters, library versions and a
+glossary. Every number carries a human label (:mod:`securefed.report.labels`); ``report.json`` keeps the machine
+names and adds the ``labels`` block. Plots are PNGs embedded as base64, so the file can be mailed or archived alone.
 
-Run-folder layout read here (``notes/PIPELINE.md``): ``config.json``, ``metrics.json`` (required), ``history.json``,
-``ledger.jsonl``, ``audit/mia.json``, ``audit/reconstruction.json``, ``embedding.npy``, ``labels.npy``,
-``y_true.npy``. A missing optional file makes its section say "not available"; it never stops the report.
+Run-folder files read here: ``metrics.json`` (required), ``config.json``, ``result.json`` (newer runs),
+``history.json``, ``ledger.jsonl`` and ``site-ledgers/<site>/<run_id>.jsonl`` (only this run's), ``audit/mia.json``,
+``audit/reconstruction.json``, ``embedding.npy``, ``y_true.npy`` / ``labels.npy``, ``embedding.png``. A missing
+optional file makes its section say "not available"; it never stops the report.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as _dt
-import html
 import io
 import json
 import os
@@ -24,8 +26,11 @@ from importlib import metadata, resources
 
 import numpy as np
 
-from ..errors import ConfigError, DataError, bad_value
 from ..audits.gate import AuditPolicy, audit_gate
+from ..errors import ConfigError, DataError, bad_value
+from .labels import GLOSSARY, LABELS
+from .summary import (RunFolder, epsilon_is_void, infer_mode, paper_formula, privacy_block, release_inventory,
+                      run_warnings, site_table, summary, utility_table)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -34,6 +39,7 @@ __all__ = [
     "infer_mode",
     "what_leaves",
     "reconstruction_verdict",
+    "read_run_folder",
     "build_report",
     "render_html",
     "write_report",
@@ -41,32 +47,9 @@ __all__ = [
     "GLOSSARY",
 ]
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
 LIBRARIES = ("securefed", "numpy", "scipy", "scikit-learn", "openTSNE", "umap-learn", "tenseal", "cryptography",
              "opacus", "dp-accounting", "matplotlib", "jsonschema")
-
-GLOSSARY = [
-    ("Site / client", "A party (e.g. a hospital) that holds records and never pools them."),
-    ("Server", "Coordinates the rounds; honest-but-curious: follows the protocol but may study everything it receives."),
-    ("Landmarks (Y)", "n_y synthetic points FedDL fits so that their distribution matches all sites' records (MMD)."),
-    ("MMD", "Maximum mean discrepancy: a kernel distance between two sets of points; FedDL minimises it per round."),
-    ("Nyström stage", "Sites describe each record relative to the landmarks so the server can estimate all pairwise distances."),
-    ("Distance / kernel row", "For one record, its n_y distances (or kernel values) to the landmarks; paper mode sends one per record."),
-    ("Trilateration", "Recovering a point from its distances to known points; with more landmarks than features it is exact."),
-    ("SecAgg+", "Secure aggregation by pairwise masking: the server learns only the sum of the sites' updates."),
-    ("CKKS", "Homomorphic encryption (TenSEAL): updates are summed encrypted; the server never holds the secret key."),
-    ("(ε, δ)-differential privacy", "No single record changes the probability of any output by more than a factor e^ε (plus δ)."),
-    ("Accountant's ε", "The ε the privacy accountant guarantees for the landmarks given the noise and number of releases."),
-    ("Paper bound", "The ε implied by Theorem 5 of the FedDL paper for the same noise; looser than the accountant's."),
-    ("μ-GDP", "Gaussian differential privacy: telling a record in from out is no easier than telling N(0,1) from N(μ,1)."),
-    ("Membership inference", "An attack deciding whether a given record was used to fit the landmarks."),
-    ("AUC", "Area under the attack's ROC curve: 0.5 = coin toss, 1.0 = perfect membership inference."),
-    ("TPR at FPR", "Share of members the attack finds while wrongly flagging at most the given share of non-members."),
-    ("Empirical ε", "A 95 % lower bound on the privacy loss proven by the attack (Clopper–Pearson); above the accountant's ε means the claim is wrong."),
-    ("LiRA", "Likelihood-ratio attack: compares a record's score under Y with its scores under shadow landmarks that never saw it."),
-    ("Relative reconstruction error", "‖x̂ − x‖ / ‖x‖ for the server's best reconstruction x̂ of record x; ≤ 5 % counts as recovered."),
-    ("Audit gate", "The policy check between the landmarks and the Nyström stage; failing stops the run unless --allow-audit-failure."),
-]
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -91,9 +74,6 @@ def validate_report(report: dict) -> None:
                                   f"does not match the report schema: {e.message}"))
 
 
-# ------------------------------------------------------------------------------------------ mode
-
-
 def _get(d, *keys, default=None):
     for k in keys:
         if isinstance(d, dict) and d.get(k) is not None:
@@ -101,44 +81,13 @@ def _get(d, *keys, default=None):
     return default
 
 
-def infer_mode(config: dict, metrics: dict) -> dict:
-    """What kind of run this was: aggregation, DP or not, and what the Nyström stage sent.
-
-    Reads ``config["mode"]`` (a dict) when present, else top-level config keys, else metrics. Keys understood:
-    ``aggregation`` (plain | secagg | ckks), ``privacy``/``dp``, ``nystrom`` (rows | local),
-    ``rows_privacy`` (data perturbation of the rows), ``method`` (spectral clustering sends kernel rows),
-    ``rule`` (model | gradient).
-    """
-    m = config.get("mode") if isinstance(config.get("mode"), dict) else {}
-    agg = _get(m, "aggregation") or _get(config, "aggregation") or _get(metrics.get("aggregation") or {}, "protocol")
-    agg = str(agg).lower() if agg else "unknown"
-    agg = {"secagg+": "secagg", "secaggplus": "secagg"}.get(agg, agg)
-    if agg not in ("plain", "secagg", "ckks"):
-        agg = "unknown"
-    priv = metrics.get("privacy")
-    dp = bool(_get(m, "dp", "privacy")) or bool(_get(config, "dp", "privacy")) or bool(priv)
-    nys = str(_get(m, "nystrom") or _get(config, "nystrom") or "unknown").lower()
-    method = str(_get(m, "method") or _get(config, "method", "estimator") or "").lower()
-    if nys in ("rows", "paper", "distance", "distances"):
-        if _get(m, "rows_privacy") or _get(config, "rows_privacy", "data_perturbation"):
-            nys = "perturbed_rows"
-        elif "spectral" in method or "kernel" in method:
-            nys = "kernel_rows"
-        else:
-            nys = "rows"
-    elif nys in ("kernel", "kernel_rows"):
-        nys = "kernel_rows"
-    elif nys in ("perturbed", "perturbed_rows"):
-        nys = "perturbed_rows"
-    elif nys not in ("local",):
-        nys = "unknown"
-    rule = _get(m, "rule") or _get(config, "rule")
-    return {"aggregation": agg, "dp": dp, "nystrom": nys, "rule": rule}
+# ------------------------------------------------------------------------------------------ modes
 
 
 def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_features=None,
                 rows_privacy: dict | None = None) -> list[dict]:
-    """DESIGN §2's table, filled in for this run: every row, with ``applies`` marking the ones that hold here."""
+    """Every mode of the protocol and what the coordinator learns in it, filled in for this run (``applies`` marks
+    the rows that hold here; ``docs/what-leaves-each-site.md`` explains each)."""
     agg, dp, nys = mode.get("aggregation"), bool(mode.get("dp")), mode.get("nystrom")
     rule = mode.get("rule") or "model"
     upload = "gradient" if rule == "gradient" else "landmark update Y_p"
@@ -158,7 +107,7 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
         {"stage": "landmarks", "mode": "plain aggregation",
          "server_learns": f"every site's {upload}, every round", "applies": agg == "plain"},
         {"stage": "landmarks", "mode": "SecAgg+ or CKKS aggregation",
-         "server_learns": "only the sum of the sites' updates each round" + (" (CKKS: the secret key never reaches the server)" if agg == "ckks" else ""),
+         "server_learns": "only the sum of the sites' updates each round" + (" (CKKS: the secret key never reaches the coordinator)" if agg == "ckks" else ""),
          "applies": agg in ("secagg", "ckks")},
         {"stage": "landmarks", "mode": "with differential privacy",
          "server_learns": "the sum plus Gaussian noise: " + (
@@ -175,12 +124,12 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
          "server_learns": f"one row of {ny} kernel values per record: −log k / γ gives the squared distances back, so they leak "
                           f"exactly what distance rows leak. {rows_note}".strip(),
          "applies": nys == "kernel_rows"},
-        {"stage": "Nyström", "mode": "rows of perturbed records (data perturbation, Sec. 5.1)",
+        {"stage": "Nyström", "mode": "rows of perturbed records (data perturbation)",
          "server_learns": "rows of X + E, E ~ N(0, σ²)" + (f" with σ = {sigma:.4g}" if isinstance(sigma, (int, float)) else "") +
-                          ", σ ≥ 2cτ_X/ε: the server recovers x + e exactly, so the noise is the only protection",
+                          ", σ ≥ 2cτ_X/ε: the coordinator recovers x + e exactly, so the noise is the only protection",
          "applies": nys == "perturbed_rows"},
         {"stage": "Nyström", "mode": "no rows (local placement)",
-         "server_learns": "no per-record rows: the server embeds only the landmarks; each site places its records locally and "
+         "server_learns": "no per-record rows: the coordinator embeds only the landmarks; each site places its records locally and "
                           "only their final 2-D coordinates leave the site (the reconstruction audit measures what those reveal)",
          "applies": nys == "local"},
     ]
@@ -209,13 +158,22 @@ def _read_npy(path):
         return None, f"{os.path.basename(path)} unreadable ({exc.__class__.__name__})"
 
 
-def _read_ledger(path):
+def _read_ledger(path, run_id=None):
+    """Counts of the coordinator's ledger — only when its header names this run (never another run's ledger)."""
     try:
         with open(path, "r", encoding="utf-8") as fh:
             lines = [ln for ln in fh.read().splitlines() if ln.strip()]
     except FileNotFoundError:
         return {"available": False, "reason": "ledger.jsonl not found"}
     kinds, bad, overrides = Counter(), 0, 0
+    for ln in lines[:1]:
+        try:
+            first = json.loads(ln)
+        except json.JSONDecodeError:
+            first = None
+        other = first.get("run_id") if isinstance(first, dict) and first.get("type") == "header" else None
+        if run_id and other and other != run_id:
+            return {"available": False, "reason": f"ledger.jsonl belongs to another run ({other}), not to {run_id}; not read"}
     for ln in lines:
         try:
             ev = json.loads(ln)
@@ -255,6 +213,8 @@ def _jsonable(x):
     if isinstance(x, float) and not np.isfinite(x):
         return None
     return x
+
+
 
 
 # ------------------------------------------------------------------------------------------ plots
@@ -314,24 +274,29 @@ def _series_png(values, title, ylabel, rounds=None) -> str:
     return _png(fig)
 
 
-def _embedding_png(E, labels) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.6, 5.2))
-    E = np.asarray(E, float)
-    if labels is not None and len(labels) == len(E):
-        lab = np.asarray(labels)
-        uniq = np.unique(lab)
-        cmap = plt.get_cmap("tab10" if len(uniq) <= 10 else "tab20")
-        for i, u in enumerate(uniq):
-            s = lab == u
-            ax.scatter(E[s, 0], E[s, 1], s=4, color=cmap(i % cmap.N), label=str(u))
-        if len(uniq) <= 20:
-            ax.legend(markerscale=3, fontsize=7, loc="best")
-    else:
-        ax.scatter(E[:, 0], E[:, 1], s=4, color="tab:blue")
-    ax.set_title(f"Embedding ({len(E)} records)")
-    ax.set_xticks([])
-    ax.set_yticks([])
+def _embedding_png(run: RunFolder, mode: dict, privacy: dict | None) -> str | None:
+    """The map with class legend, site markers, quality and privacy lines (t-SNE / UMAP); spectral: the run's PNG."""
+    E, _ = _read_npy(os.path.join(run.path, "embedding.npy"))
+    if E is None or E.ndim != 2 or E.shape[1] < 2 or not len(E):
+        try:
+            with open(os.path.join(run.path, "embedding.png"), "rb") as fh:
+                return base64.b64encode(fh.read()).decode("ascii")
+        except OSError:
+            return None
+    from .plots import draw_panels, standard_panels
+
+    y = None
+    for name in ("y_true.npy", "labels.npy"):
+        lab, _ = _read_npy(os.path.join(run.path, name))
+        if lab is not None and len(lab) == len(E):
+            y = lab
+            break
+    method = mode.get("method") or run.metrics.get("method") or "tsne"
+    panels = standard_panels(method if method != "spectral" else "tsne", E[:, :2], y=y,
+                             site_sizes=run.config.get("site_sizes"), mode=mode, privacy=privacy,
+                             fed_metrics=run.metrics.get("federated"), partition=run.metrics.get("partition"))
+    fig = draw_panels(panels, class_names=run.config.get("target_names"),
+                      site_names=_get(run.result or {}, "sites") or run.config.get("sites"), panel_size=5.2)
     return _png(fig)
 
 
@@ -349,80 +314,91 @@ def reconstruction_verdict(rec: dict, max_fraction_within_5pct: float = 0.0) -> 
     return "pass", None
 
 
-def build_report(run_dir: str) -> tuple[dict, dict]:
-    """Read a run folder and return ``(report, figures)`` (``figures``: name → base64 PNG or None)."""
+def read_run_folder(run_dir) -> RunFolder:
+    """Parse a run folder (``metrics.json`` required); raise :class:`ConfigError` naming the path and the fix."""
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise ConfigError(bad_value("run_dir", run_dir, "no such folder; pass the --out folder of `securefed run`"))
     metrics, why = _read_json(os.path.join(run_dir, "metrics.json"))
-    if metrics is None:
-        raise ConfigError(bad_value("run_dir", run_dir, f"{why}: run `securefed run --out {run_dir}` first "
-                                    "(the report needs metrics.json)"))
+    if not isinstance(metrics, dict):
+        raise ConfigError(bad_value("run_dir", run_dir, f"{why or 'metrics.json is not a JSON object'}: run "
+                                    f"`securefed run --out {run_dir}` first (the report needs metrics.json)"))
     config, _ = _read_json(os.path.join(run_dir, "config.json"))
-    config = config or {}
+    result, _ = _read_json(os.path.join(run_dir, "result.json"))
     history, _ = _read_json(os.path.join(run_dir, "history.json"))
-    history = history or {}
     mia, mia_why = _read_json(os.path.join(run_dir, "audit", "mia.json"))
     rec, rec_why = _read_json(os.path.join(run_dir, "audit", "reconstruction.json"))
+    return RunFolder(run_dir, config if isinstance(config, dict) else {}, metrics,
+                     result if isinstance(result, dict) else None, history if isinstance(history, dict) else {},
+                     mia if isinstance(mia, dict) else None, rec if isinstance(rec, dict) else None,
+                     {"mia": mia_why, "reconstruction": rec_why})
 
-    mode = infer_mode(config, metrics)
-    privacy = metrics.get("privacy") if isinstance(metrics.get("privacy"), dict) else None
-    n_landmarks = _get(config, "n_landmarks") or _get(config.get("mode") or {}, "n_landmarks")
-    n_features = _get(config, "n_features") or _get(config.get("dataset") or {}, "n_features")
-    figures = {}
 
-    # budget
+def _budget(privacy, history, figures) -> dict:
     eps_hist = [float(e) for e in (history.get("epsilon") or []) if e is not None]
     if privacy:
         budget = {"available": True, "epsilon": privacy.get("epsilon"), "delta": privacy.get("delta"),
-                  "epsilon_paper_formula": privacy.get("epsilon_paper_formula"), "accountant": privacy.get("accountant"),
+                  "epsilon_paper_formula": paper_formula(privacy), "accountant": privacy.get("accountant"),
                   "epsilon_per_round": eps_hist, "details": privacy}
     else:
         budget = {"available": False, "reason": "no differential privacy in this run: the landmarks carry no (ε, δ) guarantee",
                   "epsilon_per_round": eps_hist}
     figures["epsilon"] = _series_png(eps_hist, "ε spent (cumulative) per round", "ε", history.get("rounds")) if eps_hist else None
     mmd = [float(v) for v in (history.get("mmd") or []) if v is not None]
-    figures["mmd"] = _series_png(mmd, "MMD(X, Y) per round", "MMD²", history.get("rounds")) if mmd else None
+    figures["mmd"] = _series_png(mmd, "MMD(records, landmarks) per round", "MMD²", history.get("rounds")) if mmd else None
+    if not mmd:
+        budget["mmd_not_shown"] = ("not monitored: with differential privacy the MMD would be a release outside ε"
+                                   if privacy else "not recorded in history.json")
+    return budget
 
-    # MIA
+
+def _mia_block(run: RunFolder, figures) -> dict:
+    mia = run.mia
     if isinstance(mia, dict) and "auc" in mia:
-        mia_block = {"available": True, **{k: v for k, v in mia.items() if k != "per_score"}}
-        mia_block["per_score"] = {k: {kk: vv for kk, vv in v.items() if kk != "roc"} for k, v in (mia.get("per_score") or {}).items()}
+        block = {"available": True, **{k: v for k, v in mia.items() if k != "per_score"}}
+        block["per_score"] = {k: {kk: vv for kk, vv in v.items() if kk != "roc"} for k, v in (mia.get("per_score") or {}).items()}
         figures["roc"] = _roc_png(mia.get("per_score") or {})
-    else:
-        mia_block = {"available": False, "reason": mia_why or "audit/mia.json has no AUC"}
-        figures["roc"] = None
+        return block
+    figures["roc"] = None
+    return {"available": False, "reason": run.why.get("mia") or "audit/mia.json has no AUC"}
 
-    # reconstruction
+
+def _rec_block(run: RunFolder) -> dict:
+    rec = run.rec
     if isinstance(rec, dict) and "median_relative_error" in rec and "fraction_within_5pct" in rec:
-        rec_block = {"available": True, **rec}
-    elif isinstance(rec, dict) and isinstance(rec.get("risk"), dict):
-        rec_block = {"available": True, **{k: v for k, v in rec.items() if k != "risk"}, **rec["risk"]}
-    else:
-        rec_block = {"available": False, "reason": rec_why or "audit/reconstruction.json has no risk figures"}
+        return {"available": True, **rec}
+    if isinstance(rec, dict) and isinstance(rec.get("risk"), dict):
+        return {"available": True, **{k: v for k, v in rec.items() if k != "risk"}, **rec["risk"]}
+    return {"available": False, "reason": run.why.get("reconstruction") or "audit/reconstruction.json has no risk figures"}
 
-    # verdict
+
+def _verdict(run: RunFolder, budget, mia_block, rec_block) -> tuple[dict, dict | None]:
     reasons, overridden = [], False
-    gate = metrics.get("audit") if isinstance(metrics.get("audit"), dict) else None
+    gate = run.metrics.get("audit") if isinstance(run.metrics.get("audit"), dict) else None
+    if gate is None and isinstance((run.result or {}).get("audit"), dict):
+        gate = run.result["audit"]
     if gate and "verdict" in gate:
         gate_status = str(gate["verdict"])
         overridden = bool(gate.get("overridden"))
         reasons += [f"landmark audit: {f}" for f in gate.get("failures", [])]
     elif mia_block["available"]:
         claimed = budget.get("epsilon") if budget["available"] else None
-        dec = audit_gate(mia, AuditPolicy(), claimed_epsilon=claimed, allow_failure=True)
+        dec = audit_gate(run.mia, AuditPolicy(), claimed_epsilon=claimed, allow_failure=True)
         gate_status = "pass" if dec.passed else "fail"
+        gate = {"failures": list(dec.failures)}
         reasons += [f"landmark audit (default policy): {f}" for f in dec.failures]
     else:
         gate_status = "not audited"
         reasons.append("landmark audit: not available (" + mia_block["reason"] + ")")
     if gate_status not in ("pass", "fail", "fail (overridden)", "not audited"):
-        gate_status = "fail" if "fail" in gate_status else "pass" if gate_status == "pass" else "not audited"
+        gate_status = "fail" if "fail" in gate_status else "not audited"
     rec_status, rec_reason = reconstruction_verdict(rec_block)
     if rec_reason:
         reasons.append("reconstruction: " + rec_reason)
     if not rec_block["available"]:
-        reasons.append("reconstruction audit: not available (" + rec_block["reason"] + ")")
+        stopped = gate_status == "fail" and not run.metrics.get("federated")
+        reasons.append("reconstruction audit: " + ("not run — the run stopped at the audit gate, so nothing per record left "
+                                                   "the sites" if stopped else "not available (" + rec_block["reason"] + ")"))
     if "fail" in (gate_status, rec_status):
         status = "fail"
     elif gate_status == "fail (overridden)":
@@ -434,155 +410,77 @@ def build_report(run_dir: str) -> tuple[dict, dict]:
         status = "pass"
     if status == "pass":
         reasons.insert(0, "every available check passed")
+    return ({"status": status, "reasons": reasons, "landmark_gate": gate_status, "reconstruction": rec_status,
+             "overridden": overridden}, gate)
 
-    # embedding
-    E, _ = _read_npy(os.path.join(run_dir, "embedding.npy"))
-    labels = None
-    for name in ("y_true.npy", "labels.npy"):
-        lab, _ = _read_npy(os.path.join(run_dir, name))
-        if lab is not None and E is not None and len(lab) == len(E):
-            labels = lab
-            break
-    figures["embedding"] = _embedding_png(E, labels) if (E is not None and E.ndim == 2 and E.shape[1] >= 2 and len(E)) else None
 
-    quality = {k: v for k, v in metrics.items() if k not in ("privacy", "audit")}
+def _run_facts(run: RunFolder, mode: dict) -> dict:
+    ds = run.config.get("dataset")
+    sizes = run.config.get("site_sizes")
+    return {"run_id": _get(run.result or {}, "run_id") or run.config.get("run_id"),
+            "dataset": _get(ds if isinstance(ds, dict) else {}, "name") or (ds if isinstance(ds, str) else None)
+            or run.metrics.get("dataset"),
+            "method": mode.get("method") or run.metrics.get("method"),
+            "n_records": run.metrics.get("n_samples") or (sum(sizes) if isinstance(sizes, list) and sizes else None),
+            "n_sites": run.metrics.get("n_clients") or (len(sizes) if isinstance(sizes, list) else None),
+            "n_features": run.config.get("n_features") or _get(ds if isinstance(ds, dict) else {}, "n_features"),
+            "partition": run.metrics.get("partition"),
+            "has_result_json": run.result is not None}
+
+
+def build_report(run_dir) -> tuple[dict, dict]:
+    """Read a run folder and return ``(report, figures)`` (``figures``: name → base64 PNG or None)."""
+    run = read_run_folder(run_dir)
+    config, metrics = run.config, run.metrics
+    mode = infer_mode(config, metrics, run.result)
+    privacy = privacy_block(run)
+    n_landmarks = _get(run.options, "landmarks") or _get(config, "n_landmarks") or _get(config.get("mode") or {}, "n_landmarks")
+    n_features = _get(config, "n_features") or _get(config.get("dataset") or {}, "n_features") or _get(run.result or {}, "n_features")
+    figures: dict = {}
+    budget = _budget(privacy, run.history, figures)
+    mia_block = _mia_block(run, figures)
+    rec_block = _rec_block(run)
+    verdict, gate = _verdict(run, budget, mia_block, rec_block)
+    figures["embedding"] = _embedding_png(run, mode, privacy)
+    inventory = release_inventory(run, mode)
+    util = utility_table(run, mode)
+    warnings = run_warnings(run, mode, privacy)
+    summ = summary(run, mode, verdict, gate, rec_block, inventory, util, warnings)
+    verdict["remedies"] = summ["remedies"]
+    rows_privacy = _get(config, "rows_privacy")
     report = {
         "schema_version": SCHEMA_VERSION,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "run_dir": os.path.abspath(run_dir),
-        "verdict": {"status": status, "reasons": reasons, "landmark_gate": gate_status, "reconstruction": rec_status,
-                    "overridden": overridden},
-        "mode": mode,
+        "run_dir": os.path.abspath(run.path),
+        "run": _run_facts(run, mode),
+        "summary": summ,
+        "verdict": verdict,
+        "mode": {k: mode[k] for k in ("aggregation", "dp", "nystrom", "rule", "method")},
+        "release_inventory": inventory,
+        "sites": site_table(run),
+        "utility": util,
+        "warnings": warnings,
         "what_leaves": what_leaves(mode, privacy=privacy, n_landmarks=n_landmarks, n_features=n_features,
-                                   rows_privacy=_get(config, "rows_privacy") if isinstance(_get(config, "rows_privacy"), dict) else None),
-        "budget": budget,
+                                   rows_privacy=rows_privacy if isinstance(rows_privacy, dict) else None),
+        "budget": dict(budget, epsilon_void=epsilon_is_void(run, privacy)) if budget["available"] else budget,
         "mia": mia_block,
         "reconstruction": rec_block,
-        "quality": quality,
+        "quality": {k: v for k, v in metrics.items() if k not in ("privacy", "audit")},
         "parameters": config,
         "versions": _versions(config),
         "glossary": [{"term": t, "definition": d} for t, d in GLOSSARY],
+        "labels": dict(LABELS),
         "plots": {k: v is not None for k, v in figures.items()},
-        "ledger": _read_ledger(os.path.join(run_dir, "ledger.jsonl")),
+        "ledger": _read_ledger(os.path.join(run.path, "ledger.jsonl"), _run_facts(run, mode)["run_id"]),
     }
     return _jsonable(report), figures
 
 
-# ------------------------------------------------------------------------------------------ html
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1f24;background:#fff}
-h1{font-size:26px;margin-bottom:4px} h2{font-size:20px;border-bottom:2px solid #d0d7de;padding-bottom:4px;margin-top:32px}
-table{border-collapse:collapse;margin:8px 0;width:100%} th,td{border:1px solid #d0d7de;padding:6px 8px;text-align:left;vertical-align:top;font-size:14px}
-th{background:#f3f5f7} tr.applies td{background:#fff4d6;font-weight:600}
-.verdict{padding:14px 18px;border-radius:6px;font-size:18px;color:#fff;margin:12px 0}
-.pass{background:#1f883d} .fail{background:#cf222e} .override{background:#bc4c00} .na{background:#6e7781}
-.na-text{color:#6e7781;font-style:italic} pre{background:#f6f8fa;padding:10px;overflow:auto;font-size:12px;max-height:420px}
-img{max-width:100%;border:1px solid #d0d7de;margin:6px 0} .grid{display:flex;flex-wrap:wrap;gap:12px}
-.grid figure{margin:0;flex:1 1 480px} figcaption{font-size:13px;color:#57606a}
-"""
-
-
-def _e(x) -> str:
-    return html.escape(str(x))
-
-
-def _fmt(x, digits=4):
-    if isinstance(x, bool) or x is None:
-        return _e(x)
-    if isinstance(x, (int, np.integer)):
-        return _e(x)
-    if isinstance(x, (float, np.floating)):
-        return _e(f"{x:.{digits}g}")
-    return _e(x)
-
-
-def _kv_table(d: dict, keys=None) -> str:
-    keys = keys or [k for k in d if not isinstance(d[k], (dict, list))]
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_fmt(d.get(k))}</td></tr>" for k in keys if k in d)
-    return f"<table>{rows}</table>"
-
-
-def _img(b64, alt, caption) -> str:
-    if not b64:
-        return f"<figure><p class='na-text'>{_e(alt)}: not available</p></figure>"
-    return f"<figure><img alt='{_e(alt)}' src='data:image/png;base64,{b64}'><figcaption>{_e(caption)}</figcaption></figure>"
-
-
 def render_html(report: dict, figures: dict) -> str:
-    """The self-contained HTML page for ``report`` (plots embedded as base64 PNG)."""
-    v = report["verdict"]
-    cls = {"pass": "pass", "fail": "fail", "fail (overridden)": "override"}.get(v["status"], "na")
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>securefed audit report</title>",
-        f"<style>{_CSS}</style></head><body>",
-        "<h1>securefed privacy audit report</h1>",
-        f"<p>Run folder: <code>{_e(report['run_dir'])}</code> · generated {_e(report['generated_at'])} · report schema {_e(report['schema_version'])}</p>",
-        f"<h2>Verdict</h2><div class='verdict {cls}'>Verdict: {_e(v['status'].upper())}</div>",
-        "<ul>" + "".join(f"<li>{_e(r)}</li>" for r in v["reasons"]) + "</ul>",
-        f"<p>Landmark audit gate: <b>{_e(v['landmark_gate'])}</b> · reconstruction audit: <b>{_e(v['reconstruction'])}</b></p>",
-    ]
-    mode = report["mode"]
-    parts.append("<h2>What leaves each site in this mode</h2>")
-    parts.append(f"<p>Aggregation: <b>{_e(mode['aggregation'])}</b> · differential privacy: <b>{'yes' if mode['dp'] else 'no'}</b> · "
-                 f"Nyström stage: <b>{_e(mode['nystrom'])}</b>. Highlighted rows apply to this run (DESIGN §2). "
-                 "The paper's private variants protect only the landmarks; the Nyström rows are a separate release.</p>")
-    parts.append("<table><tr><th>stage</th><th>mode</th><th>the server learns</th><th>applies to this run</th></tr>" + "".join(
-        f"<tr class='{'applies' if r['applies'] else ''}'><td>{_e(r['stage'])}</td><td>{_e(r['mode'])}</td>"
-        f"<td>{_e(r['server_learns'])}</td><td>{'yes' if r['applies'] else 'no'}</td></tr>" for r in report["what_leaves"]) + "</table>")
+    """The self-contained HTML page for ``report`` (plots embedded as base64 PNG); see :mod:`securefed.report.render`."""
+    from .render import render_html as _render
 
-    b = report["budget"]
-    parts.append("<h2>Privacy budget</h2>")
-    if b["available"]:
-        parts.append(_kv_table(b["details"] if isinstance(b.get("details"), dict) else b))
-        parts.append("<p>ε is the accountant's (the one spent); the paper's Theorem-5 bound for the same noise is shown for comparison.</p>")
-    else:
-        parts.append(f"<p class='na-text'>{_e(b.get('reason', 'not available'))}</p>")
-    parts.append("<div class='grid'>" + _img(figures.get("epsilon"), "ε spent per round", "Cumulative ε after each round (accountant).")
-                 + _img(figures.get("mmd"), "MMD per round", "MMD between the records and the landmarks after each round.") + "</div>")
-
-    m = report["mia"]
-    parts.append("<h2>Membership inference on the landmarks</h2>")
-    if m["available"]:
-        parts.append(_kv_table(m, ["auc", "auc_se", "tpr_at_fpr_1e2", "tpr_at_fpr_1e3", "empirical_epsilon", "empirical_mu",
-                                   "delta", "confidence", "best_score", "n_members", "n_nonmembers", "n_sites", "aggregation"]))
-        rows = "".join(f"<tr><td>{_e(k)}</td><td>{_fmt(s.get('auc'))}</td><td>{_fmt(s.get('tpr_at_fpr_1e2'))}</td>"
-                       f"<td>{_fmt(s.get('tpr_at_fpr_1e3'))}</td><td>{_fmt(s.get('epsilon_lb'))}</td><td>{_fmt(s.get('mu_lb'))}</td></tr>"
-                       for k, s in m.get("per_score", {}).items())
-        parts.append("<table><tr><th>score</th><th>AUC</th><th>TPR @ FPR 1e-2</th><th>TPR @ FPR 1e-3</th><th>ε lower bound</th>"
-                     f"<th>μ lower bound</th></tr>{rows}</table>")
-        parts.append(f"<p><b>Threat model.</b> {_e(m.get('threat_model', ''))}</p>")
-    else:
-        parts.append(f"<p class='na-text'>Not available: {_e(m.get('reason'))}</p>")
-    parts.append("<div class='grid'>" + _img(figures.get("roc"), "ROC curve", "Log-scale ROC of each attack score against the no-signal diagonal.") + "</div>")
-
-    r = report["reconstruction"]
-    parts.append("<h2>Reconstruction risk (the server's best reconstruction of records)</h2>")
-    if r["available"]:
-        parts.append(_kv_table(r, [k for k in r if k != "available" and not isinstance(r[k], (dict, list))]))
-    else:
-        parts.append(f"<p class='na-text'>Not available: {_e(r.get('reason'))}</p>")
-
-    parts.append("<h2>Embedding and quality</h2><div class='grid'>" + _img(figures.get("embedding"), "Embedding", "The final map, coloured by label when known.") + "</div>")
-    q = report["quality"]
-    parts.append(_kv_table(q) if q else "<p class='na-text'>No quality figures.</p>")
-
-    led = report["ledger"]
-    parts.append("<h2>Privacy ledger</h2>")
-    parts.append(_kv_table({"events": led.get("n_events"), "overrides recorded": led.get("overrides"),
-                            "event kinds": json.dumps(led.get("kinds"))}) if led["available"]
-                 else f"<p class='na-text'>Not available: {_e(led.get('reason'))}</p>")
-
-    parts.append("<h2>All parameters</h2>")
-    parts.append(f"<pre>{_e(json.dumps(report['parameters'], indent=2, sort_keys=True))}</pre>" if report["parameters"]
-                 else "<p class='na-text'>config.json not available.</p>")
-    ver = report["versions"]
-    parts.append(f"<h2>Library versions</h2><p>Source: {_e(ver['source'])}</p>"
-                 + _kv_table({k: (x if x is not None else 'not installed') for k, x in ver["libraries"].items()}))
-    parts.append("<h2>Glossary</h2><table>" + "".join(f"<tr><th>{_e(g['term'])}</th><td>{_e(g['definition'])}</td></tr>"
-                                                     for g in report["glossary"]) + "</table>")
-    parts.append("</body></html>")
-    return "".join(parts)
+    return _render(report, figures)
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -600,7 +498,8 @@ def write_report(run_dir, out_dir=None) -> tuple[str, str]:
     Parameters
     ----------
     run_dir : path
-        The ``--out`` folder of ``securefed run`` (``metrics.json`` is required).
+        The ``--out`` folder of ``securefed run`` (``metrics.json`` is required; older folders without
+        ``result.json`` work, with fewer sections filled in).
     out_dir : path, optional
         Where to write (default: ``run_dir``). Created when missing.
 

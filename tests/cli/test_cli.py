@@ -17,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 SMALL = ["--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20", "--rounds", "5",
          "--no-compare-centralized", "--quiet"]
-# a leaky configuration: few records per site, many landmarks (n_y close to the members' count)
-LEAKY = ["--dataset", "wine", "--clients", "3", "--partition", "iid", "--landmarks", "150", "--rounds", "30",
+# a leaky configuration: few records per site, cells of 2 records (landmarks close to the members)
+LEAKY = ["--dataset", "wine", "--clients", "3", "--partition", "iid", "--landmarks", "150", "--cell-floor", "2",
          "--no-compare-centralized", "--quiet", "--max-auc", "0.5", "--max-empirical-epsilon", "0"]
 
 
@@ -88,7 +88,8 @@ def test_csv_label_partition_without_labels_is_a_typed_error(tmp_path, capsys, c
 
 def test_csv_unlabelled_iid_runs(tmp_path, capsys, csv_without_label):
     out = tmp_path / "o"
-    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--landmarks", "8", "--no-audit", "--out", str(out)])
+    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--landmarks", "8", "--cell-floor", "3", "--no-audit",
+               "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     m = json.loads((out / "metrics.json").read_text())
     assert m["n_samples"] == 30 and m["federated"]["ca_10nn"] is None and m["federated"]["trustworthiness"] > 0.5
@@ -206,6 +207,7 @@ def test_dp_run_writes_privacy_block_and_ledger(tmp_path):
     """Issue 4: a DP run's metrics.json carries the privacy block and the ledger is on disk."""
     out = tmp_path / "dp"
     code = main(["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "10",
+                 "--landmark-method", "feddl",
                  "--rounds", "3", "--local-steps", "2", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "10",
                  "--no-compare-centralized", "--no-audit", "--quiet", "--out", str(out)])
     assert code == 0

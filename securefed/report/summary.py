@@ -1,0 +1,508 @@
+"""The parts of the report written for its reader: the run's mode read from every file that records it, the
+release inventory, the per-site table, quality beside privacy, warnings, the verdict's remedies, and the summary
+in plain words (what left each site, who could learn what, what ε means here).
+
+Everything here is a pure function of a :class:`RunFolder` (the parsed files of a ``securefed run --out``
+folder; older folders lack ``result.json`` and the inventory, and each part says what it could not find).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from .labels import AGGREGATION_NAMES, count, label, percent, plain_failure, plain_release, points, show
+
+__all__ = ["RunFolder", "infer_mode", "privacy_block", "epsilon_is_void", "release_inventory", "site_table",
+           "utility_table", "run_warnings", "remedies", "summary"]
+
+
+@dataclass
+class RunFolder:
+    """The parsed files of one run folder (missing ones are ``None`` / empty, with the reason)."""
+
+    path: str
+    config: dict
+    metrics: dict
+    result: dict | None = None
+    history: dict = field(default_factory=dict)
+    mia: dict | None = None
+    rec: dict | None = None
+    why: dict = field(default_factory=dict)
+
+    @property
+    def options(self) -> dict:
+        """The plan's options: result.json's, else config.json's."""
+        for src in (self.result or {}, self.config):
+            if isinstance(src.get("options"), dict):
+                return src["options"]
+        return {}
+
+
+def _first(*values):
+    for v in values:
+        if v is not None and v != "":
+            return v
+    return None
+
+
+def _dict(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def infer_mode(config: dict, metrics: dict, result: dict | None = None) -> dict:
+    """What kind of run this was: aggregation, DP or not, what the embedding stage sent, method, rule.
+
+    Every file that records the mode is read, the run's own record first: ``result.json`` ``options`` (the
+    coordinator's plan), ``config.json`` ``mode`` / ``options`` / top-level keys, then ``metrics.json``.
+    """
+    result = _dict(result)
+    ro, cm, co, mm = _dict(result.get("options")), _dict(config.get("mode")), _dict(config.get("options")), _dict(metrics.get("mode"))
+    agg = _first(ro.get("aggregation"), cm.get("aggregation"), co.get("aggregation"), config.get("aggregation"),
+                 mm.get("aggregation"), _dict(metrics.get("aggregation")).get("protocol"),
+                 _dict(result.get("aggregation")).get("protocol"))
+    agg = str(agg).lower() if agg else "unknown"
+    agg = {"secagg+": "secagg", "secaggplus": "secagg"}.get(agg, agg)
+    if agg not in ("plain", "secagg", "ckks"):
+        agg = "unknown"
+    dp_opts = any(o.get(k) is not None for o in (ro, co) for k in ("epsilon", "noise_multiplier"))
+    dp = bool(dp_opts or cm.get("dp") or mm.get("dp") or config.get("dp") or config.get("privacy")
+              or metrics.get("privacy") or result.get("privacy"))
+    nys = str(_first(ro.get("nystrom"), cm.get("nystrom"), co.get("nystrom"), config.get("nystrom"), mm.get("nystrom"),
+                     _dict(result.get("embedding")).get("nystrom")) or "unknown").lower()
+    method = str(_first(ro.get("method"), cm.get("method"), co.get("method"), mm.get("method"), metrics.get("method"),
+                        config.get("method"), config.get("estimator")) or "").lower()
+    rows_privacy = bool(_first(ro.get("rows_epsilon"), co.get("rows_epsilon"), cm.get("rows_privacy"),
+                               config.get("rows_privacy"), config.get("data_perturbation")))
+    if nys in ("rows", "paper", "distance", "distances"):
+        nys = "perturbed_rows" if rows_privacy else "kernel_rows" if ("spectral" in method or "kernel" in method) else "rows"
+    elif nys in ("kernel", "kernel_rows"):
+        nys = "kernel_rows"
+    elif nys in ("perturbed", "perturbed_rows"):
+        nys = "perturbed_rows"
+    elif nys != "local":
+        nys = "unknown"
+    rule = _first(ro.get("rule"), cm.get("rule"), co.get("rule"), config.get("rule"))
+    return {"aggregation": agg, "dp": dp, "nystrom": nys, "rule": rule, "method": method or None}
+
+
+def privacy_block(run: RunFolder) -> dict | None:
+    p = run.metrics.get("privacy")
+    if not isinstance(p, dict):
+        p = _dict(run.result).get("privacy")
+    return p if isinstance(p, dict) and p else None
+
+
+def paper_formula(privacy: dict | None):
+    """The paper's ε formula under either of its key names (it is not a bound)."""
+    p = privacy or {}
+    return _first(p.get("epsilon_paper_formula"), p.get("epsilon_paper_bound"))
+
+
+def epsilon_is_void(run: RunFolder, privacy: dict | None) -> bool:
+    """Seeded (test) noise voids ε: whoever knows the seed can subtract the noise."""
+    p = privacy or {}
+    if p.get("epsilon_void"):
+        return True
+    if "seeded" in str(p.get("noise_source", "")).lower():
+        return True
+    opts = run.options
+    return any(opts.get(k) is not None for k in ("noise_seed_for_testing", "insecure_noise_seed_for_testing"))
+
+
+def _n_records(run: RunFolder):
+    sizes = run.config.get("site_sizes")
+    return _first(run.metrics.get("n_samples"), _dict(run.config.get("dataset")).get("n_samples"),
+                  sum(sizes) if isinstance(sizes, list) and sizes else None)
+
+
+# ------------------------------------------------------------------------------------------ release inventory
+
+def _covered(value, dp: bool) -> str:
+    if not dp:
+        return "no DP"
+    if value is True or (isinstance(value, str) and (value.lower().startswith("yes") or "post-processing" in value.lower())):
+        return "yes"
+    if isinstance(value, str) and value.lower().startswith("by rows"):
+        return "yes"
+    return "no"
+
+
+def _coverage_note(value) -> str:
+    return value if isinstance(value, str) and value.lower() not in ("yes", "no") else ""
+
+
+def release_inventory(run: RunFolder, mode: dict) -> list[dict]:
+    """Every data-dependent output of the run: what, who receives it, whether ε covers it.
+
+    The run's own inventory (``metrics.json`` / ``result.json`` ``inventory``) when present, else one row per
+    ``released`` string; then the outputs every run folder has whether or not the run listed them (site sizes,
+    the quality metrics, the centralized comparison, the audits' figures, clip counts).
+    """
+    dp = bool(mode.get("dp"))
+    raw = run.metrics.get("inventory") or _dict(run.result).get("inventory")
+    rows = []
+    if isinstance(raw, list) and raw:
+        for r in raw:
+            if isinstance(r, dict) and r.get("what"):
+                to = str(r.get("to") or "the coordinator")
+                rows.append({"what": plain_release(r["what"]), "to": "this report" if to == "this run folder" else to,
+                             "covered": _covered(r.get("covered_by_epsilon"), dp),
+                             "note": plain_release("; ".join(x for x in (_coverage_note(r.get("covered_by_epsilon")),
+                                                                         str(r.get("note") or "")) if x)),
+                             "source": "run"})
+    else:
+        for s in run.metrics.get("released") or _dict(run.result).get("released") or []:
+            noisy = dp and any(k in s for k in ("landmark update", "gradient", "sum over sites of the landmark"))
+            rows.append({"what": plain_release(s), "to": "the coordinator", "covered": "yes" if noisy else ("no" if dp else "no DP"),
+                         "note": "", "source": "run"})
+    have = " ".join(r["what"].lower() for r in rows)
+    privacy = privacy_block(run)
+    agg = {"secagg": "SecAgg+", "ckks": "CKKS", "plain": "plain sums"}.get(mode.get("aggregation"), "aggregation not recorded")
+    updates = ("the sum over sites of the landmark updates, every round" if mode.get("aggregation") != "plain" else
+               "each site's own landmark update, every round") + f" ({agg})"
+    extra = [
+        (("record count", "site size"), "each site's number of records", "the coordinator",
+         "public by design (the noise is calibrated to it); also readable from the per-site noise scale" if dp else ""),
+        (("landmark update",), updates, "the coordinator", "Gaussian noise added before the sum" if dp else ""),
+        (("landmarks",), "the landmarks, every round", "every site", "post-processing of the noisy sums" if dp else ""),
+        (("roc counts", "membership-audit"), "the membership audit's ROC counts (members vs held-out records), summed over sites",
+         "the coordinator", "aggregate counts on public score grids"),
+        (("clip",), "each site's count of records clipped to τ_X", "this report",
+         "counted on each site; not sent to the coordinator — the simulation reads it for this report"),
+        (("quality metrics",), "quality metrics of the map (CA-kNN, trustworthiness, NMI) computed against the pooled records",
+         "this report", "exists only in this simulation"),
+        (("centralized",), "the centralized comparison (the method on the pooled records) and its panel in embedding.png",
+         "this report", "exists only in this simulation"),
+        (("reconstruction audit",), "the reconstruction audit's figures (the coordinator's rebuild compared with the true records)",
+         "this report", "exists only in this simulation"),
+    ]
+    ran_rounds = bool(run.result) or bool(run.history.get("rounds")) or isinstance(run.metrics.get("audit"), dict) \
+        or os.path.exists(os.path.join(run.path, "landmarks.npy"))
+    present = {
+        "each site's number of records": True,
+        updates: ran_rounds,
+        "the landmarks, every round": bool(run.result) or os.path.exists(os.path.join(run.path, "landmarks.npy")),
+        "the membership audit's ROC counts (members vs held-out records), summed over sites":
+            run.mia is not None or isinstance(run.metrics.get("audit"), dict),
+        "each site's count of records clipped to τ_X": bool(privacy and privacy.get("clipped_records") is not None),
+        "quality metrics of the map (CA-kNN, trustworthiness, NMI) computed against the pooled records":
+            bool(run.metrics.get("federated")),
+        "the centralized comparison (the method on the pooled records) and its panel in embedding.png":
+            bool(run.metrics.get("centralized")),
+        "the reconstruction audit's figures (the coordinator's rebuild compared with the true records)":
+            run.rec is not None or bool(run.metrics.get("reconstruction_audit")),
+    }
+    for keys, what, to, note in extra:
+        if present[what] and not any(k in have for k in keys):
+            covered = "yes" if (dp and (what.startswith("the landmarks") or what == updates)) else ("no" if dp else "no DP")
+            rows.append({"what": what, "to": to, "covered": covered, "note": note, "source": "report"})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ per-site table
+
+def _site_ledger_releases(run_dir: str, site: str, run_id) -> int | None:
+    """Noisy releases recorded in ``site-ledgers/<site>/<run_id>.jsonl`` (never another run's ledger)."""
+    if not run_id:
+        return None
+    path = os.path.join(run_dir, "site-ledgers", site, f"{run_id}.jsonl")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    n = 0
+    for ln in lines:
+        try:
+            ev = json.loads(ln)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(ev, dict) and ev.get("type") == "release" and ev.get("run_id") in (None, run_id):
+            n += 1
+    return n
+
+
+def _per_site_value(v, i: int, name: str):
+    if isinstance(v, list):
+        return v[i] if i < len(v) else None
+    if isinstance(v, dict):
+        return _first(v.get(name), v.get(str(i)))
+    return None
+
+
+def site_table(run: RunFolder) -> dict:
+    """One row per site: records, held out for the audit, clipped, ε spent, releases in its own ledger, bytes sent."""
+    res = _dict(run.result)
+    sizes = run.config.get("site_sizes")
+    names = res.get("sites") or run.config.get("sites")
+    if not isinstance(names, list) or not names:
+        if not isinstance(sizes, list) or not sizes:
+            return {"available": False, "reason": "the run folder does not record the sites (config.json site_sizes)",
+                    "rows": []}
+        names = [f"site {i + 1}" for i in range(len(sizes))]
+    members, holdouts = res.get("site_sizes"), res.get("holdouts")
+    privacy = privacy_block(run) or {}
+    run_id = _first(res.get("run_id"), run.config.get("run_id"))
+    sent = {n: 0 for n in names}
+    any_bytes = False
+    for step in res.get("steps") or []:
+        for n, b in _dict(step.get("bytes_from_site")).items():
+            if n in sent and isinstance(b, (int, float)):
+                sent[n] += int(b)
+                any_bytes = True
+    for n, b in _dict(_dict(res.get("embedding")).get("bytes_from_site")).items():
+        if n in sent and isinstance(b, (int, float)):
+            sent[n] += int(b)
+            any_bytes = True
+    rows = []
+    for i, n in enumerate(names):
+        rec = _per_site_value(sizes, i, n)
+        held = _per_site_value(holdouts, i, n)
+        if rec is None and _per_site_value(members, i, n) is not None:
+            rec = int(_per_site_value(members, i, n)) + int(held or 0)
+        rows.append({"site": str(n), "records": rec, "held_out": held,
+                     "clipped": _per_site_value(privacy.get("clipped_per_site"), i, n),
+                     "epsilon_spent": _per_site_value(privacy.get("epsilon_per_site"), i, n),
+                     "site_ledger_releases": _site_ledger_releases(run.path, str(n), run_id),
+                     "bytes_sent": sent[n] if any_bytes else None})
+    return {"available": True, "rows": rows,
+            "notes": [x for x in (
+                "records held out of the landmarks are the membership audit's non-members; they are still placed on the map"
+                if holdouts else None,
+                "clipped counts are counted on each site and never sent to the coordinator" if privacy.get("clipped_per_site") is not None else None,
+                "bytes sent: every secure sum and the embedding stage, from this site to the coordinator" if any_bytes else None) if x]}
+
+
+# ------------------------------------------------------------------------------------------ utility
+
+def utility_table(run: RunFolder, mode: dict) -> dict:
+    """Federated vs centralized for the figures a reader compares (gap in percentage points)."""
+    fed, cen = _dict(run.metrics.get("federated")), _dict(run.metrics.get("centralized"))
+    clustering = "spectral" in str(mode.get("method") or run.metrics.get("method") or "")
+    keys = ("nmi", "ari") if clustering else ("ca_10nn", "trustworthiness", "nmi")
+    rows = []
+    for k in keys:
+        f, c = fed.get(k), cen.get(k)
+        if f is None and c is None:
+            continue
+        rows.append({"metric": k, "label": label(k), "federated": f, "centralized": c, "gap_points": points(f, c)})
+    if not rows:
+        why = "the run stopped before the map was drawn" if not fed and run.metrics.get("audit") else \
+            "no quality figures in metrics.json (unlabelled data give no class agreement)"
+        return {"available": False, "reason": why, "rows": [], "kind": "clustering" if clustering else "map"}
+    return {"available": True, "rows": rows, "kind": "clustering" if clustering else "map"}
+
+
+# ------------------------------------------------------------------------------------------ warnings
+
+def run_warnings(run: RunFolder, mode: dict, privacy: dict | None) -> list[str]:
+    out = []
+    p = privacy or {}
+    clipped = p.get("clipped_records")
+    n = _n_records(run)
+    if isinstance(clipped, (int, float)) and clipped > 0:
+        share = f" ({percent(clipped / n)})" if isinstance(n, (int, float)) and n else ""
+        tau = p.get("tau_x")
+        out.append(f"{count(clipped)} of {count(n) if n else '?'} records{share} were clipped to the norm bound "
+                   f"τ_X = {show(tau)}: their pull on the landmarks was shrunk, which the privacy guarantee needs but which "
+                   "distorts the map where they lie; a larger --clip-norm clips fewer (and costs more noise)")
+    agg_clipped = _dict(run.metrics.get("aggregation")).get("clipped")
+    if isinstance(agg_clipped, (int, float)) and agg_clipped > 0:
+        out.append(f"{count(agg_clipped)} values were clipped to the secure sum's fixed-point range (--value-bound): "
+                   "the sums the coordinator got are slightly off")
+    if epsilon_is_void(run, privacy):
+        out.append("ε is VOID: the noise was drawn from a seed meant for testing (--noise-seed-for-testing); whoever knows "
+                   "the seed can subtract the noise. Never file this run as private")
+    if p.get("paper_formula_below_true_epsilon"):
+        out.append("the paper's ε formula gives less than the true ε here: quote the accountant's ε, not the formula")
+    for w in run.metrics.get("warnings") or _dict(run.result).get("warnings") or []:
+        w = str(w)
+        if w not in out:
+            out.append(w)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ remedies
+
+def remedies(mode: dict, verdict: dict, gate: dict | None, rec_block: dict, void: bool) -> list[str]:
+    """What to change so the next run passes (one line per failing check)."""
+    out = []
+    nys = mode.get("nystrom")
+    if verdict.get("reconstruction") == "fail":
+        if nys in ("rows", "kernel_rows"):
+            out.append("Run with --nystrom local: the sites then place their own records and send no per-record rows "
+                       "(in this mode each row lets the coordinator rebuild its record).")
+        elif nys == "perturbed_rows":
+            out.append("Lower --rows-epsilon (more noise on each row) or run with --nystrom local (no per-record rows).")
+        elif "spectral" in str(mode.get("method")):
+            out.append("The cluster labels sent to the coordinator let it rebuild records as their cluster's landmark mean: "
+                       "use fewer --landmarks or --standardize features of very different scales. --epsilon alone does not "
+                       "help: a record's own label is outside ε.")
+        else:
+            out.append("The 2-D positions sent to the coordinator let it rebuild records: use fewer --landmarks (a coarser "
+                       "map) or --standardize features of very different scales. --epsilon alone does not help: a "
+                       "record's own position is outside ε.")
+    failures = " ".join(str(f) for f in (gate or {}).get("failures", [])).lower()
+    if verdict.get("landmark_gate") in ("fail", "fail (overridden)"):
+        if "claimed" in failures or "within" in failures:
+            out.append("The attack proved more leakage than the claimed ε: the noise is not what the accountant assumed. "
+                       "Do not file this run; rerun without any testing seed and report the mismatch.")
+        if mode.get("dp"):
+            out.append("Lower --epsilon (more noise) or --landmarks, or fewer --rounds: the landmarks reveal which records "
+                       "trained them.")
+        else:
+            out.append("Lower --landmarks or add --epsilon (differential privacy on the landmarks): the landmarks reveal "
+                       "which records trained them.")
+    if verdict.get("status") == "fail (overridden)" or verdict.get("overridden"):
+        out.append("This run went on after a failed audit because of --allow-audit-failure: drop that flag and apply the "
+                   "remedy above.")
+    if verdict.get("landmark_gate") == "not audited" and verdict.get("reconstruction") == "not audited":
+        out.append("Run with the audit on (the default; --audit-holdout 0.2) so the report can check the landmarks and "
+                   "what left the sites.")
+    if void:
+        out.append("Rerun without --noise-seed-for-testing: only secret noise gives the stated ε.")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ summary
+
+def _epsilon_sentence(privacy: dict | None, mode: dict, void: bool, inventory: list[dict]) -> str:
+    if not mode.get("dp") or not privacy:
+        return ("No differential privacy in this run: no ε bounds what the coordinator's view reveals about any one "
+                "record; only the audits below measure it, empirically.")
+    eps, delta = privacy.get("epsilon"), privacy.get("delta")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps):
+        return "Differential privacy was on, but the run folder does not record the ε spent."
+    if void:
+        return (f"ε = {show(eps, 3)} is VOID in this run: the noise came from a testing seed, so it bounds nothing.")
+    d = f"δ = {show(delta, 3)}" if isinstance(delta, (int, float)) else "a small δ"
+    factor = math.exp(eps)
+    s = (f"ε = {show(eps, 3)} bounds how much any one patient's record can change what the coordinator sees of the "
+         f"landmark training: at most a factor e^{show(eps, 3)} ≈ {show(factor, 3)} in the odds of any conclusion drawn "
+         f"from it, except with probability {d}.")
+    outside = [r["what"] for r in inventory if r["covered"] == "no" and r["to"] != "this report"]
+    per_record = [w for w in outside if "per record" in w or "coordinate" in w or "row" in w]
+    if per_record:
+        s += f" It does not cover {per_record[0]}: a record's own output is a function of that record."
+    elif outside:
+        s += f" It does not cover {len(outside)} other release(s) listed in the inventory below."
+    return s
+
+
+def _left_each_site(inventory: list[dict], run: RunFolder) -> list[str]:
+    out = [r["what"] for r in inventory if r["to"] == "the coordinator"]
+    if not out and isinstance(run.metrics.get("audit"), dict) and not run.metrics.get("federated"):
+        out = ["only what the landmark stage needs: the run stopped at the audit gate, before anything per record left"]
+    return out or ["not recorded in this run folder (no result.json, no released list in metrics.json)"]
+
+
+def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolder) -> list[dict]:
+    agg, nys, dp = mode.get("aggregation"), mode.get("nystrom"), bool(mode.get("dp"))
+    eps = (privacy or {}).get("epsilon")
+    eps_txt = f" plus noise (ε = {show(eps, 3)})" if dp and isinstance(eps, (int, float)) else " plus noise" if dp else ""
+    if agg == "plain":
+        lm = f"each site's own landmark update every round{eps_txt}"
+    elif agg in ("secagg", "ckks"):
+        lm = f"only the sum over sites of the landmark updates{eps_txt} ({'SecAgg+' if agg == 'secagg' else 'CKKS'} hides each site's own)"
+    else:
+        lm = f"the landmark updates{eps_txt} (aggregation not recorded)"
+    stopped = not run.metrics.get("federated") and isinstance(run.metrics.get("audit"), dict) and not run.result
+    if stopped:
+        per = "nothing per record: the run stopped at the audit gate"
+    elif rec_block.get("available"):
+        f = rec_block.get("fraction_within_5pct")
+        per_txt = f"the reconstruction audit rebuilt {percent(f)} of records to within 5 %"
+        per = {"rows": f"one row of distances per record — enough to rebuild records ({per_txt})",
+               "kernel_rows": f"one row of kernel values per record — enough to rebuild records ({per_txt})",
+               "perturbed_rows": f"one row per noised record — the noise is the only protection ({per_txt})",
+               "local": ("each record's cluster label" if "spectral" in str(mode.get("method")) else
+                         "each record's final 2-D position") + f", outside ε ({per_txt})"}.get(nys, per_txt)
+    else:
+        per = {"rows": "one row of distances per record (rebuilds records; not audited here)",
+               "kernel_rows": "one row of kernel values per record (rebuilds records; not audited here)",
+               "local": "each record's final position on the map, outside ε (not audited here)"}.get(nys, "not recorded")
+    sites = "the landmarks (synthetic points, not records) and the kernel bandwidth, every round"
+    sites += ("; with DP, what a site learns about another site's records is bounded by ε (joint differential privacy: "
+              "each site places its own records from the shared landmarks only — Hsu et al. 2014)" if dp else
+              "; without DP the landmarks are fitted to every site's records — the membership audit measures what they reveal")
+    sites += ". No site receives another site's records, rows or positions."
+    return [{"who": "the coordinator", "learns": f"how many records each site holds; {lm}; {per}"},
+            {"who": "the other sites", "learns": sites},
+            {"who": "the reader of this report", "learns": (
+                "the audit figures only: the run stopped before the map was drawn" if stopped else
+                "the quality figures" + (" and the centralized comparison" if run.metrics.get("centralized") else "")
+                + ", computed on the pooled records — they exist only in this simulation")}]
+
+
+def _quality_sentence(util: dict, dp: bool) -> str | None:
+    if not util.get("available"):
+        return None
+    parts = []
+    for r in util["rows"][:2]:
+        short = r["label"].split("(")[-1].rstrip(")") if "(" in r["label"] else r["label"]
+        if r["centralized"] is None:
+            parts.append(f"{short} {show(r['federated'], 3)} (no centralized comparison)")
+        else:
+            parts.append(f"{short} {show(r['federated'], 3)} federated vs {show(r['centralized'], 3)} centralized "
+                         f"({r['gap_points']:+.1f} points)" if r["gap_points"] is not None else
+                         f"{short} {show(r['federated'], 3)} federated vs {show(r['centralized'], 3)} centralized")
+    s = f"Quality of the {'clustering' if util.get('kind') == 'clustering' else 'map'}: " + "; ".join(parts) + "."
+    gap = util["rows"][0]["gap_points"]
+    if gap is not None and gap <= -10:
+        s += (" The federated map is far from the centralized one: check it before relying on it ("
+              + ("a larger --epsilon, more records or fewer --rounds sharpen it, each at a privacy cost)." if dp else
+                 "more --landmarks sharpen it, at a privacy cost the membership audit measures)."))
+    return s
+
+
+def _headline(verdict: dict, rec_block: dict, gate: dict | None, privacy: dict | None, mode: dict, void: bool) -> str:
+    st = verdict["status"]
+    if st == "fail" and verdict.get("reconstruction") == "fail":
+        return (f"FAIL — {percent(rec_block.get('fraction_within_5pct'))} of records can be rebuilt to within 5 % "
+                "from what the sites sent")
+    if st == "fail":
+        f = "; ".join(plain_failure(x) for x in (gate or {}).get("failures", [])[:1])
+        return "FAIL — the membership audit on the landmarks failed" + (f" ({f})" if f else "")
+    if st == "fail (overridden)":
+        return "FAIL (OVERRIDDEN) — the membership audit failed and the run went on with --allow-audit-failure"
+    if st == "not audited":
+        return "NOT AUDITED — this run folder holds no audit results"
+    eps = (privacy or {}).get("epsilon")
+    tail = f" · ε = {show(eps, 3)} (δ = {show((privacy or {}).get('delta'), 3)})" if mode.get("dp") and isinstance(eps, (int, float)) else ""
+    if not mode.get("dp"):
+        tail = " · no differential privacy"
+    return "PASS — every privacy check that ran passed" + tail + (" — but ε is VOID (testing seed)" if void else "")
+
+
+def _caveat(util: dict, verdict: dict) -> str | None:
+    """A line under a PASS when the map is far from the centralized one: privacy passed, usefulness did not."""
+    if verdict["status"] != "pass" or not util.get("available"):
+        return None
+    r = util["rows"][0]  # the headline figure: CA-10NN for a map, NMI for a clustering
+    if r["gap_points"] is None or r["gap_points"] > -10:
+        return None
+    short = r["label"].split("(")[-1].rstrip(")") if "(" in r["label"] else r["label"]
+    return (f"But the map is poor: {short} {show(r['federated'], 3)} against {show(r['centralized'], 3)} on pooled records "
+            f"({r['gap_points']:+.1f} points). Look at it before using it.")
+
+
+def summary(run: RunFolder, mode: dict, verdict: dict, gate: dict | None, rec_block: dict, inventory: list[dict],
+            util: dict, warnings: list[str]) -> dict:
+    """The summary box: headline, what left each site, who could learn what, what ε means, verdict, remedies."""
+    privacy = privacy_block(run)
+    void = epsilon_is_void(run, privacy)
+    return {
+        "headline": _headline(verdict, rec_block, gate, privacy, mode, void),
+        "caveat": _caveat(util, verdict),
+        "status": verdict["status"],
+        "aggregation": AGGREGATION_NAMES.get(mode.get("aggregation"), str(mode.get("aggregation"))),
+        "left_each_site": _left_each_site(inventory, run),
+        "who_learns": _who_learns(mode, privacy, rec_block, run),
+        "epsilon": _epsilon_sentence(privacy, mode, void, inventory),
+        "quality": _quality_sentence(util, bool(mode.get("dp"))),
+        "remedies": remedies(mode, verdict, gate, rec_block, void),
+        "warnings": warnings,
+    }
