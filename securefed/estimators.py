@@ -44,7 +44,8 @@ class FederatedParams:
     """The parameters every federated estimator shares — one definition, one set of defaults.
 
     n_landmarks : int, default 300
-        ``n_y``, the number of landmarks FedDL learns.
+        ``n_y``, the number of landmarks FedDL or the billboard learns; for cells the most cells (there are at most
+        N / ``cell_floor`` of them: ≈ 95 on digits, ≈ 270 on MNIST-5k at the default floor).
     rounds, local_steps : int, default 60 and 5
         ``S`` and ``Q`` of Algorithm 1.
     rule : {"model", "gradient"}
@@ -82,6 +83,9 @@ class FederatedParams:
         ``"feddl"``: the paper's FedDL (the default of the rows mode).
     cell_floor : int, default 15
         Cells: a cell's mean is revealed only over at least this many records.
+    standardize : bool, default False
+        Cells: scale every feature to unit variance with the federated means and variances (from the basis secure
+        sum; nothing more leaves a site).
     coordinates : {"send", "keep"}
         No-rows mode: each record's final coordinate goes to the coordinator, or stays on its site.
     audit_holdout : float, default 0.2
@@ -118,6 +122,7 @@ class FederatedParams:
     reconstruction: str = "auto"
     landmark_method: str = "auto"
     cell_floor: int = 15
+    standardize: bool = False
     coordinates: str = "send"
     audit_holdout: float = 0.2
     max_auc: float = 0.6
@@ -167,7 +172,8 @@ def plan_options(params: dict, method: str, method_options: dict, n_sites: int) 
     opts = dict(landmarks=p["n_landmarks"], rounds=p["rounds"], local_steps=p["local_steps"], rule=p["rule"], lr=p["lr"],
                 gamma=p["gamma"], weights=weights, init=p["init"], aggregation=p["aggregation"],
                 value_bound=p["value_bound"], nystrom=p["nystrom"], reconstruction=p["reconstruction"],
-                landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], coordinates=p["coordinates"],
+                landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], standardize=bool(p["standardize"]),
+                coordinates=p["coordinates"],
                 audit_holdout=float(p["audit_holdout"]), max_auc=p["max_auc"],
                 max_empirical_epsilon=p["max_empirical_epsilon"], allow_audit_failure=bool(p["allow_audit_failure"]),
                 method=method, seed=seed, n_jobs=p["n_jobs"], keep_rows=bool(p["keep_sent"]), min_sites=1,

@@ -18,7 +18,9 @@ from importlib import metadata
 
 import numpy as np
 
-from .errors import ConfigError, LedgerError, bad_value
+from types import SimpleNamespace
+
+from .errors import ConfigError, LedgerError, SecureFedError, bad_value
 from .progress import ProgressPrinter
 from .report.layout import clean, write_json, write_run_result
 
@@ -48,26 +50,6 @@ class _Log:
             print(msg, file=sys.stderr, flush=True)
 
 
-def _plot(path: str, panels) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5.5), squeeze=False)
-    for ax, (title, E, c) in zip(axes[0], panels):
-        if c is None:
-            ax.scatter(E[:, 0], E[:, 1], c="tab:blue", s=3, linewidths=0)
-        else:
-            ax.scatter(E[:, 0], E[:, 1], c=c, cmap="tab10", s=3, linewidths=0)
-        ax.set_title(title)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run(args) -> dict:
     """``securefed run`` from its parsed arguments; returns the metrics (also in ``<out>/metrics.json``)."""
     from .cli.run import JOB_DEFAULTS, plan_options_from_args
@@ -77,14 +59,44 @@ def run(args) -> dict:
     return run_job(job, plan_options_from_args(args))
 
 
-def _load_sites(job: dict, seed: int):
-    from .data import load_dataset, partition
+_DATA_FLAGS = (("spec", "--site"), ("id_column", "--id-column"), ("label_column", "--label-column"),
+               ("layer", "--layer"), ("name_or_path", "--dataset"))
 
+
+def _flag_error(exc: Exception):
+    """The same typed error, naming the flag the user typed instead of the data loader's parameter."""
+    msg = str(exc)
+    for param, flag in _DATA_FLAGS:
+        if msg.startswith(param + "=") or msg.startswith(param + " "):
+            return type(exc)(flag + msg[len(param):])
+    return type(exc)(f"--dataset/--site: {msg}")
+
+
+def _load_sites(job: dict, seed: int):
+    """``(dataset, site arrays, pooled labels or None, dSNE reference or None, site names, record ids per site or
+    None)``: per-site files (``--site``) as the hospitals hold them, or a data set split into ``--clients`` sites."""
+    from .data import load_dataset, load_sites, partition
+    from .federation.inprocess import site_names
+
+    keep = tuple(job.get("keep_column") or ())
+    if job.get("site"):
+        try:
+            parts = load_sites(job["site"], label_column=job["label_column"], id_column=job.get("id_column"),
+                               layer=job.get("layer"), allow_id_like=keep)
+        except SecureFedError as exc:
+            raise _flag_error(exc) from None
+        ds = SimpleNamespace(name=f"{len(parts)} site files", X=np.vstack([p.X for p in parts]),
+                             target_names=parts[0].target_names, feature_names=parts[0].feature_names)
+        y = None if parts[0].y is None else np.concatenate([p.y for p in parts])
+        ids = {p.name: list(p.ids) for p in parts} if parts[0].ids is not None else None
+        return ds, [p.X for p in parts], y, None, [p.name for p in parts], ids
     try:
-        ds = load_dataset(job["dataset"], job["label_column"])
-    except ConfigError as exc:  # name the flag the user typed
-        raise type(exc)(f"--dataset/--label-column: {exc}") from None
+        ds = load_dataset(job["dataset"], job["label_column"], job.get("id_column"), layer=job.get("layer"),
+                          allow_id_like=keep)
+    except SecureFedError as exc:
+        raise _flag_error(exc) from None
     X_all, y_all = ds.X, ds.y
+    ids_all = None if getattr(ds, "ids", None) is None else np.asarray(ds.ids, dtype=object)
     rng = np.random.default_rng(seed)
     reference = None
     if job["method"] in ("dsne", "fdsne", "dp-dsne"):
@@ -94,8 +106,9 @@ def _load_sites(job: dict, seed: int):
             raise ConfigError(bad_value("--reference-size", n_ref, f"use between 10 and {len(X_all) // 2 - 1}"))
         perm = rng.permutation(len(X_all))
         reference = X_all[perm[:n_ref]]
-        keep = np.sort(perm[n_ref:])
-        X_all, y_all = X_all[keep], (None if y_all is None else y_all[keep])
+        keep_idx = np.sort(perm[n_ref:])
+        X_all, y_all = X_all[keep_idx], (None if y_all is None else y_all[keep_idx])
+        ids_all = None if ids_all is None else ids_all[keep_idx]
     if isinstance(job["clients"], bool) or not isinstance(job["clients"], int) or job["clients"] < 1:
         raise ConfigError(bad_value("--clients", job["clients"], "use an integer ≥ 1"))
     try:
@@ -104,7 +117,9 @@ def _load_sites(job: dict, seed: int):
         raise type(exc)(f"--partition/--clients: {exc}") from None
     sites = [X_all[i] for i in parts]
     y = None if y_all is None else np.concatenate([y_all[i] for i in parts])
-    return ds, sites, y, reference
+    names = site_names(len(sites))
+    ids = None if ids_all is None else {n: [str(v) for v in ids_all[i]] for n, i in zip(names, parts)}
+    return ds, sites, y, reference, names, ids
 
 
 def _public_bounds(job: dict, options: dict, ds, log) -> dict:
@@ -119,7 +134,7 @@ def _public_bounds(job: dict, options: dict, ds, log) -> dict:
         # every record's norm is at most max|x_j|·√m: a τ_X that clips nothing and depends on no one's records
         options["clip_norm"] = float(np.max(np.abs(ds.X))) * float(np.sqrt(ds.X.shape[1]))
         log(f"[privacy] --clip-norm {options['clip_norm']:g} (the built-in data set's public range: max|x|·√m)")
-    if options.get("aggregation", "plain") != "plain" and options.get("value_bound") is None and not dp:
+    if options.get("aggregation", "auto") != "plain" and options.get("value_bound") is None and not dp:
         options["value_bound"] = float(np.max(np.abs(ds.X)))
     return options
 
@@ -147,7 +162,6 @@ def run_job(job: dict, options: dict) -> dict:
     """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options)."""
     from .federation import run_in_process
     from .federation.checkpoint import fingerprint, write_checkpoint
-    from .federation.inprocess import site_names
     from .federation.privacy import derive_run_id
     from .metrics import clustering_metrics, embedding_metrics
     from .plan import RunPlan
@@ -158,20 +172,19 @@ def run_job(job: dict, options: dict) -> dict:
     method = job["method"]
     if method not in FED_METHODS + PEER_METHOD_NAMES:
         raise ConfigError(bad_value("--method", method, f"choose one of {', '.join(FED_METHODS + PEER_METHOD_NAMES)}"))
-    ds, sites, y, reference = _load_sites(job, int(options.get("seed", 0)))
+    ds, sites, y, reference, names, ids = _load_sites(job, int(options.get("seed", 0)))
     X = np.vstack(sites)
     if y is not None:
         np.save(os.path.join(out, "y_true.npy"), y)
     metrics = {"method": method, "dataset": ds.name, "n_samples": int(len(X)), "n_clients": len(sites),
                "partition": job["partition"], "timings": {}}
     if method in PEER_METHOD_NAMES:
-        return _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all)
+        return _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds, names)
     if options.get("n_clusters") is None:
         options = dict(options, n_clusters=int(len(np.unique(y))) if y is not None else 8)
     options = _public_bounds(job, options, ds, log)
     plan = RunPlan.build("cli", method=method, keep_rows=True, min_sites=1, **options)
     run_id = plan.run_id or derive_run_id(plan)
-    names = site_names(len(sites))
     mode = {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
             "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks}
     metrics["mode"] = mode
@@ -179,7 +192,8 @@ def run_job(job: dict, options: dict) -> dict:
     write_json(os.path.join(out, "config.json"), {
         "run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
         "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
-        "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions()})
+        "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions(),
+        "target_names": list(ds.target_names) if ds.target_names is not None else None})
     history = {"rounds": [], "mmd": [], "epsilon": []}
     fp = fingerprint(plan, [len(s) for s in sites], X.shape[1])
     ck_path = os.path.join(out, "checkpoint.npz")
@@ -209,6 +223,7 @@ def run_job(job: dict, options: dict) -> dict:
         history["epsilon"] = []
     write_json(os.path.join(out, "history.json"), history)
     _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, clustering_metrics, log)
+    _write_table(out, res, method, names, ids, y, sites, ds)
     central = None
     if job["compare_centralized"]:
         t1 = time.perf_counter()
@@ -217,7 +232,8 @@ def run_job(job: dict, options: dict) -> dict:
         metrics["timings"]["centralized"] = time.perf_counter() - t1
         metrics["centralized"] = (clustering_metrics(central, y, random_state=plan.seed) if y is not None else {}) \
             if method == "spectral" else embedding_metrics(X, central, y, random_state=plan.seed)
-    _plot_run(out, method, job, res, X, y, central, len(sites))
+    _plot_run(out, method, job, res.stacked("labels" if method == "spectral" else "coordinates"), X, y, central,
+              sites, metrics, ds, names)
     metrics["timings"]["total"] = time.perf_counter() - t_all
     write_json(os.path.join(out, "metrics.json"), metrics)
     return clean(metrics)
@@ -360,25 +376,34 @@ def _reconstruction_audit(plan, res, sites, out, log) -> dict:
     return {k: rec[k] for k in ("mode", "attack", "median_relative_error", "fraction_within_5pct") if k in rec}
 
 
-def _plot_run(out, method, job, res, X, y, central, n_sites) -> None:
-    if method == "spectral":
-        from sklearn.decomposition import PCA
+def _write_table(out, res, method, names, ids, y, sites, ds) -> None:
+    """``embedding.csv``: one row per record — site, record id (the id column, or the row in the site's data),
+    coordinates or cluster, and the label when known — joinable back to each site's records."""
+    from .report.exports import write_embedding_table
 
-        P2 = PCA(2, random_state=0).fit_transform(X)
-        panels = [("Fed-SpeClust clusters (PCA view)", P2, res.stacked("labels"))]
-        if central is not None:
-            panels.append(("centralized spectral clusters (PCA view)", P2, central))
-        if y is not None:
-            panels.append(("true labels (PCA view)", P2, y))
-    else:
-        name = {"tsne": "Fed-tSNE", "umap": "Fed-UMAP"}.get(method, method)
-        panels = [(f"{name} ({job['partition']}, {n_sites} sites)", res.stacked("coordinates"), y)]
-        if central is not None:
-            panels.append((f"centralized {method}", central, y))
-    _plot(os.path.join(out, "embedding.png"), panels)
+    key = "labels" if method == "spectral" else "coordinates"
+    parts = (res.embedding or {}).get(key) or res.site_outputs
+    if not parts:
+        return
+    bounds = np.cumsum([0] + [len(s) for s in sites])
+    labels = None if y is None else {n: y[a:b] for n, a, b in zip(names, bounds[:-1], bounds[1:])}
+    write_embedding_table(os.path.join(out, "embedding.csv"), {n: parts[n] for n in names if n in parts},
+                          ids=None if ids is None else {n: ids[n] for n in names if n in parts},
+                          labels=None if labels is None else {n: labels[n] for n in names if n in parts},
+                          label_names=ds.target_names)
 
 
-def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all) -> dict:
+def _plot_run(out, method, job, federated, X, y, central, sites, metrics, ds, names) -> None:
+    from .report.plots import plot_run, standard_panels
+
+    panels = standard_panels(method, federated, y=y, site_sizes=[len(s) for s in sites], centralized=central,
+                             X=X if method == "spectral" else None, mode=metrics.get("mode"),
+                             privacy=metrics.get("privacy"), fed_metrics=metrics.get("federated"),
+                             cen_metrics=metrics.get("centralized"), partition=job.get("partition"))
+    plot_run(os.path.join(out, "embedding.png"), panels, class_names=ds.target_names, site_names=names)
+
+
+def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds, names) -> dict:
     from .metrics import embedding_metrics
     from .peers import PEER_METHODS, WHAT_LEAVES
 
@@ -411,10 +436,7 @@ def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all) ->
         central = _fit_central(method, None, X, y, seed=seed)
         metrics["timings"]["centralized"] = time.perf_counter() - t1
         metrics["centralized"] = embedding_metrics(X, central, y, random_state=seed)
-    panels = [(f"{method} ({job['partition']}, {len(sites)} sites)", emb, y)]
-    if central is not None:
-        panels.append((f"centralized {method}", central, y))
-    _plot(os.path.join(out, "embedding.png"), panels)
+    _plot_run(out, method, job, emb, X, y, central, sites, metrics, ds, names)
     write_json(os.path.join(out, "history.json"), {"rounds": [], "mmd": [], "epsilon": []})
     metrics["timings"]["total"] = time.perf_counter() - t_all
     write_json(os.path.join(out, "metrics.json"), metrics)

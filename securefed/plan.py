@@ -73,6 +73,7 @@ class RunPlan:
     cell_floor: int = 15             # cells: a cell's mean is revealed only over at least this many records
     cell_rounds: int = 12            # cells: most growth rounds
     basis_dim: int = 50              # cells: dimensions of the federated PCA basis
+    standardize: bool = False        # cells: standardise every feature by its federated mean and variance
     public_basis_dim: int = 64       # billboard: dimensions of the public basis
     count_share: float = 0.2         # billboard: share of μ² spent on the landmarks' counts
     rounds: int = 60
@@ -328,6 +329,10 @@ class _Validator:
         if p.dp and p.noise == "distributed" and p.landmark_method == "feddl" and p.rule == "model":
             self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
                                               f"only its noise share); use {p.name('rule')} gradient or noise local")
+        if p.standardize and p.landmark_method != "cells":
+            self.fail("standardize", True, f"federated standardisation comes with the cell landmarks (their basis sum "
+                                           f"gives the means and variances); {p.landmark_method} landmarks need the "
+                                           "records scaled beforehand (a public scale per feature)")
         if p.coordinates == "keep" and p.nystrom == "rows":
             self.fail("coordinates", "keep", "the rows mode sends rows, not coordinates; use the no-rows mode")
 
@@ -458,7 +463,7 @@ def _cast(key: str, value, default):
 
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
-    "landmarks": "n_y, the number of landmarks the sites learn together",
+    "landmarks": "n_y, the number of landmarks the sites learn together (cells: the most cells; at most N / cell-floor)",
     "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases) or feddl "
                        "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",
@@ -505,6 +510,8 @@ HELP = {
     "max_empirical_epsilon": "audit policy: largest acceptable empirical ε lower bound",
     "allow_audit_failure": "continue past a failed audit (recorded in the ledger and the report)",
     "method": "tsne, umap, spectral or none (landmarks only)",
+    "standardize": "cells: scale every feature to unit variance with the federated means and variances (from the "
+                   "basis secure sum; nothing more leaves)",
     "nystrom": "local (default): no per-record rows leave a site, each places its own records on the landmark map; rows: "
                "the paper, one row per record leaves each site (it gives the records back)",
     "n_components": "dimensions of the map",

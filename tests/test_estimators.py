@@ -43,7 +43,8 @@ def wine_label_std():
     return _split("wine", 3, "label", standardize=True)
 
 
-SMALL = dict(n_landmarks=40, rounds=20, random_state=0)
+SMALL = dict(n_landmarks=40, rounds=20, random_state=0, audit_holdout=0.0)
+ROWS = dict(SMALL, nystrom="rows")  # the paper's mode (explicit since issue 15)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def test_fed_umap_floor_both_reconstructions(iris_label, reconstruction):
     sites, y = iris_label
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = FedUMAP(reconstruction=reconstruction, **SMALL).fit(sites)
+        est = FedUMAP(reconstruction=reconstruction, **ROWS).fit(sites)
     assert est.reconstruction_ == reconstruction
     assert est.embedding_.shape == (150, 2) and np.all(np.isfinite(est.embedding_))
     ca = classification_accuracy(est.embedding_, y, random_state=0)
@@ -88,7 +89,7 @@ def test_fed_umap_floor_both_reconstructions(iris_label, reconstruction):
 @pytest.mark.parametrize("reconstruction", ["paper", "features"])
 def test_fed_spectral_floor_both_reconstructions(wine_label_std, reconstruction):
     sites, y = wine_label_std
-    est = FedSpectralClustering(n_clusters=3, reconstruction=reconstruction, **SMALL)
+    est = FedSpectralClustering(n_clusters=3, reconstruction=reconstruction, **ROWS)
     labels = est.fit_predict(sites)
     assert est.reconstruction_ == reconstruction
     assert labels.shape == (len(y),) and set(np.unique(labels)) <= {0, 1, 2}
@@ -102,7 +103,7 @@ def test_fed_spectral_floor_both_reconstructions(wine_label_std, reconstruction)
 @pytest.mark.parametrize("reconstruction", ["paper", "features"])
 def test_fed_tsne_small_floor_both_reconstructions(iris_label, reconstruction):
     sites, y = iris_label
-    est = FedTSNE(reconstruction=reconstruction, **SMALL).fit(sites)
+    est = FedTSNE(reconstruction=reconstruction, **ROWS).fit(sites)
     assert est.reconstruction_ == reconstruction
     assert classification_accuracy(est.embedding_, y, random_state=0)[10] >= 0.90
 
@@ -114,18 +115,18 @@ def test_fed_tsne_small_floor_both_reconstructions(iris_label, reconstruction):
 
 def test_rows_mode_sends_exactly_the_distance_rows_of_algorithm_2(iris_label):
     sites, _ = iris_label
-    est = FedTSNE(keep_sent=True, **SMALL).fit(sites)
+    est = FedTSNE(keep_sent=True, **ROWS).fit(sites)
     expected = np.vstack([sq_dists(X, est.landmarks_) for X in sites])
     assert est.rows_sent_ == 150
     np.testing.assert_allclose(est.sent_rows_, expected, rtol=1e-12, atol=1e-12)
     assert "squared distances" in est.sent_kind_
     # without keep_sent the rows are not retained
-    assert FedTSNE(**SMALL).fit(sites).sent_rows_ is None
+    assert FedTSNE(**ROWS).fit(sites).sent_rows_ is None
 
 
 def test_spectral_rows_mode_sends_exactly_the_kernel_rows_of_algorithm_3(wine_label_std):
     sites, _ = wine_label_std
-    est = FedSpectralClustering(n_clusters=3, keep_sent=True, **SMALL).fit(sites)
+    est = FedSpectralClustering(n_clusters=3, keep_sent=True, **ROWS).fit(sites)
     expected = np.vstack([gaussian_kernel(X, est.landmarks_, est.kernel_gamma_) for X in sites])
     np.testing.assert_allclose(est.sent_rows_, expected, rtol=1e-12, atol=1e-15)
     assert est.kernel_gamma_ == est.gamma_ and est.rows_sent_ == len(expected)
@@ -147,7 +148,8 @@ def test_local_mode_tsne_sends_only_coordinates(iris_label, monkeypatch):
     assert calls == []
     assert est.rows_sent_ == 0 and getattr(est, "sent_rows_", None) is None
     assert est.reconstruction_ == "local" and "coordinates" in est.sent_kind_
-    assert est.embedding_.shape == (150, 2) and est.landmark_embedding_.shape == (40, 2)
+    assert est.embedding_.shape == (150, 2) and est.landmark_embedding_.shape == (len(est.landmarks_), 2)
+    assert est.landmark_info_["method"] == "cells" and np.all(est.landmark_masses_ >= 15)
     assert classification_accuracy(est.embedding_, y, random_state=0)[10] >= 0.80
 
 
@@ -168,8 +170,7 @@ def test_local_mode_umap_sends_only_coordinates(iris_label, monkeypatch):
         warnings.simplefilter("ignore")
         est = FedUMAP(nystrom="local", **SMALL).fit(sites)
     assert calls == [] and est.rows_sent_ == 0
-    assert est.embedding_.shape == (150, 2) and est.landmark_embedding_.shape == (40, 2)
-    # 150 records for 40 landmarks: the Lloyd floor (10 records) freezes most of them; 0.78–0.93 over seeds 0–3
+    assert est.embedding_.shape == (150, 2) and est.landmark_embedding_.shape == (len(est.landmarks_), 2)
     assert classification_accuracy(est.embedding_, y, random_state=0)[10] >= 0.75
 
 
@@ -187,8 +188,8 @@ def test_failing_audit_stops_the_fit_before_any_row(iris_label, monkeypatch, cls
     calls = _forbid_rows(monkeypatch)
     # landmarks that are the FedDL members themselves (given as the start, a negligible step) must fail the audit
     members = np.vstack([SiteWorker({"site-name": n}, X).split(0.2, 0)[0] for n, X in zip(site_names(3), sites)])
-    est = cls(audit_holdout=0.2, keep_sent=True, init=members, lr=1e-12, gamma=1.0, **extra,
-              **dict(SMALL, n_landmarks=len(members), rounds=1))
+    est = cls(keep_sent=True, init=members, lr=1e-12, gamma=1.0, **extra,
+              **dict(ROWS, audit_holdout=0.2, n_landmarks=len(members), rounds=1))
     with pytest.raises(AuditFailedError, match="audit failed"):
         est.fit(sites)
     assert calls == []  # no Nyström row was computed at any site
@@ -197,7 +198,7 @@ def test_failing_audit_stops_the_fit_before_any_row(iris_label, monkeypatch, cls
 
 def test_passing_audit_result_is_recorded(iris_label):
     sites, _ = iris_label
-    est = FedTSNE(audit_holdout=0.2, **SMALL).fit(sites)
+    est = FedTSNE(**dict(ROWS, audit_holdout=0.2)).fit(sites)
     assert est.audit_["verdict"] == "pass" and est.rows_sent_ == 150
     assert est.embedding_.shape == (150, 2)  # holdout records are still embedded
     # the holdout (non-members) was kept out of FedDL: 20 % of each 50-record site

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 from ..plan import HELP, METHODS, RunPlan
 
@@ -19,7 +20,8 @@ _NOT_FLAGS = ("init", "source", "keep_rows", "monitor", "min_sites", "request_ti
 #: the plan options whose ``securefed run`` default differs from the API default, and why
 CLI_DEFAULTS = {"n_clusters": None}  # spectral: the number of labels when the data have them, else 8
 PEER_METHODS = ("dsne", "fdsne", "dp-dsne", "gtm")
-JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "clients": 10, "partition": "label", "method": "tsne",
+JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "site": None, "id_column": None, "keep_column": None,
+                "layer": None, "clients": 10, "partition": "label", "method": "tsne",
                 "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
                 "force": False}
 
@@ -42,7 +44,8 @@ _CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "a
             "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),
             "landmark_method": ("auto", "feddl", "cells", "billboard"), "coordinates": ("send", "keep")}
 
-_GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_rounds", "basis_dim", "public_basis_dim",
+_GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_rounds", "basis_dim", "standardize",
+                          "public_basis_dim",
                           "rounds", "local_steps", "rule", "lr", "gamma", "weights")),
            ("secure sum", ("aggregation", "value_bound", "modulus_bits", "fractional_bits", "degree", "threshold",
                            "stage_timeout", "ckks_precision", "key_holder", "ckks_min_survivors", "ckks_quorum",
@@ -66,7 +69,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     job = p.add_argument_group("the job")
     job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
                      help="digits | breast_cancer | wine | iris | mnist5k, or a .csv/.npy/.npz path")
-    job.add_argument("--label-column", default=None, help="label column of a CSV file (kept out of the features)")
+    job.add_argument("--site", action="append", default=None, metavar="PATH",
+                     help="one site's records (CSV/NPY/NPZ/.h5ad); repeat per site, or give a glob or a directory of "
+                          "per-site files (site names: the file stems); replaces --dataset, --clients and --partition")
+    job.add_argument("--label-column", default=None,
+                     help="label column of a CSV file, or the obs column of an .h5ad file (kept out of the features)")
+    job.add_argument("--id-column", default=None,
+                     help="record-id column (kept out of the features, written back in embedding.csv); .h5ad: obs_names "
+                          "by default")
+    job.add_argument("--keep-column", action="append", default=None, metavar="NAME",
+                     help="keep a column that looks like a record id as a feature (repeatable)")
+    job.add_argument("--layer", default=None, help=".h5ad: use this obsm entry (e.g. X_pca) or layer instead of X")
     job.add_argument("--clients", type=int, default=JOB_DEFAULTS["clients"], help="number of sites P")
     job.add_argument("--partition", default=JOB_DEFAULTS["partition"], help="iid | label (one class per site) | dirichlet:ALPHA")
     job.add_argument("--method", default=JOB_DEFAULTS["method"], choices=tuple(m for m in METHODS if m != "none") + PEER_METHODS,
@@ -124,21 +137,34 @@ def plan_options_from_args(args) -> dict:
 
 
 def run_command(args) -> int:
+    """Run, then give the verdict ``securefed audit`` gives for the same folder (report written) and exit with it."""
     import os
 
     from ..pipeline import run
+    from ..report.build import write_report
 
     metrics = run(args)
     out = os.path.abspath(args.out)
     fed = metrics.get("federated", {})
     cen = metrics.get("centralized")
     key = "nmi" if args.method == "spectral" else "ca_10nn"
-    line = f"federated {key}={fed.get(key)}"
+    line = f"federated {key}={_fmt(fed.get(key))}"
     if cen:
-        line += f"  centralized {key}={cen.get(key)}"
+        line += f"  centralized {key}={_fmt(cen.get(key))}"
     if metrics.get("privacy"):
-        line += f"  ε={metrics['privacy'].get('epsilon')} (δ={metrics['privacy'].get('delta')})"
+        line += f"  ε={_fmt(metrics['privacy'].get('epsilon'))} (δ={metrics['privacy'].get('delta'):g})"
     print(line)
-    print(f"outputs in {out}: metrics.json, embedding.png, {'labels.npy' if args.method == 'spectral' else 'embedding.npy'}, "
-          f"config.json, history.json; write the privacy report with: securefed audit {out}")
-    return 0
+    html, _ = write_report(out)
+    with open(os.path.join(out, "report.json"), encoding="utf-8") as fh:
+        verdict = json.load(fh)["verdict"]
+    print(f"verdict: {verdict['status']}" + ("" if verdict["status"] == "pass" else
+                                             " — " + "; ".join(verdict.get("reasons", [])[:3])))
+    for remedy in verdict.get("remedies", [])[:3]:
+        print(f"  remedy: {remedy}")
+    print(f"outputs in {out}: report.html (the privacy report), embedding.png, embedding.csv, metrics.json, "
+          "result.json")
+    return 0 if verdict["status"] == "pass" else 1
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -121,6 +121,7 @@ class Coordinator:
         self.privacy = None
         self.steps: list = []
         self.inventory: list = []
+        self.warnings: list = []
         self.round_trips = 0
         self.messages = 0
         self.bytes_to: dict = {}
@@ -246,7 +247,7 @@ class Coordinator:
         plan = self.plan
         self.emit("start", run_id=self.run_id, method=plan.method, nystrom=plan.nystrom, aggregation=plan.aggregation)
         yield from self._hello(addresses)
-        warnings: list = []
+        warnings = self.warnings
         if plan.aggregation == "plain":
             warnings.append("plain aggregation: the coordinator saw each site's own uploads, not only their sum (give a "
                             f"public {plan.name('value_bound')} for the default secure sum)")
@@ -425,9 +426,12 @@ class Coordinator:
             out.update(verdict="fail", overridden=False, proceed=False, ledger_event=None,
                        note="the run stopped at the gate: nothing per record was sent")
             self.partial["audit"] = out
+            remedy = {"cells": f"a larger {plan.name('cell_floor')} (now {plan.cell_floor})",
+                      "billboard": f"a smaller {plan.name('epsilon')}"}.get(
+                lm["info"]["method"], f"noise ({plan.name('epsilon')}) or fewer {plan.name('landmarks')}")
             raise AuditFailedError("landmark membership audit failed: " + "; ".join(str(f) for f in dec.failures)
-                                   + f" — nothing per record left the sites; rerun with {plan.name('allow_audit_failure')} "
-                                     "to proceed (recorded), or add noise (epsilon) / fewer landmarks")
+                                   + f" — nothing per record left the sites; rerun with {remedy}, or with "
+                                     f"{plan.name('allow_audit_failure')} to proceed (recorded)")
         return out
 
     # ------------------------------------------------------------------------------ stage 3: the embedding

@@ -201,7 +201,7 @@ def cells(co):
     One secure sum for the basis, then rounds of a count pass and a sum pass; every cell mean the coordinator
     learns is over at least ``cell_floor`` records (the count pass withholds smaller cells before any sum of
     features is asked for)."""
-    from ..landmarks.cells import cell_update, pca_basis, prune, split_cells
+    from ..landmarks.cells import cell_update, pca_basis, prune, scale_warning, split_cells
 
     plan, s = co.plan, co.sites
     m, N = s.n_features, float(sum(s.sizes))
@@ -209,10 +209,16 @@ def cells(co):
     n_max = float(max(s.sizes))
     total, _ = yield from _scaled_sum(co, {"task": "moments", "scale": B, "out_shape": [1 + m + m * m]}, "basis",
                                       n_max)  # [n_p, Σx/B, Σxxᵀ/B²]: every coordinate within ±n_p
-    mu, V, trace = pca_basis(total, m, min(plan.basis_dim, m))
-    space = LandmarkSpace("pca", mu * B, V)
-    trace *= B * B
-    co.release("the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis)")
+    mu, V, trace, sd = pca_basis(total, m, min(plan.basis_dim, m), standardize=plan.standardize)
+    # the sum was of x / B: μ and σ scale by B; standardised features do not depend on B, the variance does
+    space = LandmarkSpace("pca", mu * B, V / B if plan.standardize else V)
+    trace *= 1.0 if plan.standardize else B * B
+    if not plan.standardize:
+        warn = scale_warning(sd, flag=plan.name("standardize"))
+        if warn:
+            co.warnings.append(warn)
+    co.release("the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis"
+               + (" and the standardisation)" if plan.standardize else ")"))
     d = V.shape[1]
     r_feat = 2.0 * B * math.sqrt(m) if plan.sum_bound else None  # public bound on |feature| (|x_j| ≤ B)
     floor = plan.cell_floor

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ConfigError, bad_value
 from ..kernels import sq_dists
 
-__all__ = ["site_moments", "pca_basis", "features", "nearest_cell", "cell_counts", "cell_sums", "prune",
+__all__ = ["site_moments", "pca_basis", "scale_warning", "features", "nearest_cell", "cell_counts", "cell_sums", "prune",
            "cell_update", "split_cells"]
 
 
@@ -35,17 +35,37 @@ def site_moments(X: np.ndarray) -> np.ndarray:
     return np.concatenate([[len(X)], X.sum(axis=0), (X.T @ X).ravel()])
 
 
-def pca_basis(total: np.ndarray, m: int, dim: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Global mean μ, the top ``dim`` principal axes V (m × dim) and the total variance tr Σ from summed moments."""
+def pca_basis(total: np.ndarray, m: int, dim: int, standardize: bool = False) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """From summed moments: the global mean μ, the top ``dim`` principal axes V (m × dim), the total variance
+    tr Σ and the per-feature standard deviations σ.
+
+    With ``standardize`` the axes are those of the correlation matrix and V is returned premultiplied by
+    diag(1/σ), so that :func:`features` ``(X − μ)V`` standardises the records first (a constant feature gets
+    weight 0); tr Σ is then that of the correlation matrix."""
     n = float(total[0])
     if not n > 1:
         raise ConfigError(bad_value("records", n, "the basis needs at least 2 records over all sites"))
     mu = total[1:1 + m] / n
     C = total[1 + m:].reshape(m, m) / n - np.outer(mu, mu)
     C = (C + C.T) / 2.0
+    sd = np.sqrt(np.maximum(np.diag(C), 0.0))
+    inv = np.where(sd > 1e-12 * max(float(sd.max(initial=0.0)), 1e-300), 1.0 / np.maximum(sd, 1e-300), 0.0)
+    if standardize:
+        C = C * np.outer(inv, inv)
     w, V = np.linalg.eigh(C)
-    order = np.argsort(w)[::-1][:dim]
-    return mu, V[:, order], float(max(np.trace(C), 0.0))
+    V = V[:, np.argsort(w)[::-1][:dim]]
+    if standardize:
+        V = inv[:, None] * V
+    return mu, V, float(max(np.trace(C), 0.0)), sd
+
+
+def scale_warning(sd: np.ndarray, max_ratio: float = 100.0, flag: str = "standardize") -> str | None:
+    """One line when the features' standard deviations (from the basis sum) differ by more than ``max_ratio``."""
+    live = sd[sd > 1e-12 * max(float(sd.max(initial=0.0)), 1e-300)]
+    if len(live) < 2 or live.max() <= max_ratio * live.min():
+        return None
+    return (f"feature scales differ by a factor {live.max() / live.min():.3g} (standard deviations {live.min():.3g} to "
+            f"{live.max():.3g}): distances, and so the map, follow the largest-scale features; consider {flag}")
 
 
 def features(X: np.ndarray, mu: np.ndarray, V: np.ndarray) -> np.ndarray:
