@@ -287,10 +287,40 @@ class _FederatedEmbedding(_Estimator):
             self.landmark_labels_ = emb["landmark_labels"]
         if "kernel_gamma" in emb:
             self.kernel_gamma_ = emb["kernel_gamma"]
+        self.landmark_map_zn_ = emb.get("Zn")
         if emb.get("missing"):
             raise ConfigError(bad_value("sites", sorted(emb["missing"]), "these sites did not return their part of the "
                                         f"embedding: {emb['missing']}"))
         self.timings_ = {"total": seconds, "coordinator": res.seconds}
+
+    def _place_new(self, X_new):
+        """Place new records of one site against the fitted landmark map — on the caller's machine, from the
+        broadcast alone (nothing leaves): the no-rows mode's site step with every cell's whole mass."""
+        from sklearn.utils.validation import check_is_fitted
+
+        from .embedding import placement
+
+        check_is_fitted(self, "landmarks_")
+        if getattr(self, "landmark_embedding_", None) is None and not hasattr(self, "landmark_labels_"):
+            raise ConfigError(bad_value("nystrom", self.plan_.nystrom, "transform places new records against the "
+                                        "landmark map of the no-rows mode; fit with nystrom='local'"))
+        X_new = check_sites([X_new])[0]
+        if X_new.shape[1] != self.n_features_in_:
+            raise ConfigError(bad_value("X_new.shape", X_new.shape, f"give {self.n_features_in_} features, as in fit"))
+        F = self.landmark_space_.features(X_new)
+        if self._method == "spectral":
+            from .embedding.stages import spectral_assign
+
+            return spectral_assign(F, self.landmarks_, float(self.kernel_gamma_), self.landmark_labels_,
+                                   int(self.n_clusters))
+        if self._method == "tsne":
+            return placement.place_refine(F, self.landmarks_, self.landmark_embedding_, self.landmark_masses_,
+                                          self.landmark_map_zn_, perplexity=float(self.perplexity), counted=False)
+        return placement.place_weighted(F, self.landmarks_, self.landmark_embedding_, perplexity=2.0)
+
+    def transform(self, X_new):
+        """Coordinates of a site's new records on the fitted map (no-rows mode; computed locally, nothing leaves)."""
+        return self._place_new(X_new)
 
     def _site_slices(self):
         bounds = np.cumsum([0] + list(self.site_sizes_))
@@ -368,6 +398,13 @@ class FedSpectralClustering(_FederatedEmbedding):
     def fit_predict(self, sites, y=None):
         """Fit and return :attr:`labels_`."""
         return self.fit(sites, y).labels_
+
+    def predict(self, X_new):
+        """Cluster labels of a site's new records (no-rows mode; computed locally, nothing leaves)."""
+        return self._place_new(X_new)
+
+    def transform(self, X_new):
+        raise AttributeError("FedSpectralClustering has no transform; use predict(X_new) for new records' clusters")
 
 
 # -------------------------------------------------------------------------------- centralized

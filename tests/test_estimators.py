@@ -258,3 +258,58 @@ def test_estimator_bad_input(iris_label, make, exc, match):
     est.set_params(rounds=2, n_landmarks=est.n_landmarks if est.n_landmarks != 300 else 10)
     with pytest.raises(exc, match=match):
         est.fit(data)
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 16: transform / predict of new records, pickling, scikit-learn's checks
+# ----------------------------------------------------------------------------------------------
+
+
+def test_transform_places_new_records_like_the_fitted_ones(iris_label):
+    """A site's new records land where that site's own records of the same class landed; spectral predict agrees
+    with the fitted labels on the fitted records."""
+    sites, y = iris_label
+    est = FedTSNE(aggregation="secagg", value_bound=8.0, cell_floor=5, **dict(SMALL)).fit(sites)
+    X = np.vstack(sites)
+    Z = est.transform(X)
+    assert Z.shape == (150, 2) and np.all(np.isfinite(Z))
+    # a new record's nearest fitted neighbour on the map has its class (the map's own 10-NN accuracy level)
+    from sklearn.neighbors import KNeighborsClassifier
+
+    knn = KNeighborsClassifier(10).fit(est.embedding_, y)
+    assert (knn.predict(Z) == y).mean() >= 0.85
+    sc = FedSpectralClustering(n_clusters=3, cell_floor=5, **SMALL).fit(sites)
+    assert (sc.predict(X) == sc.labels_).mean() >= 0.9
+    with pytest.raises(ConfigError, match="features"):
+        est.transform(X[:, :3])
+    rows = FedTSNE(**ROWS).fit(sites)
+    with pytest.raises(ConfigError, match="nystrom"):
+        rows.transform(X)
+
+
+def test_a_pickled_fitted_secagg_model_loads_and_transforms(iris_label):
+    import pickle
+
+    sites, _ = iris_label
+    est = FedTSNE(aggregation="secagg", value_bound=8.0, cell_floor=5, **SMALL).fit(sites)
+    blob = pickle.dumps(est)
+    for secret in (b"cryptography", b"PrivateKey", b"PRIVATE KEY"):  # no key object or key material kept after fit
+        assert secret not in blob
+    back = pickle.loads(blob)
+    np.testing.assert_array_equal(back.transform(sites[0]), est.transform(sites[0]))
+    assert back.result_.aggregation["protocol"] == "secagg"
+
+
+@pytest.mark.parametrize("cls", [FedTSNE, FedUMAP, FedSpectralClustering])
+def test_scikit_learn_parameter_checks(cls):
+    """The documented subset of scikit-learn's estimator checks (docs/api.md): those that do not call fit(X) — our
+    fit takes one array per site, not one X, so the checks that fit on a single array do not apply."""
+    from sklearn.utils import estimator_checks as ec
+
+    est = cls()
+    name = cls.__name__
+    ec.check_parameters_default_constructible(name, est)
+    ec.check_no_attributes_set_in_init(name, est)
+    ec.check_get_params_invariance(name, est)
+    ec.check_set_params(name, est)
+    assert est.__sklearn_tags__() is not None

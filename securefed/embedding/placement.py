@@ -170,14 +170,15 @@ def place_weighted(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, *, perplexity: f
 
 
 def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn: float, *, perplexity: float = 30.0,
-                 n_iter: int = 150, init_perplexity: float = 5.0) -> np.ndarray:
+                 n_iter: int = 150, init_perplexity: float = 5.0, counted: bool = True) -> np.ndarray:
     """A site's step: its records' t-SNE against the fixed cell map (``F`` its records in the landmarks' space).
 
     The affinities are the N-record t-SNE's restricted to this site's rows: over its own records (mass 1 each) and
     the cells (mass ``c_L``); attraction to a cell uses its whole mass, repulsion only the other sites' mass
     ``M_L = c_L − own_L`` (a site's own records repel each other directly); ``Zn`` is the coordinator's
     normalisation. Starts at :func:`place_weighted`; 150 iterations of momentum 0.8, learning rate N/12. Uses
-    nothing but the broadcast (Y, Z, c, Zn) and the site's own records.
+    nothing but the broadcast (Y, Z, c, Zn) and the site's own records. ``counted=False`` places new records that
+    the masses do not include (``transform``): every cell then repels with its whole mass.
     """
     from ..kernels import sq_dists
     from ..landmarks.cells import cell_counts
@@ -185,7 +186,7 @@ def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn:
     n = len(F)
     c = np.asarray(c, dtype=np.float64)
     N = float(c.sum())
-    M = np.maximum(c - cell_counts(F, Y), 0.0)
+    M = np.maximum(c - cell_counts(F, Y), 0.0) if counted else c
     y0 = place_weighted(F, Y, Z, perplexity=init_perplexity)
     D_ff = sq_dists(F)
     np.fill_diagonal(D_ff, np.inf)

@@ -500,6 +500,7 @@ class Coordinator:
             if plan.method == "tsne":
                 E, Zn = weighted_tsne(Y, c, perplexity=plan.perplexity, seed=seed, n_components=plan.n_components)
                 req.update(perplexity=float(plan.perplexity), Zn=float(Zn))
+                out["Zn"] = float(Zn)
             else:
                 E = np.asarray(umap_landmark_model(Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,
                                                    n_components=plan.n_components, seed=seed).embedding_, dtype=np.float64)

@@ -1,0 +1,127 @@
+"""The DP billboard (issue 15 item 4): sensitivity by brute force, calibration against an independent accountant,
+every release in the ledgers, and the billboard lemma — a site's coordinates depend on other sites' records only
+through the two noisy releases."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from securefed.federation import run_in_process
+from securefed.federation.privacy import open_server_ledger
+from securefed.landmarks.cells import cell_counts
+from securefed.landmarks.merf import (COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, public_basis, rff,
+                                      rff_frequencies, scaled_features)
+from securefed.plan import RunPlan
+
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
+
+
+# ------------------------------------------------------------------------------------ sensitivity, brute force
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replace_one_sensitivity_of_both_releases_by_brute_force(seed):
+    """Every neighbour D' = D with one record replaced — by another record, a far-away point, zeros or a record
+    of huge norm — changes Σφ by at most Δ₁ = 2 and the landmark counts by at most Δ₂ = √2 (L2)."""
+    rng = np.random.default_rng(seed)
+    m, d = 100, 16  # m > d: a public random projection
+    B, _ = public_basis(m, d, 0)
+    W = rff_frequencies(d, 300, (3.0, 6.0))
+    X = rng.uniform(0, 1, size=(40, m))
+    Y = rng.normal(size=(25, d)) * 2
+    F = scaled_features(X, B, 1.0)
+    s0, c0 = rff(F, W).sum(axis=0), cell_counts(F, Y)
+    replacements = [X[rng.integers(40)], np.zeros(m), np.full(m, 1e6), -np.full(m, 1e6), rng.normal(size=m) * 50]
+    worst1 = worst2 = 0.0
+    for i in range(len(X)):
+        for r in replacements:
+            X2 = X.copy()
+            X2[i] = r
+            F2 = scaled_features(X2, B, 1.0)
+            worst1 = max(worst1, float(np.linalg.norm(rff(F2, W).sum(axis=0) - s0)))
+            worst2 = max(worst2, float(np.linalg.norm(cell_counts(F2, Y) - c0)))
+    assert worst1 <= RFF_SENSITIVITY + 1e-9 and worst2 <= COUNT_SENSITIVITY + 1e-12
+    assert worst1 > 1.2 and worst2 == pytest.approx(math.sqrt(2.0))  # the bounds are (nearly) attained
+    assert np.allclose(np.linalg.norm(rff(F, W), axis=1), 1.0)  # ‖φ(x)‖ = 1 exactly
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 4.0, 8.0])
+def test_calibration_agrees_with_an_independent_accountant(eps):
+    """The two Gaussian releases at (σ₁, Δ₁) and (σ₂, Δ₂) compose to the target (ε, δ): checked with Google's
+    dp_accounting PLD accountant, which shares no code with securefed's."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    delta = 1e-5
+    n = billboard_noise(eps, delta, 0.2)
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(n["sigma1"] / RFF_SENSITIVITY))
+    acc.compose(dp_accounting.GaussianDpEvent(n["sigma2"] / COUNT_SENSITIVITY))
+    assert acc.get_epsilon(delta) == pytest.approx(eps, rel=2e-3)
+
+
+# ------------------------------------------------------------------------------------ a run
+
+def _sites(seed=0, shift=0.0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(4, 10)) * 3
+    out = []
+    for p in range(3):
+        lab = rng.integers(0, 4, size=120)
+        out.append(np.clip(centres[lab] + rng.normal(size=(120, 10)), -8, 8))
+    out[2] = out[2] + shift
+    return out
+
+
+def _dp_run(tmp_path, sites, run_id, **kw):
+    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10),
+                         value_bound=8.0, aggregation="plain", noise_seed_for_testing=11, audit_holdout=0.0,
+                         landmarks=40, n_iter=300, seed=5, run_id=run_id, **kw)
+    assert plan.landmark_method == "billboard"
+    folder = tmp_path / run_id
+    folder.mkdir()
+    ledger = open_server_ledger(plan, plan.run_id, str(folder / "ledger.jsonl"))
+    return run_in_process(plan, sites, ledger=ledger), folder
+
+
+def test_every_billboard_release_is_in_each_sites_ledger_and_the_aggregate(tmp_path):
+    res, folder = _dp_run(tmp_path, _sites(), "bb1")
+    assert res.landmark_info["method"] == "billboard" and res.landmark_info["releases"] == 2
+    n = billboard_noise(2.0, 1e-5, 0.2)
+    for name in res.sites:
+        lines = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bb1.jsonl").read_text().splitlines()]
+        rel = [ev for ev in lines if ev.get("type") == "release"]
+        assert [ev["mechanism"] for ev in rel] == ["gaussian-rff", "gaussian-counts"]
+        assert [ev["step"] for ev in rel] == [0, 1]
+        assert all(ev["noise_source"] == "seeded-testing" for ev in rel)
+    agg = [json.loads(ln) for ln in (folder / "ledger.jsonl").read_text().splitlines()]
+    assert sum(1 for ev in agg if ev.get("type") == "release") == 2 * len(res.sites)
+    priv = res.privacy
+    assert priv["epsilon"] == pytest.approx(2.0, rel=1e-6) and priv["epsilon_void"] is True
+    assert priv["sigma_per_release"] == pytest.approx([n["sigma1"], n["sigma2"]])
+    covered = [r for r in res.inventory if "Gaussian noise" in r["what"]]
+    assert len(covered) == 2 and all(str(r["covered_by_epsilon"]).startswith("yes") for r in covered)
+    coords = [r for r in res.inventory if "coordinate" in r["what"]]
+    assert coords and all(r["covered_by_epsilon"] in (False, "no") for r in coords)  # outside ε, said so
+
+
+def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tmp_path):
+    """Billboard lemma: change site 2's records; site 0's coordinates in either run are exactly its own placement
+    against that run's broadcast (landmarks, masses, map) — recomputed here from the broadcast and site 0's records
+    alone. So whatever changes at site 0 flows through the two DP releases."""
+    from securefed.embedding.placement import place_refine
+
+    runs = [_dp_run(tmp_path, _sites(shift=s), f"bl{i}")[0] for i, s in enumerate((0.0, 3.0))]
+    for res in runs:
+        emb = res.embedding
+        own = place_refine(res.landmark_space.features(_sites()[0]), res.landmarks, emb["landmark_embedding"],
+                           res.masses, emb["Zn"], perplexity=30.0)
+        np.testing.assert_allclose(emb["coordinates"][res.sites[0]], own, rtol=0, atol=1e-9)
+    assert not np.allclose(runs[0].landmarks, runs[1].landmarks)  # the other site's change reached the billboard
+
+
+def test_coordinates_keep_sends_nothing_per_record(tmp_path):
+    res, _ = _dp_run(tmp_path, _sites(), "bk", coordinates="keep")
+    emb = res.embedding
+    assert "coordinates" not in emb and emb["kept_on_sites"] == {n: 120 for n in res.sites}
+    assert all(int(b) < 200 for b in emb["bytes_from_site"].values())  # a count, not 120 × 2 coordinates
+    assert res.stacked("coordinates").shape == (360, 2)  # the simulation still holds each site's own result
