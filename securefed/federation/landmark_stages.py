@@ -28,6 +28,9 @@ __all__ = ["feddl", "cells", "billboard", "MIN_CELLS"]
 
 #: fewest cells a map is drawn from (the landmark t-SNE needs a perplexity (k − 1)/3 above 1)
 MIN_CELLS = 5
+#: cells: Lloyd rounds after the growth, and the growth factor below which a round counts as stalled
+CELL_POLISH_ROUNDS = 1
+CELL_STALL = 1.05
 
 
 def feddl(co):
@@ -224,7 +227,7 @@ def cells(co):
     floor = plan.cell_floor
     k_target = max(2, min(int(plan.landmarks), int(N / floor)))  # N/floor cells at most, capped by landmarks
     Y = np.zeros((1, d))
-    rounds, growing, polish = 0, True, 1
+    rounds, growing, polish, k_before = 0, True, CELL_POLISH_ROUNDS, 0.5
     while True:
         rounds += 1
         counts, _ = yield from _scaled_sum(co, space.put(put_array({"task": "cell-counts", "out_shape": [len(Y)]},
@@ -240,7 +243,9 @@ def cells(co):
         co.emit("cells", round=rounds, cells=k)
         if growing:
             grown = split_cells(Y, c, cov, k_target, floor)
-            if len(grown) > k and rounds < plan.cell_rounds:
+            stalled = k < CELL_STALL * k_before  # the last splits were mostly pruned: the floor, not the rounds, binds
+            k_before = k
+            if len(grown) > k and rounds < plan.cell_rounds and not stalled:
                 Y = grown
                 continue
             growing = False

@@ -98,10 +98,11 @@ def cell_sums(F: np.ndarray, Y: np.ndarray, second_moments: bool = False) -> np.
 
 
 def prune(Y: np.ndarray, counts: np.ndarray, floor: int) -> np.ndarray:
-    """The landmarks whose cell holds at least ``floor`` records (at least the fullest one)."""
+    """The landmarks whose cell holds at least ``floor`` records (a typed error when none does)."""
     keep = counts >= floor
-    if not keep.any():
-        keep = counts >= counts.max()
+    if not keep.any():  # never reveal a mean over fewer than floor records
+        raise ConfigError(bad_value("cell_floor", floor, f"no cell holds {floor} records ({int(counts.sum())} in all); "
+                                    "lower the floor or bring more records"))
     return Y[keep]
 
 
@@ -119,15 +120,35 @@ def cell_update(total: np.ndarray, k: int, d: int, second_moments: bool = False)
 
 def split_cells(Y: np.ndarray, c: np.ndarray, cov: np.ndarray, k_target: int, floor: int,
                 margin: float = 2.0) -> np.ndarray:
-    """Split the fullest cells (each with ≥ ``margin · floor`` records, up to ``k_target`` landmarks) in two along
-    their first principal axis: μ ± 0.8·√λ₁·v₁. Returns the new landmarks (unchanged when nothing may split)."""
+    """Split the fullest cells along their principal axes, up to ``k_target`` landmarks: a cell with at least
+    ``2 · margin · floor`` records splits in four (μ ± 0.8·√λ₁·v₁ ± 0.8·√λ₂·v₂), one with at least ``margin · floor``
+    in two (μ ± 0.8·√λ₁·v₁) — the two-means split of a Gaussian, whose halves each keep about half the records.
+    Returns the new landmarks (unchanged when nothing may split)."""
     k = len(Y)
     elig = np.flatnonzero(c >= margin * floor)
-    elig = elig[np.argsort(-c[elig])][: max(0, k_target - k)]
-    if len(elig) == 0:
+    elig = elig[np.argsort(-c[elig])]
+    room = max(0, k_target - k)
+    quad, pair, grown = [], [], 0
+    for i in elig:
+        if c[i] >= 2 * margin * floor and Y.shape[1] >= 2 and grown + 3 <= room:
+            quad.append(i)
+            grown += 3
+        elif grown + 1 <= room:
+            pair.append(i)
+            grown += 1
+    if not quad and not pair:
         return Y
-    w, V = np.linalg.eigh(cov[elig])
-    v1 = V[:, :, -1] * np.sqrt(np.maximum(w[:, -1], 0.0))[:, None] * 0.8
     keep = np.ones(k, bool)
-    keep[elig] = False
-    return np.vstack([Y[keep], Y[elig] + v1, Y[elig] - v1])
+    keep[quad + pair] = False
+    out = [Y[keep]]
+    for idx, n_axes in ((pair, 1), (quad, 2)):
+        if not idx:
+            continue
+        w, V = np.linalg.eigh(cov[idx])
+        a1 = V[:, :, -1] * np.sqrt(np.maximum(w[:, -1], 0.0))[:, None] * 0.8
+        if n_axes == 1:
+            out += [Y[idx] + a1, Y[idx] - a1]
+        else:
+            a2 = V[:, :, -2] * np.sqrt(np.maximum(w[:, -2], 0.0))[:, None] * 0.8
+            out += [Y[idx] + a1 + a2, Y[idx] + a1 - a2, Y[idx] - a1 + a2, Y[idx] - a1 - a2]
+    return np.vstack(out)
