@@ -326,6 +326,10 @@ class _Validator:
         if p.landmark_method == "billboard" and not p.dp:
             self.fail("landmark_method", "billboard", f"is the DP landmark method: give {p.name('epsilon')} (and "
                                                       f"{p.name('clip_norm')}), or use cells")
+        if p.dp and p.noise == "distributed" and p.landmark_method == "billboard":
+            self.fail("noise", "distributed", "the DP billboard adds the full σ on every site (noise local): a "
+                                              "continuous noise share would not survive the secure sum's fixed-point "
+                                              "quantisation exactly; use noise local")
         if p.dp and p.noise == "distributed" and p.landmark_method == "feddl" and p.rule == "model":
             self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
                                               f"only its noise share); use {p.name('rule')} gradient or noise local")

@@ -271,8 +271,9 @@ def cells(co):
 
 def billboard(co):
     """The DP billboard (:mod:`securefed.landmarks.merf`): release 1 = the sum of a bounded random-feature map of
-    every record, release 2 = the landmarks' counts, both with Gaussian noise added on the sites (the full σ each
-    with plain aggregation; a share σ/√t inside a secure sum), each written to the site's ledger before it leaves.
+    every record, release 2 = the landmarks' counts, both with Gaussian noise added on every site (the full σ each:
+    each site's upload is private on its own, whatever the coordinator does), each written to the site's ledger
+    before it leaves.
     Everything else — the landmarks, their masses, their map — is post-processing."""
     from ..landmarks.merf import (DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES, billboard_noise, fit_to_embedding,
                                   rff_frequencies)
@@ -288,10 +289,8 @@ def billboard(co):
         raise ConfigError(bad_value(plan.name("epsilon"), None, "the DP billboard needs a target ε (noise-multiplier is "
                                     "for FedDL's gradient perturbation): give epsilon"))
     co.privacy = priv = BillboardPrivacy(plan, co.run_id, s.sizes, noise, co.ledger, scale=scale)
-    t = priv.t
     n_max = float(max(s.sizes))
-    share1 = noise["sigma1"] / math.sqrt(t) if priv.distributed else noise["sigma1"]
-    share2 = noise["sigma2"] / math.sqrt(t) if priv.distributed else noise["sigma2"]
+    share1, share2 = noise["sigma1"], noise["sigma2"]  # every site adds the full σ (noise local)
     W = rff_frequencies(d, DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES)
     task = space.put({"task": "rff", "n_freq": DEFAULT_FREQUENCIES, "lengthscales": list(DEFAULT_LENGTHSCALES),
                       "billboard": priv.wire_plan(), "release": 0, "out_shape": [2 * DEFAULT_FREQUENCIES]})

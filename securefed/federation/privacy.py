@@ -390,7 +390,7 @@ def billboard_plan(plan, run_id: str, sizes, t: int) -> dict:
     """The public plan of the two billboard releases (what every site rebuilds its noise from)."""
     return {"run_id": run_id, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
             "accountant": plan.accountant, "count_share": float(plan.count_share),
-            "noise": plan.noise if plan.aggregation != "plain" else "local", "t": int(t),
+            "noise": "local", "t": int(t),
             "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
 
 
@@ -400,15 +400,12 @@ class BillboardPrivacy:
 
     def __init__(self, plan, run_id: str, sizes, noise: dict, ledger=None, *, scale: float | None = None):
         self.public = {"tau_x": plan.clip_norm, "feature_scale": scale}
-        self.distributed = plan.noise == "distributed" and plan.aggregation != "plain"
-        self.t = int(plan.min_survivors or len(sizes)) if self.distributed else 1
-        self.plan = billboard_plan(plan, run_id, sizes, self.t)
+        self.plan = billboard_plan(plan, run_id, sizes, 1)
         self.noise = noise
         self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
         self.reported_releases: dict = {}
-        self.noise_note = (f"each site added a share σ/√t (t = {self.t}) inside the secure sum; the sum carries σ while "
-                           f"at least {self.t} sites survive" if self.distributed else
-                           "each site added the full σ to its own upload (private on its own)")
+        self.noise_note = ("each site added the full σ to its own upload: private on its own, whatever the coordinator "
+                           "or the other sites do (the sum carries √P·σ)")
 
     def wire_plan(self) -> str:
         return dumps(self.plan)
@@ -435,7 +432,7 @@ class BillboardPrivacy:
                 "epsilon_target": self.plan["epsilon"], "mu": n["mu"], "mu_per_release": [n["mu1"], n["mu2"]],
                 "sigma_per_release": [n["sigma1"], n["sigma2"]],
                 "sensitivity_per_release": [2.0, 2.0 ** 0.5], "releases": 2, "noise": self.plan["noise"],
-                "noise_share": self.noise_note, "min_survivors": self.t, "adjacency": "replace one record",
+                "noise_share": self.noise_note, "adjacency": "replace one record",
                 "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
                 "tau_x": self.public["tau_x"], "feature_scale": self.public["feature_scale"],
                 "clip_note": "each record is divided by the public feature scale, mapped into the public basis and "
@@ -473,7 +470,10 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         u = rff(F, W).sum(axis=0)
     else:
         u = cell_counts(F, get_array(fields, "Y"))
-    share = sigma / math.sqrt(int(plan["t"])) if plan["noise"] == "distributed" else sigma
+    if plan["noise"] != "local":  # a share σ/√t would not survive the secure sum's quantisation exactly
+        raise ProtocolError(f"the billboard plan asks for {plan['noise']!r} noise; this site adds the full σ itself "
+                            "(noise local) and refuses anything else")
+    share = sigma
     attempt = len(ledger.releases_at(site, 0, release))
     if plan.get("noise_seed") is None:
         e = secure_standard_normal(u.shape)

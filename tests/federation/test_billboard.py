@@ -125,3 +125,20 @@ def test_coordinates_keep_sends_nothing_per_record(tmp_path):
     assert "coordinates" not in emb and emb["kept_on_sites"] == {n: 120 for n in res.sites}
     assert all(int(b) < 200 for b in emb["bytes_from_site"].values())  # a count, not 120 × 2 coordinates
     assert res.stacked("coordinates").shape == (360, 2)  # the simulation still holds each site's own result
+
+
+def test_sites_refuse_a_billboard_plan_with_noise_shares():
+    """A coordinator that announces distributed shares (σ/√t each) is refused: the site adds its full σ itself."""
+    from securefed.errors import ConfigError
+    from securefed.federation import SiteWorker
+    from securefed.federation.wire import dumps
+
+    with pytest.raises(ConfigError, match="noise"):
+        RunPlan.build("api", epsilon=1.0, clip_norm=5.0, value_bound=1.0, noise="distributed", aggregation="secagg")
+    X = np.random.default_rng(0).normal(size=(30, 4))
+    plan = {"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": 0.2,
+            "noise": "distributed", "t": 3, "sizes": [30], "noise_seed_for_testing": None}
+    w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
+    rep = w.handle({"op": "plain", "site": 0, "task": "rff", "billboard": dumps(plan), "release": 0, "n_freq": 10,
+                    "lengthscales": [3.0], "space": "raw", "out_shape": [20], "seed": 0, "weights": "uniform"})
+    assert rep["error"].startswith("ProtocolError") and "full σ" in rep["error"]
