@@ -10,6 +10,9 @@ With ``--nystrom rows`` (default, the paper) every site then sends one distance 
 clear** — those rows are not covered by ε and give the records back (the reconstruction audit measures
 it). ``--rows-epsilon E`` perturbs the records before the rows are computed (Sec. 5.1, analytic Gaussian),
 adding E to every record's budget; ``--nystrom local`` sends no rows (each site places its own records).
+The library now refuses a DP run with raw rows (``--nystrom rows`` without ``--rows-epsilon``): such runs
+print a "refused" row with the plan's reason and are not recorded. The non-private baseline still runs.
+Landmarks are always the paper's FedDL (``landmark_method="feddl"``; no membership-audit holdout).
 
 All runs: n_landmarks=300, rounds=20, local_steps=5 (R = 100 releases per record), γ = 0.01 (public),
 τ_X = 28 = √784 (public domain bound of [0,1] pixels: no record is clipped), τ_Y = √n_y τ_X.
@@ -68,6 +71,7 @@ def main():
 
     from securefed.accounting import DataPerturbation
     from securefed.data import partition
+    from securefed.errors import ConfigError
     from securefed.estimators import FedTSNE
     from securefed.metrics import classification_accuracy
 
@@ -98,10 +102,15 @@ def main():
                 if a.rows_epsilon is not None and a.nystrom == "rows":
                     rows_priv = DataPerturbation(epsilon=a.rows_epsilon, delta=delta, tau_x=tau_x, random_state=seed)
                 t0 = time.perf_counter()
-                est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
-                              privacy=privacy, aggregation=agg, value_bound=1.0 if agg != "plain" else None,
-                              reconstruction=a.reconstruction, nystrom=a.nystrom, rows_privacy=rows_priv,
-                              refine_rounds=0, random_state=seed).fit(sites)
+                try:
+                    est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
+                                  privacy=privacy, aggregation=agg, value_bound=1.0 if agg != "plain" else None,
+                                  reconstruction=a.reconstruction, nystrom=a.nystrom, rows_privacy=rows_priv,
+                                  landmark_method="feddl", audit_holdout=0.0, random_state=seed).fit(sites)
+                except ConfigError as exc:  # e.g. DP with raw rows (no --rows-epsilon): the plan refuses it now
+                    print(f"| {label} | {'∞' if privacy is None else f'{eps:g}'} | {seed} | {a.nystrom} | – | "
+                          f"refused: {exc} | – | – | – | – | – | – |", flush=True)
+                    continue
                 ca = classification_accuracy(est.embedding_, ys, random_state=seed)[10]
                 dt = time.perf_counter() - t0
                 r = est.privacy_ or {}

@@ -39,10 +39,10 @@ def securefed_round(params, keys, xs, verify: str) -> dict:
     out = ckks.run_ckks_round(params, [k for k, _ in keys], [p for _, p in keys], xs, np.ones(len(xs)), 1.0,
                               verify=verify)
     res = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}
-    assert out["error"] is None
-    res["max_abs_error"] = float(np.max(np.abs(out["total"] - np.sum(xs, axis=0))))
-    res["decryptor_download_bytes"] = int(out["bytes_down"][out["decryptor"]])
-    res["timings"] = {k: round(v, 3) for k, v in out["timings"].items()}
+    assert out.error is None, out.error
+    res["max_abs_error"] = float(np.max(np.abs(out.total - np.sum(xs, axis=0))))
+    res["decryptor_download_bytes"] = int(out.bytes_down[out.decryptor])
+    res["timings"] = {k: {w: round(s, 3) for w, s in v.items()} for k, v in out.timings.items()}
     return res
 
 
