@@ -32,13 +32,14 @@ def test_killed_warm_worker_drops_its_site_with_a_typed_error(tmp_path):
         np.save(p, rng.normal(size=(40, 3)) * 0.4 + 0.3 * i)
         paths.append(str(p))
         dirs.append(str(tmp_path / f"warm{i}"))
-    cfg = {"landmarks": 8, "rounds": 2, "local-steps": 2, "gamma": 1.0, "init": "moments", "aggregation": "secagg",
-           "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 2, "stage-timeout": 60.0, "seed": 0,
-           "method": "none"}
+    # a plain sum (the sites allow it) goes on with the sites that answer; SecAgg+ with 3 sites, degree 2 and
+    # threshold 2 could not lose one (that abort is the killed-SuperNode test's)
+    cfg = {"landmarks": 8, "rounds": 2, "local-steps": 2, "gamma": 1.0, "init": "moments", "aggregation": "plain",
+           "min-sites": 2, "stage-timeout": 60.0, "seed": 0, "method": "none"}
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p, node_config={"warm-worker-dir": dirs[i]})
+            dep.start_supernode(f"site{i}", p, node_config={"warm-worker-dir": dirs[i], "allow-plain": True})
         out = dep.run(cfg)
         prog = os.path.join(out, "progress.jsonl")
         t0 = time.monotonic()
@@ -54,6 +55,6 @@ def test_killed_warm_worker_drops_its_site_with_a_typed_error(tmp_path):
     assert res["survivors"] == ["site0", "site1"]
     err = res["site_errors"]["site2"]
     assert err.startswith("ProtocolAbortedError:") and "warm worker" in err, err
-    assert all(st["calls"] > 5 and st["site"] == f"site{i}" for i, st in enumerate(alive)), alive
+    assert all(st["calls"] >= 4 and st["site"] == f"site{i}" for i, st in enumerate(alive)), alive
     events = [json.loads(line)["event"] for line in open(prog)]
     assert events.count("hello") == 1
