@@ -76,7 +76,8 @@ def main():
                 model.transform(S, perplexity=landmark_perplexity(30.0, a.landmarks))
             t_inproc = time.perf_counter() - t0
             cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
-                   "min-sites": 3, "seed": 0, "embedding": a.embedding}
+                   "min-sites": 3, "seed": 0, "method": a.embedding.split("-")[0],
+                   "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else ""}
             nodes = {"warm-worker": a.warm_worker == "true"}
             if agg == "plain":
                 nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
