@@ -6,7 +6,10 @@ no-rows t-SNE stage (landmark model on the server, placement on each site). Prin
 securefed payload bytes per site per aggregation (both directions) as JSON.
 
     /tmp/flwr-venv/bin/python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg ckks]
-        [--epsilon 2 --rows-epsilon 1 --embedding spectral-rows]
+        [--epsilon 2 --rows-epsilon 1 --embedding spectral-rows] [--warm-worker false]
+
+``--warm-worker false`` runs the sites without their warm worker (a fresh ClientApp process builds the site from
+Flower's ``context.state`` for every message); ``benchmarks/flower_steps.py`` compares both side by side.
 
 With ``--epsilon``: differential privacy (seeded noise, local mode, τ_X = 128 = √64·16, the public
 domain bound of digits), each site with its own ledger; the in-process reference is ``fed_dl`` with
@@ -37,12 +40,13 @@ def main():
     ap.add_argument("--epsilon", type=float, default=0.0)
     ap.add_argument("--rows-epsilon", type=float, default=0.0)
     ap.add_argument("--embedding", default="tsne-local")
+    ap.add_argument("--warm-worker", default="true", choices=["true", "false"])
     a = ap.parse_args()
     tau_x = 128.0
     X = load_dataset("digits").X
     sites = np.array_split(X, 3)
     bound = float(np.max(np.abs(X)))
-    out = {"sites": [len(s) for s in sites], "features": X.shape[1], "landmarks": a.landmarks, "rounds": a.rounds,
+    out = {"warm_worker": a.warm_worker == "true", "sites": [len(s) for s in sites], "features": X.shape[1], "landmarks": a.landmarks, "rounds": a.rounds,
            "local_steps": a.local_steps, "value_bound": bound, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
@@ -72,11 +76,14 @@ def main():
                 model.transform(S, perplexity=landmark_perplexity(30.0, a.landmarks))
             t_inproc = time.perf_counter() - t0
             cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
-                   "min-sites": 3, "seed": 0, "embedding": a.embedding}
-            nodes = {}
+                   "min-sites": 3, "seed": 0, "method": a.embedding.split("-")[0],
+                   "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else ""}
+            nodes = {"warm-worker": a.warm_worker == "true"}
+            if agg == "plain":
+                nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
             if a.epsilon > 0:
                 cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon})
-                nodes = {"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True}
+                nodes.update({"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True})
             if agg == "secagg":
                 cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
             elif agg == "ckks":
@@ -86,7 +93,7 @@ def main():
                 dep.start_superlink()
                 for i, p in enumerate(paths):
                     dep.start_supernode(f"site{i}", p, node_config=dict(nodes, **{"ledger-path": os.path.join(tmp, f"ledgers{i}")})
-                                        if nodes else None)
+                                        if a.epsilon > 0 else nodes)
                 t_up = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 run_dir = dep.run(cfg)
@@ -99,7 +106,7 @@ def main():
                 "status": res["status"], "in_process_seconds": round(t_inproc, 2),
                 "flower_startup_seconds": round(t_up, 2), "flower_run_seconds": round(t_run, 2),
                 "server_app_seconds": round(res.get("seconds", float("nan")), 2),
-                "flower_messages": res.get("flower_messages"), "aggregations": len(per),
+                "round_trips": res.get("round_trips"), "messages": res.get("messages"), "aggregations": len(per),
                 "max_abs_diff_vs_in_process": None if Y is None else float(np.max(np.abs(Y - ref.landmarks))),
                 "per_aggregation": per, "embedding": res.get("embedding"), "privacy_epsilon":
                 (res.get("privacy") or {}).get("epsilon"), "in_process_epsilon": (ref.privacy or {}).get("epsilon"),

@@ -86,6 +86,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _pythonpath(current: str) -> str:
+    """``current`` with the source tree this ``securefed`` was imported from first, so that the SuperNodes, their
+    ClientApps and the sites' warm workers run the same code as the caller (a checkout or a git worktree rather
+    than another editable install); an installed package (no ``pyproject.toml`` beside it) adds nothing."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = [p for p in current.split(os.pathsep) if p]
+    if os.path.exists(os.path.join(root, "pyproject.toml")) and root not in [os.path.abspath(p) for p in parts]:
+        parts.insert(0, root)
+    return os.pathsep.join(parts)
+
+
 class LocalDeployment:
     """SuperLink + SuperNodes as subprocesses on 127.0.0.1 (use as a context manager; always cleans up).
 
@@ -119,6 +130,9 @@ class LocalDeployment:
         env = dict(os.environ, FLWR_HOME=os.path.join(self.workdir, "home-" + name), OMP_NUM_THREADS="1",
                    PYTHONUNBUFFERED="1", PATH=self.bin + os.pathsep + os.environ.get("PATH", ""),
                    **FLOWER_ENV)
+        path = _pythonpath(env.get("PYTHONPATH", ""))
+        if path:
+            env["PYTHONPATH"] = path
         os.makedirs(env["FLWR_HOME"], exist_ok=True)
         return env
 

@@ -114,7 +114,7 @@ def _dp_rows_scenario(tmp_path) -> tuple:
         dep.start_superlink()
         for i, p in enumerate(paths):
             dep.start_supernode(f"site{i}", p, node_config={"epsilon-budget": 3.5, "allow-seeded-noise": True,
-                                                            "ledger-path": ledgers[i]})
+                                                            "ledger-path": ledgers[i], "allow-plain": True})
         out = dep.run(cfg)
         return dep.wait_result(out, 150), out, arrays, ledgers
 
