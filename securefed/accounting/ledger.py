@@ -53,6 +53,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -216,7 +217,13 @@ class PrivacyLedger:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):
             try:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                holder = ""
+                for _ in range(40):  # the holder writes its pid just after taking the lock: give it a moment
+                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                    if holder:
+                        break
+                    time.sleep(0.025)
+                holder = holder or "unknown"
             finally:
                 os.close(fd)
             raise LedgerError(bad_value("path", self.path, f"is held by another writer (pid {holder}, lock {lp}); one "

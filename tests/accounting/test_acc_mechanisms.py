@@ -170,7 +170,8 @@ def test_cli_budget_and_run_args(tmp_path, capsys):
     assert not RunPlan.build("cli").dp
     with pytest.raises(ConfigError, match="--clip-norm"):
         RunPlan.build("cli", epsilon=1.0)
-    pr = RunPlan.build("cli", epsilon=1.0, clip_norm=3.0, noise="distributed", rule="gradient", aggregation="secagg")
+    pr = RunPlan.build("cli", epsilon=1.0, clip_norm=3.0, noise="distributed", rule="gradient", aggregation="secagg",
+                       landmark_method="feddl")
     assert pr.dp and pr.noise == "distributed" and pr.sum_bound == 3.0
 
 

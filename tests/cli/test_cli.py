@@ -175,15 +175,19 @@ def _securefed_cmd():
 
 @pytest.mark.slow
 def test_subprocess_run_then_audit(tmp_path, repo_root):
+    """The paper's rows mode, asked for explicitly, through a real `securefed` process: FedDL's rounds report
+    progress, the map is good, and both run and the later `securefed audit` give the same verdict — fail,
+    because rows let the coordinator reconstruct every record (exit 1, the reason named)."""
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     cmd = _securefed_cmd() + ["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20",
-                              "--rounds", "5", "--no-compare-centralized", "--out", str(out)]
+                              "--landmark-method", "feddl", "--nystrom", "rows", "--rounds", "5",
+                              "--no-compare-centralized", "--out", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert "[landmarks] round 5/5" in p.stderr  # progress per round
-    assert str(out) in p.stdout and "ca_10nn=" in p.stdout
+    assert str(out) in p.stdout and "ca_10nn=" in p.stdout and "verdict: fail" in p.stdout
     for name in ("embedding.npy", "embedding.png", "metrics.json"):
         assert (out / name).is_file()
     m = json.loads((out / "metrics.json").read_text())
@@ -286,3 +290,22 @@ def test_per_site_files_with_record_ids_round_trip(tmp_path, capsys):
                  str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
     assert "--id-column" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_default_run_is_private_and_its_verdict_is_pass(tmp_path, capsys):
+    """`securefed run` with no flags but the output folder (digits, 10 sites split by label): no row leaves a
+    site, the landmarks go through SecAgg+, the membership audit and the reconstruction audit pass, and run
+    exits 0 with one verdict, pass."""
+    out = tmp_path / "default"
+    rc = main(["run", "--no-compare-centralized", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "verdict: pass" in cap.out and "remedy:" not in cap.out
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["audit"]["verdict"] == "pass" and m["audit"]["auc"] <= 0.6
+    assert m["mode"]["nystrom"] == "local" and m["mode"]["aggregation"] == "secagg"
+    assert not any("row" in r for r in m["released"]), m["released"]
+    report = json.loads((out / "report.json").read_text())
+    validate_report(report)
+    assert report["verdict"]["status"] == "pass"

@@ -132,7 +132,7 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": str(tmp_path / "init.npy"),
            "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
            "stage-timeout": 60.0, "seed": 0, "method": "tsne", "nystrom": "local", "perplexity": 30.0,
-           "refine-rounds": 0}
+           "landmark-method": "feddl"}
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
