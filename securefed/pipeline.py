@@ -313,7 +313,6 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
         np.save(os.path.join(out, "embedding.npy"), E)
         metrics["federated"] = embedding_metrics(X, E, y, random_state=plan.seed)
     metrics["aggregation"] = res.aggregation
-    metrics["released_before_rounds"] = [r for r in res.released if "Lloyd" not in r and "per record" not in r]
     metrics["released"] = res.released
     metrics["inventory"] = res.inventory + [
         {"what": "quality metrics of the map (CA-kNN, trustworthiness, NMI) computed against the pooled records",

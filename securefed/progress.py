@@ -31,8 +31,8 @@ class ProgressPrinter:
                 extra = "" if ev.get("mmd_at_start") is None else f", MMD {ev['mmd_at_start']:.4g}"
                 extra += "" if ev.get("epsilon") is None else f", ε spent {ev['epsilon']:.3f}"
                 self.say("landmarks", f"round {s}/{total}{extra}")
-        elif kind == "refine" and ev["round"] == ev["rounds"]:
-            self.say("landmarks", f"refined by {ev['rounds']} Lloyd rounds ({ev['frozen']} landmarks kept in place)")
+        elif kind == "cells":
+            self.say("landmarks", f"cells round {ev['round']}: {ev['cells']} cells")
         elif kind == "audit":
             self.say("audit", f"membership attack on the landmarks: AUC {ev['auc']:.3f}, empirical ε ≥ "
                               f"{ev['empirical_epsilon']:.3f} → {ev['verdict']}")

@@ -168,3 +168,22 @@ def run_command(args) -> int:
 
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def options_table() -> str:
+    """The Markdown table of every run-plan option — estimator parameter, ``securefed run`` flag, Flower run-config
+    key, default and meaning — that ``docs/options.md`` holds (a test keeps the two equal)."""
+    from ..plan import _NOT_IN_RUN_CONFIG, option_name, plan_defaults
+
+    defaults = plan_defaults()
+    rows = ["| parameter (Python) | `securefed run` flag | Flower run-config key | default | meaning |",
+            "|---|---|---|---|---|"]
+    for name, text in HELP.items():
+        d = defaults[name]
+        shown = "unset" if d is None else (str(d).lower() if isinstance(d, bool) else str(d))
+        if name in CLI_DEFAULTS and CLI_DEFAULTS[name] != defaults[name]:
+            shown = f"{defaults[name]} (CLI: {'from the labels' if CLI_DEFAULTS[name] is None else CLI_DEFAULTS[name]})"
+        flag = "—" if name in _NOT_FLAGS else f"`{option_name(name, 'cli')}`"
+        key = "—" if name in _NOT_IN_RUN_CONFIG else f"`{option_name(name, 'flower')}`"
+        rows.append(f"| `{option_name(name, 'api')}` | {flag} | {key} | {shown} | {text.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"

@@ -28,7 +28,7 @@ __all__ = ["feddl", "cells", "billboard", "MIN_CELLS"]
 
 #: fewest cells a map is drawn from (the landmark t-SNE needs a perplexity (k − 1)/3 above 1)
 MIN_CELLS = 5
-#: cells: Lloyd rounds after the growth, and the growth factor below which a round counts as stalled
+#: cells: k-means (Lloyd) update rounds after the growth, and the growth factor below which a round counts as stalled
 CELL_POLISH_ROUNDS = 1
 CELL_STALL = 1.05
 

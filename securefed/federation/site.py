@@ -19,7 +19,8 @@ Operations
                    only the final coordinates (or cluster labels) are returned.
 
 Uploads carry a ``task`` — ``stats`` (γ statistic and feature moments), ``model`` / ``gradient`` (FedDL,
-Eqs. 13–16), ``lloyd`` (per-landmark sums and counts), ``audit`` (membership-audit ROC counts) or ``mmd``.
+Eqs. 13–16), ``moments`` (the cells' PCA basis), ``cell-counts`` / ``cell-sums`` (the cells), ``rff`` / ``counts``
+(the DP billboard), ``audit`` (membership-audit ROC counts) or ``mmd``.
 A site weighs its own upload by the rule ``weights`` (``"records"``: its own record count; ``"uniform"``: 1):
 the server never chooses a site's weight. With a DP plan (``dp``) the update is clipped, noised and written
 to the site's own ledger before the reply (:mod:`.privacy`).
@@ -43,7 +44,7 @@ from .wire import dumps, get_array, loads, put_array
 
 __all__ = ["SiteWorker", "TASKS", "compute_upload", "monitor_scale"]
 
-TASKS = ("stats", "model", "gradient", "lloyd", "audit", "mmd", "moments", "cell-counts", "cell-sums", "rff",
+TASKS = ("stats", "model", "gradient", "audit", "mmd", "moments", "cell-counts", "cell-sums", "rff",
          "billboard-counts")
 
 
@@ -63,7 +64,6 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
       median heuristic's statistic and the feature moments, one secure sum (``B`` = ``scale``);
     * ``model``: ``Y_p`` after ``Q`` local steps from the broadcast ``Y`` (Qiao et al. Algorithm 1 lines 5–10);
     * ``gradient``: ``∇f_p(Y)`` (Eq. 13);
-    * ``lloyd``: ``[Σ_{x→i} x / n_p, c_i / n_p]`` per landmark ``i`` (nearest-landmark assignment);
     * ``mmd``: ``[MMD(X_p, Y)]`` (Eq. 10);
     * ``moments``: ``[n_p, Σx/B, Σxxᵀ/B²]`` (the PCA basis of the cell landmarks);
     * ``cell-counts`` / ``cell-sums``: the count pass and the sum pass of :mod:`securefed.landmarks.cells`, in the
@@ -71,7 +71,7 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
 
     and, with ``monitor``, ``MMD(X_p, Y)`` (of the broadcast Y) appended, scaled by :func:`monitor_scale`.
     """
-    from ..kernels import local_median_sq_dist, sq_dists
+    from ..kernels import local_median_sq_dist
     from ..landmarks.feddl import client_update, mmd, mmd_grad
 
     kind = task.get("task")
@@ -108,12 +108,6 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
         u = client_update(X, Y, gamma, float(task["lr"]), int(task["local_steps"]))
     elif kind == "gradient":
         u = mmd_grad(X, Y, gamma)
-    elif kind == "lloyd":
-        nearest = np.argmin(sq_dists(X, Y), axis=1)
-        S = np.zeros(Y.shape)
-        np.add.at(S, nearest, X)
-        c = np.bincount(nearest, minlength=len(Y)).astype(float)
-        u = np.concatenate([S.ravel(), c]) / len(X)
     elif kind == "mmd":
         u = np.array([mmd(X, Y, gamma, kxx_term=kxx)])
     else:

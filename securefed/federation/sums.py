@@ -1,6 +1,6 @@
 """The secure sums of a federated run, coordinator and site halves: plain, SecAgg+ and CKKS.
 
-Every sum the coordinator needs (γ statistic and moments, landmark updates, Lloyd sums, audit counts) is
+Every sum the coordinator needs (γ statistic and moments, landmark updates, cell counts and sums, the billboard, audit counts) is
 one call ``total = yield from secure_sum(co, task, label, clip)`` inside the coordinator's job
 (:mod:`.coordinator`): it yields :class:`~.coordinator.Request` steps to the sites and returns an
 :class:`~securefed.securesum.base.AggregateResult`. The protocol state machines are those of

@@ -415,8 +415,11 @@ def start_worker(loc: Location, options: dict, parent_pid: int | None = None, cw
 def call(sock: socket.socket, envelope: dict) -> dict:
     """Send one frame on a fresh connection and read the answer; closes the connection."""
     with sock:
-        send_frame(sock, envelope)
-        return recv_frame(sock)
+        try:
+            send_frame(sock, envelope)
+            return recv_frame(sock)
+        except (ConnectionResetError, BrokenPipeError) as exc:  # the worker died with the connection open
+            raise WorkerGone(f"the connection was reset ({type(exc).__name__})") from None
 
 
 # ---------------------------------------------------------------------------------------- the worker

@@ -108,7 +108,7 @@ def _dp_rows_scenario(tmp_path) -> tuple:
     arrays, paths, _ = _data(tmp_path)
     cfg = {"landmarks": 6, "rounds": 1, "local-steps": 2, "aggregation": "plain", "min-sites": 3, "seed": 5,
            "epsilon": 2.0, "clip-norm": 2.0, "rows-epsilon": 1.0, "method": "spectral", "nystrom": "rows", "n-clusters": 3,
-           "noise-seed-for-testing": 5}
+           "noise-seed-for-testing": 5, "audit-holdout": 0.0}
     ledgers = [str(tmp_path / f"ledgers-site{i}") for i in range(3)]
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
@@ -132,7 +132,7 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": str(tmp_path / "init.npy"),
            "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
            "stage-timeout": 60.0, "seed": 0, "method": "tsne", "nystrom": "local", "perplexity": 30.0,
-           "landmark-method": "feddl"}
+           "landmark-method": "feddl", "audit-holdout": 0.0}
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
@@ -150,17 +150,22 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     assert not np.allclose(Y, Y0)
     st = res["steps"][0]
     assert all(v > 0 for v in st["bytes_from_site"].values())
-    # no-rows Fed-tSNE: each site placed its records against the landmark model; only coordinates came back
-    from openTSNE import TSNE
+    # no-rows Fed-tSNE: the coordinator mapped the landmarks, each site placed its own records against that map and
+    # sent only its coordinates — the same coordinator and site code in process gives the same map and coordinates
+    from securefed.federation import Coordinator, InMemoryExchange, SiteWorker, drive
+    from securefed.plan import from_run_config
 
-    perp = min(30.0, (len(Y) - 1) / 3.0)
-    model = TSNE(perplexity=perp, random_state=res["embedding"]["model_seed"], n_jobs=1).fit(Y)
-    np.testing.assert_array_equal(np.load(os.path.join(out, "landmark_embedding.npy")), np.asarray(model))
+    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}"}, X) for i, X in enumerate(arrays)},
+                          fresh_process=True)
+    ref_run = drive(Coordinator(from_run_config(cfg)), ex)
+    np.testing.assert_array_equal(Y, ref_run.landmarks)
+    np.testing.assert_allclose(np.load(os.path.join(out, "landmark_embedding.npy")),
+                               ref_run.embedding["landmark_embedding"], rtol=0, atol=1e-9)
     with np.load(os.path.join(out, "embedding.npz")) as z:
         for i, X in enumerate(arrays):
-            np.testing.assert_allclose(z[f"site{i}"], model.transform(X, perplexity=perp), rtol=0, atol=1e-9)
-
-
+            assert z[f"site{i}"].shape == (len(X), 2)
+        np.testing.assert_allclose(np.vstack([z[f"site{i}"] for i in range(3)]), ref_run.stacked("coordinates"),
+                                   rtol=0, atol=1e-9)
 
 
 def test_killed_supernode_with_tls_and_node_auth_aborts_with_typed_reason(killed_run):
