@@ -323,7 +323,7 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
     metrics["reconstruction"] = emb.get("reconstruction")
     metrics["sent_by_each_site"] = emb.get("sent_kind")
     metrics["round_trips"] = res.round_trips
-    metrics["round_trips_per_stage"] = round_trips_per_stage(res)
+    metrics["round_trips_per_stage"] = res.round_trips_per_stage()
     metrics["timings"]["coordinator"] = res.seconds
     if res.privacy is not None:
         from .accounting import clip_records
@@ -336,19 +336,6 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
         write_audit_files(out, mia=res.audit["mia_result"])
         metrics["audit"] = {k: v for k, v in res.audit.items() if k != "mia_result"}
     metrics["reconstruction_audit"] = _reconstruction_audit(plan, res, sites, out, log)
-
-
-def round_trips_per_stage(res) -> dict:
-    """Request/reply round trips of a run by stage: each secure sum's (grouped by its label up to the first
-    digit or colon), and the rest (hello, re-admission, the embedding requests)."""
-    import re
-
-    out: dict = {}
-    for st in res.steps:
-        key = re.split(r"[:\d]", st["label"], maxsplit=1)[0].strip() or st["label"]
-        out[key] = out.get(key, 0) + int(st.get("round_trips", 0))
-    out["hello, embedding and the rest"] = int(res.round_trips) - sum(out.values())
-    return out
 
 
 def _reconstruction_audit(plan, res, sites, out, log) -> dict:

@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from .coordinator import Coordinator, ListNodes
 from .site import SiteWorker
+from .wire import check_fields
 
 __all__ = ["InMemoryExchange", "drive", "run_in_process", "site_names"]
 
@@ -81,7 +82,7 @@ class InMemoryExchange:
             w = self.workers[a]
             if self.fresh_process:
                 w = self.workers[a] = SiteWorker(w.options, w._records, state=dict(w.state))
-            reply = w.handle(dict(fields))
+            reply = check_fields(w.handle(dict(check_fields(fields, "request"))), "reply")
             if self.after_reply is not None:
                 self.after_reply(a, fields, reply)
             out[a] = reply

@@ -187,14 +187,14 @@ def _spread(Y: np.ndarray) -> float:
 def _scaled_sum(co, task: dict, label: str, parts, weights: str = "uniform", tap=None):
     """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
     ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
-    (``scale_parts``) so the fixed-point range of SecAgg+ / CKKS is used well; returns the unscaled total and the
+    (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point range of SecAgg+ / CKKS is used well; returns the unscaled total and the
     AggregateResult (generator)."""
     n = int(np.prod(task["out_shape"]))
     parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
-    a = yield from secure_sum(co, dict(task, scale_parts=[[k, b] for k, b in parts]), label, 1.0, weights=weights,
-                              tap=tap)
+    a = yield from secure_sum(co, dict(task, scale_lengths=[k for k, _ in parts], scale_bounds=[b for _, b in parts]),
+                              label, 1.0, weights=weights, tap=tap)
     return a.total * np.concatenate([np.full(k, b) for k, b in parts]), a
 
 

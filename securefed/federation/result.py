@@ -98,6 +98,18 @@ class RunResult:
     aggregation: dict = field(default_factory=dict)
     identity_fingerprints: dict = field(default_factory=dict)
 
+    def round_trips_per_stage(self) -> dict:
+        """Request/reply round trips by stage: each secure sum's (grouped by its label up to the first digit or
+        colon), and the rest (hello, re-admission, the embedding requests)."""
+        import re
+
+        out: dict = {}
+        for st in self.steps:
+            key = re.split(r"[:\d]", st["label"], maxsplit=1)[0].strip() or st["label"]
+            out[key] = out.get(key, 0) + int(st.get("round_trips", 0))
+        out["hello, embedding and the rest"] = int(self.round_trips) - sum(out.values())
+        return out
+
     def stacked(self, key: str = "coordinates") -> np.ndarray | None:
         """The per-site embedding arrays (``coordinates`` or ``labels``) stacked in site order."""
         if self.embedding is None:

@@ -477,18 +477,21 @@ class SiteWorker:
 
 
 def _scale_parts(u: np.ndarray, fields: dict) -> np.ndarray:
-    """Divide each consecutive part of an upload by its public bound (``scale_parts``: ``[[length, bound], …]``), so
-    the secure sum's fixed-point range is used well; the coordinator multiplies back."""
-    parts = fields.get("scale_parts")
-    if not parts:
+    """Divide each consecutive part of an upload by its public bound (``scale_lengths[i]`` coordinates bounded by
+    ``scale_bounds[i]``), so the secure sum's fixed-point range is used well; the coordinator multiplies back."""
+    lengths, bounds = fields.get("scale_lengths"), fields.get("scale_bounds")
+    if not lengths and not bounds:
         return u
     u = np.ravel(np.asarray(u, dtype=np.float64))
     try:
-        scale = np.concatenate([np.full(int(k), float(b)) for k, b in parts])
+        if len(lengths) != len(bounds):
+            raise ValueError(f"{len(lengths)} lengths for {len(bounds)} bounds")
+        scale = np.concatenate([np.full(int(k), float(b)) for k, b in zip(lengths, bounds)])
     except (TypeError, ValueError) as exc:
-        raise DecodeError(f"malformed scale_parts: {exc}") from None
+        raise DecodeError(f"malformed scale_lengths / scale_bounds: {exc}") from None
     if scale.shape != u.shape or not np.all(scale > 0):
-        raise DecodeError(f"scale_parts covers {scale.size} coordinates with positive bounds; the upload has {u.size}")
+        raise DecodeError(f"scale_lengths / scale_bounds cover {scale.size} coordinates with positive bounds; the "
+                          f"upload has {u.size}")
     return u / scale
 
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import DecodeError
 
-__all__ = ["array_to_bytes", "array_from_bytes", "put_array", "get_array", "payload_size", "dumps", "loads"]
+__all__ = ["array_to_bytes", "array_from_bytes", "put_array", "get_array", "payload_size", "dumps", "loads",
+           "check_fields"]
 
 
 def array_to_bytes(a) -> bytes:
@@ -32,6 +33,25 @@ def array_from_bytes(data: bytes, shape) -> np.ndarray:
         raise DecodeError(f"array payload has {len(data) if isinstance(data, (bytes, bytearray)) else '?'} bytes, "
                           f"expected {8 * int(np.prod(shape))} for shape {shape}")
     return np.frombuffer(bytes(data), dtype="<f8").reshape(shape).copy()
+
+
+_SCALARS = (bool, int, float, str, bytes)
+
+
+def check_fields(fields: dict, what: str = "message") -> dict:
+    """Refuse what a Flower ``ConfigRecord`` would refuse: a value that is not one of str / int / float / bool /
+    bytes or a list of one of those types (no nesting, no mixing, no None inside a list). The in-memory exchange
+    checks every request and reply with it, so a stage that would fail over Flower fails in process too."""
+    for k, v in fields.items():
+        if v is None or isinstance(v, _SCALARS):
+            continue
+        if isinstance(v, list):
+            kinds = {bool if isinstance(x, bool) else int if isinstance(x, int) else type(x) for x in v}
+            if all(isinstance(x, _SCALARS) for x in v) and len(kinds) <= 1:
+                continue
+        raise DecodeError(f"{what} field {k!r} = {v!r:.80} cannot travel: use str, int, float, bool, bytes or a flat list "
+                          "of one of them (arrays: put_array)")
+    return fields
 
 
 def put_array(fields: dict, key: str, a) -> dict:

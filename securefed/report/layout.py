@@ -71,8 +71,8 @@ def result_document(res, plan) -> dict:
             "inventory": res.inventory, "warnings": res.warnings,
             "privacy": res.privacy, "audit": audit, "landmark_stage": res.landmark_info, "embedding": emb or None,
             "steps": res.steps, "readmitted": res.readmitted, "site_errors": res.site_errors, "seconds": res.seconds,
-            "round_trips": res.round_trips, "messages": res.messages, "aggregation": res.aggregation,
-            "identity_fingerprints": res.identity_fingerprints}
+            "round_trips": res.round_trips, "round_trips_per_stage": res.round_trips_per_stage(),
+            "messages": res.messages, "aggregation": res.aggregation, "identity_fingerprints": res.identity_fingerprints}
 
 
 def write_run_result(out_dir: str, res, plan) -> dict:
