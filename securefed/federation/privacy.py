@@ -32,6 +32,13 @@ Distributed noise (``noise = "distributed"``) is accepted only with gradient ave
 every aggregation with its actual survivors in the aggregate ledger; the site's own ledger keeps the worst
 case it accepted (``min-survivors`` = t survivors), which bounds what it spends because it helps reveal only
 sums over at least t sites (:func:`site_settle`).
+
+Integer distributed noise (``distributed_mechanism`` ``ddg`` / ``skellam``; issue 14): the continuous shares
+would be clipped and rounded by SecAgg+'s fixed-point codec after the noise is added. Instead each site encodes
+its weighted gradient with the distributed discrete Gaussian (Kairouz, Liu & Steinke 2021) or Skellam (Agarwal,
+Kairouz & Liu 2021) mechanism of :mod:`securefed.accounting.distributed` — clip, public rotation, randomized
+rounding, integer noise — and SecAgg+ sums the words mod ``2^bits`` exactly (:func:`integer_mechanism`,
+:func:`site_integer_mechanism`, :func:`site_integer_release`; the coordinator decodes, :meth:`ServerPrivacy.decode`).
 """
 
 from __future__ import annotations

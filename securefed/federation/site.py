@@ -384,6 +384,12 @@ class SiteWorker:
         spec = decode_spec(fields["spec"])
         site = int(fields["site"])
         weight = self.weight(fields)
+        dp = request_dp_plan(fields) or {}
+        dp = loads(dp, "DP plan") if isinstance(dp, (str, bytes, bytearray)) else dp
+        integer_plan = bool(dp.get("distributed_mechanism"))
+        if spec.integer != integer_plan:  # before anything is computed or booked
+            raise ProtocolError(f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
+                                f"the request's upload is {'an integer encoding' if integer_plan else 'real-valued'}; refusing")
         if spec.integer:
             weight = 1.0  # integer inputs come weighted by their encoder (its own weight, from the public plan it checked)
         floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(request_dp_plan(fields)))
