@@ -219,3 +219,26 @@ def test_cli_offers_the_flag():
     ns = parser.parse_args(["--distributed-mechanism", "skellam"])
     assert ns.distributed_mechanism == "skellam"
     assert parser.parse_args([]).distributed_mechanism == "auto"
+
+
+@pytest.mark.parametrize("kind,integer", [("ddg", False), ("gaussian", True)])
+def test_site_refuses_a_round_whose_input_kind_does_not_match_its_plan(sites, kind, integer):
+    """An integer plan goes only into an integer SecAgg+ round and a real-valued one only into the fixed-point
+    codec: the site refuses the mismatch before computing or booking anything."""
+    import os
+
+    from securefed.securesum import crypto
+    from securefed.securesum.quantize import integer_plan, plan_fixed_point
+    from securefed.securesum.secagg import DEFAULT_TIMEOUTS, RoundSpec, encode_spec
+
+    plan = _plan(kind, noise_seed_for_testing=1)
+    sp = ServerPrivacy(plan, plan.run_id, [N_REC] * N_SITES, [1 / N_SITES] * N_SITES, 0.25, n_features=M)
+    fp = integer_plan(32, N_SITES) if integer else plan_fixed_point(1.0, np.ones(N_SITES), modulus_bits=32)
+    sid = os.urandom(16)
+    keys = tuple(crypto.ed25519_public_bytes(crypto.ed25519_keypair()[0]) for _ in range(N_SITES))
+    spec = RoundSpec(sid, 0, N_SITES, N_SITES - 1, 2, sid, N_Y * M, fp, keys, tuple(DEFAULT_TIMEOUTS.items()), 0, integer)
+    worker = SiteWorker({"site-name": "s0", **_options()}, sites[0])
+    rep = worker.handle({"op": "secagg-start", "site": 0, "spec": encode_spec(spec), "dp": sp.wire_plan(),
+                         "task": "gradient", "weights": "records"})
+    assert rep["error"].startswith("ProtocolError") and "refusing" in rep["error"]
+    assert "the request's upload is" in rep["error"], rep["error"]
