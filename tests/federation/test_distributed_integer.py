@@ -242,3 +242,17 @@ def test_site_refuses_a_round_whose_input_kind_does_not_match_its_plan(sites, ki
                          "task": "gradient", "weights": "records"})
     assert rep["error"].startswith("ProtocolError") and "refusing" in rep["error"]
     assert "the request's upload is" in rep["error"], rep["error"]
+
+
+def test_a_gradient_perturbation_object_keeps_its_gaussian_shares():
+    """The estimators and fed_dl pass a GradientPerturbation (the Gaussian mechanism, with the caller's ledger and
+    accountant): its distributed noise stays the continuous shares."""
+    from securefed.accounting import GradientPerturbation
+    from securefed.estimators import privacy_options
+
+    gp = GradientPerturbation(epsilon=1.0, noise="distributed", tau_x=2.0)
+    opts = privacy_options(gp)
+    assert opts["distributed_mechanism"] == "gaussian"
+    plan = RunPlan.build("api", landmark_method="feddl", rule="gradient", value_bound=3.0, **opts)
+    assert plan.distributed_mechanism == "gaussian" and plan.accountant == "exact"
+    assert "distributed_mechanism" not in privacy_options(GradientPerturbation(epsilon=1.0, tau_x=2.0))
