@@ -154,6 +154,8 @@ def privacy_options(privacy, rows_privacy=None) -> dict:
            "min_survivors": privacy.min_survivors_given,
            "noise_seed_for_testing": seed,
            "run_id": privacy.ledger.run_id}
+    if privacy.noise == "distributed":  # a GradientPerturbation is the Gaussian mechanism: its continuous shares
+        out["distributed_mechanism"] = "gaussian"
     if rows_privacy is not None:
         out["rows_epsilon"] = float(rows_privacy.epsilon)
     return out

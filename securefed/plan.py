@@ -23,12 +23,15 @@ import numpy as np
 from .errors import ConfigError, bad_value
 
 __all__ = ["RunPlan", "option_name", "seed_of", "API_NAMES", "METHODS", "NYSTROM_MODES", "AGGREGATIONS", "LANDMARK_METHODS",
+           "DISTRIBUTED_MECHANISMS", "INTEGER_MECHANISMS",
            "plan_defaults", "to_run_config", "from_run_config"]
 
 METHODS = ("tsne", "umap", "spectral", "none")
 NYSTROM_MODES = ("local", "rows")
 AGGREGATIONS = ("auto", "plain", "secagg", "ckks")
 LANDMARK_METHODS = ("auto", "feddl", "cells", "billboard")
+DISTRIBUTED_MECHANISMS = ("auto", "gaussian", "ddg", "skellam")
+INTEGER_MECHANISMS = ("ddg", "skellam")
 ACCOUNTANT_NAMES = ("exact", "prv", "rdp", "paper")
 SENSITIVITY_RULES = ("min", "theorem5", "kernel_shape", "lipschitz")
 
@@ -103,6 +106,7 @@ class RunPlan:
     delta: float = 1e-5
     accountant: str = "exact"
     noise: str = "local"
+    distributed_mechanism: str = "auto"  # noise distributed: ddg / skellam (integers mod 2^k) or gaussian (float shares)
     clip_norm: float | None = None
     sample_rate: float = 1.0
     noise_seed_for_testing: int | None = None  # seeded noise: the ε is void (anyone with the seed removes it)
@@ -339,6 +343,50 @@ class _Validator:
                                            "records scaled beforehand (a public scale per feature)")
         if p.coordinates == "keep" and p.nystrom == "rows":
             self.fail("coordinates", "keep", "the rows mode sends rows, not coordinates; use the no-rows mode")
+        self._distributed_mechanism()
+
+    def _distributed_mechanism(self) -> None:
+        """``distributed_mechanism``: how a site's noise share survives the secure sum under ``noise distributed``.
+
+        ``ddg`` (Kairouz, Liu & Steinke, ICML 2021) and ``skellam`` (Agarwal, Kairouz & Liu, NeurIPS 2021): each site
+        clips, rotates, rounds its weighted gradient to integers and adds integer noise; SecAgg+ sums the integers
+        mod 2^k (:mod:`securefed.accounting.distributed`). ``gaussian``: the continuous shares σ/√t through the
+        fixed-point codec (kept to reproduce earlier runs). ``auto``: ddg with SecAgg+ and a target ε, else gaussian.
+        The integer mechanisms are accounted by their papers' Rényi bounds: the run's ledgers use the rdp
+        accountant (the default exact is switched to rdp; prv and paper are refused).
+        """
+        p = self.p
+        self.choice("distributed_mechanism", DISTRIBUTED_MECHANISMS)
+        applies = p.dp and p.noise == "distributed" and p.landmark_method == "feddl"
+        if p.distributed_mechanism == "auto":
+            if applies:
+                object.__setattr__(p, "distributed_mechanism", "ddg" if (p.aggregation == "secagg" and p.epsilon is not None
+                                                                         and p.rule == "gradient") else "gaussian")
+        elif not applies:
+            self.fail("distributed_mechanism", p.distributed_mechanism,
+                      f"applies to FedDL's distributed noise only: give {p.name('epsilon')}, {p.name('noise')} distributed "
+                      f"and {p.name('landmark_method')} feddl, or leave it auto")
+        if p.distributed_mechanism not in INTEGER_MECHANISMS:
+            return  # auto where it does not apply, or gaussian
+        kind = p.distributed_mechanism
+        if p.rule != "gradient":
+            self.fail("rule", p.rule, f"{p.name('distributed_mechanism')} {kind} sums every noisy gradient step: use "
+                                      f"{p.name('rule')} gradient")
+        if p.aggregation != "secagg":
+            self.fail("aggregation", p.aggregation, f"{p.name('distributed_mechanism')} {kind} adds integer noise that "
+                                                    f"survives only an exact modular sum: use secagg (CKKS sums reals "
+                                                    f"approximately), or {p.name('distributed_mechanism')} gaussian")
+        if p.epsilon is None:
+            self.fail("epsilon", None, f"{p.name('distributed_mechanism')} {kind} calibrates its own integer noise to a "
+                                       f"target ε: give {p.name('epsilon')} (not {p.name('noise_multiplier')})")
+        if p.monitor:
+            self.fail("monitor", True, f"the MMD monitor would ride in the integer sum of {p.name('distributed_mechanism')} "
+                                       f"{kind}; leave it off under DP")
+        if p.accountant == "exact":
+            object.__setattr__(p, "accountant", "rdp")  # the papers' Rényi bounds compose in RDP
+        elif p.accountant != "rdp":
+            self.fail("accountant", p.accountant, f"{p.name('distributed_mechanism')} {kind} is accounted by its paper's "
+                                                  "Rényi bound: use rdp (or leave the default)")
 
     def _privacy(self) -> None:
         p = self.p
@@ -502,6 +550,10 @@ HELP = {
     "delta": "differential privacy: target δ",
     "accountant": "exact (μ-GDP), prv, rdp or paper (Qiao et al. Theorem 5's formula)",
     "noise": "local (full σ on every site) or distributed (shares under a secure sum; gradient averaging only)",
+    "distributed_mechanism": "noise distributed (FedDL): ddg (distributed discrete Gaussian, Kairouz et al. 2021) or "
+                             "skellam (Agarwal et al. 2021) — integer noise in an exact SecAgg+ sum mod 2^k, rdp "
+                             "accounting — or gaussian (continuous shares through the fixed-point codec); auto: ddg "
+                             "with secagg and a target ε, else gaussian",
     "clip_norm": "τ_X, public bound on record norms (required with DP)",
     "sample_rate": "Poisson sampling rate per local step (below 1 needs the prv or rdp accountant)",
     "noise_seed_for_testing": "seed the DP noise (TESTING ONLY: the server knows the seed; the ε is void)",

@@ -177,7 +177,8 @@ def rounded_l2_bound(norm: float, dim: int, beta: float) -> float:
     return min(b1, b2)
 
 
-def conditional_randomized_round(x: np.ndarray, *, beta: float, norm: float, max_tries: int = 10_000) -> np.ndarray:
+def conditional_randomized_round(x: np.ndarray, *, beta: float, norm: float, max_tries: int = 10_000,
+                                 src=None) -> np.ndarray:
     """KLS Algorithm 1, step 3: randomized rounding, retried until ``‖x̃‖₂ ≤ rounded_l2_bound(norm, d, β)``.
 
     Each try succeeds with probability ≥ 1 − β (KLS Theorem 1); ``β = 0`` never retries (the bound
@@ -185,7 +186,7 @@ def conditional_randomized_round(x: np.ndarray, *, beta: float, norm: float, max
     """
     bound = rounded_l2_bound(norm, len(x), beta)
     for _ in range(int(max_tries)):
-        r = randomized_round(x)
+        r = randomized_round(x, src)
         if beta <= 0 or float(np.linalg.norm(r.astype(np.float64))) <= bound:
             return r
     raise ConfigError(bad_value("beta", beta, f"conditional rounding failed {max_tries} times: the input's norm exceeds "
@@ -434,11 +435,14 @@ class _DistributedInteger:
 
     # ------------------------------------------------------------------ site side
 
-    def encode(self, x, *, round: int, step: int) -> np.ndarray:
+    def encode(self, x, *, round: int, step: int, src=None) -> np.ndarray:
         """The site's input to the modular secure sum: ``uint64`` values in ``[0, 2^modulus_bits)``, length
         ``padded_dim``. Clips, scales, rotates (public signs of ``(round, step)``), rounds, adds this site's
         noise from the CSPRNG and reduces mod ``2^modulus_bits``. How many coordinates were clipped never
-        leaves the site (it is not returned)."""
+        leaves the site (it is not returned).
+
+        ``src``: the random words of the rounding and the noise (default: ``os.urandom``). Only tests pass a
+        :class:`~securefed.accounting.samplers.SeededWordSource` (whoever knows its seed removes the noise)."""
         v = np.asarray(x, dtype=np.float64).ravel()
         if v.shape[0] != self.dim or not np.all(np.isfinite(v)):
             raise ConfigError(bad_value("x", f"array{np.shape(x)}", f"give {self.dim} finite coordinates"))
@@ -446,8 +450,8 @@ class _DistributedInteger:
         if nrm > self.clip:
             v = v * (self.clip / nrm)
         z = rotate(v / self.granularity, rotation_signs(self.rotation_seed, round, step, self.padded_dim))
-        r = conditional_randomized_round(z, beta=self.beta, norm=self.clip / self.granularity)
-        y = r + self._noise(self.padded_dim)
+        r = conditional_randomized_round(z, beta=self.beta, norm=self.clip / self.granularity, src=src)
+        y = r + self._noise(self.padded_dim, src)
         return y.astype(np.uint64) & np.uint64(self.modulus - 1) if self.modulus_bits < 64 else y.astype(np.uint64)
 
     # ------------------------------------------------------------------ server side
@@ -476,7 +480,8 @@ class _DistributedInteger:
         (so composing releases in a ledger with the ``"rdp"`` accountant at ``sample_rate = 1`` is an upper bound)."""
         raise NotImplementedError  # pragma: no cover
 
-    def record_release(self, ledger, *, site: int, round: int, step: int, attempt: int = 0) -> dict:
+    def record_release(self, ledger, *, site: int, round: int, step: int, attempt: int = 0,
+                       noise_source: str = "secure") -> dict:
         """Write-ahead ledger event of one site's release (before :meth:`encode`'s output leaves the site).
 
         The ledger must use the ``"rdp"`` accountant: the event carries the RDP-dominating Gaussian noise
@@ -489,7 +494,7 @@ class _DistributedInteger:
         z = self.ledger_noise_multiplier()
         return ledger.record_release(site=site, round=round, step=step, attempt=attempt, mechanism=self.mechanism,
                                      sensitivity=float(self.l2_int), sigma=float(z * self.l2_int), noise_multiplier=float(z),
-                                     sample_rate=1.0, noise="distributed-integer", noise_source="secure",
+                                     sample_rate=1.0, noise="distributed-integer", noise_source=noise_source,
                                      min_survivors=self.min_survivors, modulus_bits=self.modulus_bits,
                                      granularity=self.granularity, adjacency=self.adjacency)
 
@@ -592,8 +597,8 @@ class DistributedDiscreteGaussian(_DistributedInteger):
     def _noise_kw(self):
         return {"sigma2": float(self.sigma2)}
 
-    def _noise(self, size):
-        return discrete_gaussian(self.sigma2, size)
+    def _noise(self, size, src=None):
+        return discrete_gaussian(self.sigma2, size, src)
 
     def epsilon(self, releases: int | None = None) -> float:
         """ε after ``releases`` releases (default: the planned number), worst over the survivors ``k ≥ t``."""
@@ -645,8 +650,8 @@ class DistributedSkellam(_DistributedInteger):
     def _noise_kw(self):
         return {"lam": self.lam}
 
-    def _noise(self, size):
-        return skellam(self.lam, size)
+    def _noise(self, size, src=None):
+        return skellam(self.lam, size, src)
 
     def epsilon(self, releases: int | None = None) -> float:
         """ε after ``releases`` releases (default: the planned number) with ``t`` survivors (the worst case)."""

@@ -293,11 +293,15 @@ class GradientPerturbation:
         self.clipped_records = int(sum(counts))
         return clipped
 
-    def calibrate(self, sizes, *, gamma, n_landmarks, rounds, local_steps, rule, weights=None, aggregator=None):
+    def calibrate(self, sizes, *, gamma, n_landmarks, rounds, local_steps, rule, weights=None, aggregator=None,
+                  noise_multiplier=None):
         """Everything :meth:`prepare` derives from **public numbers** only — Δ per site, z, σ per site, the
         plan in the ledger — given the site sizes instead of the sites (no clipping; the clipping counts
         stay unknown, ``None``, until a site reports them). Over Flower the server and every site call this
-        with the announced sizes and so compute the same σ as ``fed_dl`` in process."""
+        with the announced sizes and so compute the same σ as ``fed_dl`` in process.
+
+        ``noise_multiplier``: a z already known for this plan (skips the accountant's calibration, which takes
+        seconds with the numerical accountants); the ε target is kept."""
         sizes = [int(n) for n in sizes]
         n_clients = len(sizes)
         if n_clients < 1 or min(sizes) < 1:
@@ -341,6 +345,8 @@ class GradientPerturbation:
         R = self.releases_planned
         if self.noise_multiplier_given is not None:
             self.z = self.noise_multiplier_given
+        elif noise_multiplier is not None:
+            self.z = check_noise_multiplier(noise_multiplier)
         else:
             self.z = calibrate_noise_multiplier(self.epsilon_target, self.delta, R, self.accountant, q)
         # noise std per site
@@ -469,7 +475,7 @@ class GradientPerturbation:
         return 4.0 * self.gamma * h / math.sqrt(self.n_landmarks) * (ratio + 1.0)
 
     def distributed_mechanism(self, kind: str = "ddg", *, n_features: int, rotation_seed: str, weights=None, clip=None,
-                              **options):
+                              epsilon=None, **options):
         """The integer distributed-noise mechanism for this run's landmark gradients (:mod:`securefed.accounting.distributed`).
 
         Each site ``p`` sends ``w_p · g_p`` (its batched gradient times its aggregation weight, default 1) through
@@ -490,6 +496,9 @@ class GradientPerturbation:
             The aggregation weights ``w_p`` the sites apply before encoding (default: all 1).
         clip : float, optional
             Override the public clip norm (default from :meth:`gradient_norm_bound`).
+        epsilon : float, optional
+            Override the ε target (default: this mechanism's), e.g. a little below it so that the ledger's
+            dominating Gaussian bound also fits the budget (:func:`securefed.federation.privacy.integer_mechanism`).
         **options
             Passed on (``granularity``, ``rounding_slack``, ``wrap_probability``, ``max_bits``).
 
@@ -518,7 +527,8 @@ class GradientPerturbation:
         cls = DistributedDiscreteGaussian if kind == "ddg" else DistributedSkellam
         t = self.min_survivors_given if self.min_survivors_given is not None else P
         return cls(dim=self.n_landmarks * int(n_features), n_sites=P, min_survivors=t, rotation_seed=rotation_seed,
-                   epsilon=self.epsilon_target, delta=self.delta, releases=self.releases_planned, l2_sensitivity=sens,
+                   epsilon=self.epsilon_target if epsilon is None else epsilon, delta=self.delta,
+                   releases=self.releases_planned, l2_sensitivity=sens,
                    clip=c, adjacency="record", **options)
 
     def _mu_sum(self, site: int, survivors) -> float:

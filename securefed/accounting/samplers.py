@@ -43,6 +43,7 @@ from ..errors import ConfigError, bad_value
 
 __all__ = [
     "UrandomSource",
+    "SeededWordSource",
     "bernoulli_exp",
     "discrete_laplace",
     "discrete_gaussian",
@@ -100,6 +101,25 @@ class UrandomSource:
 
 
 _SOURCE = UrandomSource()
+
+
+class SeededWordSource(UrandomSource):
+    """TESTING ONLY: the same interface as :class:`UrandomSource`, its words from a seeded PCG64 Generator.
+
+    Anyone who knows the seed reproduces every "random" bit, so noise drawn from it protects nothing; the
+    federation uses it only behind the plan option ``noise-seed-for-testing`` (the run's ε is then reported
+    void and every ledger event says ``noise_source: "seeded-testing"``).
+    """
+
+    def __init__(self, seed: int, key=()):
+        super().__init__()
+        self._gen = np.random.Generator(np.random.PCG64([int(seed), *[int(k) for k in key]]))
+
+    def _refill(self) -> None:
+        self._words = self._gen.integers(0, 2**64, size=_BLOCK // 8, dtype=np.uint64).tolist()
+
+    def words(self, count: int) -> np.ndarray:
+        return self._gen.integers(0, 2**64, size=int(count), dtype=np.uint64)
 
 
 def as_fraction(value, name: str = "sigma2") -> Fraction:

@@ -40,6 +40,7 @@ def _type_of(default, name: str):
 
 _CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "aggregation": ("auto", "plain", "secagg", "ckks"),
             "accountant": ("exact", "prv", "rdp", "paper"), "noise": ("local", "distributed"),
+            "distributed_mechanism": ("auto", "gaussian", "ddg", "skellam"),
             "sensitivity_rule": ("min", "theorem5", "kernel_shape", "lipschitz"), "nystrom": ("rows", "local"),
             "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),
             "landmark_method": ("auto", "feddl", "cells", "billboard"), "coordinates": ("send", "keep")}
@@ -51,7 +52,7 @@ _GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_ro
                            "stage_timeout", "ckks_precision", "key_holder", "ckks_min_survivors", "ckks_quorum",
                            "ckks_verify")),
            ("differential privacy (off unless --epsilon or --noise-multiplier)",
-            ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "clip_norm", "sample_rate", "min_survivors",
+            ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "distributed_mechanism", "clip_norm", "sample_rate", "min_survivors",
              "sensitivity_rule", "count_share", "rows_epsilon", "run_id", "noise_seed_for_testing")),
            ("audit gate (before anything per record leaves a site)",
             ("audit_holdout", "max_auc", "max_empirical_epsilon", "allow_audit_failure")),

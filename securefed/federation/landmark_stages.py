@@ -47,7 +47,7 @@ def feddl(co):
         from .privacy import ServerPrivacy
 
         gamma0 = plan.gamma if plan.gamma is not None else 1.0 / float(plan.clip_norm) ** 2  # public: τ_X only
-        co.privacy = ServerPrivacy(plan, co.run_id, s.sizes, w_norm, check_gamma(gamma0), co.ledger)
+        co.privacy = ServerPrivacy(plan, co.run_id, s.sizes, w_norm, check_gamma(gamma0), co.ledger, n_features=m)
     B = plan.sum_bound
     ck = co.resume
     gamma = co.privacy.plan["gamma"] if co.privacy else plan.gamma
@@ -127,6 +127,7 @@ def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
     plan = co.plan
     monitor = plan.monitoring
     mmd0 = None
+    integer = co.privacy.integer if co.privacy is not None else None  # ddg / skellam: integers mod 2^k
     steps = [plan.local_steps - 1] if plan.rule == "model" else list(range(plan.local_steps))
     for t in steps:
         task = put_array({"task": plan.rule, "gamma": gamma}, "Y", Y)
@@ -136,13 +137,18 @@ def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
         if with_mmd:
             task.update(monitor=True, clip=clip)
         task["out_shape"] = [Y.size + 1] if with_mmd else list(Y.shape)
+        if integer is not None:
+            task["out_shape"] = [integer.padded_dim]  # the rotated, padded encoding (plan: no monitor)
         tap = None
         if co.privacy is not None:
             task.update(_dp_fields(co, rnd, t))
             released_steps = range(plan.local_steps) if plan.rule == "model" else [t]
             tap = _mirror(co, rnd, released_steps)
         label = f"round {rnd + 1}" + (f" step {t + 1}" if plan.rule == "gradient" else "")
-        a = yield from secure_sum(co, task, label, clip, tap=tap)
+        a = yield from secure_sum(co, task, label, clip, tap=tap,
+                                  integer_bits=None if integer is None else co.privacy.secagg_bits)
+        if integer is not None:
+            a = co.privacy.decode(a, rnd, t, Y.shape)  # un-rotate, centre mod 2^bits, × granularity (KLS / AKL)
         total = a.total
         if with_mmd:
             mmd0 = float(total[-1] / a.weight_sum / monitor_scale(clip))

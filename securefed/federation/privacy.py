@@ -32,6 +32,13 @@ Distributed noise (``noise = "distributed"``) is accepted only with gradient ave
 every aggregation with its actual survivors in the aggregate ledger; the site's own ledger keeps the worst
 case it accepted (``min-survivors`` = t survivors), which bounds what it spends because it helps reveal only
 sums over at least t sites (:func:`site_settle`).
+
+Integer distributed noise (``distributed_mechanism`` ``ddg`` / ``skellam``; issue 14): the continuous shares
+would be clipped and rounded by SecAgg+'s fixed-point codec after the noise is added. Instead each site encodes
+its weighted gradient with the distributed discrete Gaussian (Kairouz, Liu & Steinke 2021) or Skellam (Agarwal,
+Kairouz & Liu 2021) mechanism of :mod:`securefed.accounting.distributed` — clip, public rotation, randomized
+rounding, integer noise — and SecAgg+ sums the words mod ``2^bits`` exactly (:func:`integer_mechanism`,
+:func:`site_integer_mechanism`, :func:`site_integer_release`; the coordinator decodes, :meth:`ServerPrivacy.decode`).
 """
 
 from __future__ import annotations
@@ -44,16 +51,28 @@ import os
 import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, ProtocolAbortedError, ProtocolError, bad_value
+from ..plan import INTEGER_MECHANISMS
 from .wire import dumps
 
 __all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
            "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
            "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
-           "earlier_spending", "open_site_ledger"]
+           "earlier_spending", "open_site_ledger", "integer_mechanism", "integer_claim", "site_integer_mechanism",
+           "site_integer_release"]
 
-def public_plan(plan, run_id: str, sizes, gamma: float, weights) -> dict:
+def public_plan(plan, run_id: str, sizes, gamma: float, weights, n_features: int | None = None) -> dict:
     """The public DP plan (JSON-able) the coordinator sends with every DP request, from a
-    :class:`~securefed.plan.RunPlan` and the public numbers of the run."""
+    :class:`~securefed.plan.RunPlan` and the public numbers of the run. Under an integer distributed mechanism
+    (``distributed_mechanism`` ddg / skellam) it also names the mechanism, the feature count (the encoded
+    vector's length) and the weight rule; other plans are unchanged."""
+    out = _public_plan(plan, run_id, sizes, gamma, weights)
+    kind = getattr(plan, "distributed_mechanism", "auto")
+    if plan.noise == "distributed" and kind in INTEGER_MECHANISMS:
+        out.update(distributed_mechanism=kind, n_features=int(n_features), weights_rule=plan.weights)
+    return out
+
+
+def _public_plan(plan, run_id: str, sizes, gamma: float, weights) -> dict:
     return {"run_id": run_id, "epsilon": plan.epsilon, "noise_multiplier": plan.noise_multiplier,
             "delta": float(plan.delta), "accountant": plan.accountant, "noise": plan.noise,
             "tau_x": float(plan.clip_norm), "sample_rate": float(plan.sample_rate),
@@ -72,18 +91,35 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
     """
     from ..accounting import GradientPerturbation
 
+    integer = plan.get("distributed_mechanism") in INTEGER_MECHANISMS
     eps, z = plan["epsilon"], plan["noise_multiplier"]
-    if noise_multiplier is not None:
+    if noise_multiplier is not None and not integer:
         eps, z = None, float(noise_multiplier)
     gp = GradientPerturbation(epsilon=eps, delta=plan["delta"], noise_multiplier=z,
                               accountant=plan["accountant"], noise=plan["noise"], tau_x=plan["tau_x"],
                               sample_rate=plan["sample_rate"], ledger=ledger,
                               insecure_noise_seed_for_testing=plan["noise_seed"],
                               sensitivity_rule=plan["sensitivity_rule"], min_survivors=plan["min_survivors"])
+    # an integer mechanism registers its own dominating z below: no Gaussian calibration (a placeholder whose
+    # plan trivially fits, replaced before anything is released)
     gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
                  local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
-                 aggregator=plan["aggregation"])
+                 aggregator=plan["aggregation"], noise_multiplier=1e6 if integer else None)
+    gp.integer = None
+    if integer:
+        _attach_integer(gp, plan)
     return gp
+
+
+def _attach_integer(gp, plan: dict) -> None:
+    """Build the plan's integer mechanism on ``gp`` (:func:`integer_mechanism`) and register its dominating noise
+    multiplier as every site's plan in the ledger (the budget check of the whole plan; it fits by construction)."""
+    mech = integer_mechanism(gp, plan)
+    z = float(mech.ledger_noise_multiplier())
+    gp.integer = mech
+    gp.z = z
+    gp.sigma = [z * float(mech.l2_int)] * gp.n_clients  # integer units: what each site's ledger event carries
+    gp.plan_epsilon = [gp.ledger.set_plan(p, z, 1.0, gp.releases_planned) for p in range(gp.n_clients)]
 
 
 # ------------------------------------------------------------------------------------------------ site
@@ -145,7 +181,7 @@ def _memo_ledger(memo: dict, *args, **kw):
 
 def plan_digest(plan: dict) -> str:
     """Digest of the public plan without the server's σ claims (the site's calibration cache key)."""
-    doc = {k: v for k, v in plan.items() if k != "sigma"}
+    doc = {k: v for k, v in plan.items() if k not in ("sigma", "integer_claim")}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -251,8 +287,8 @@ def site_settle(gp, site: int, settle: list) -> None:
     SecAgg+ client refuses smaller survivor sets; a CKKS round is specified with ``min_survivors ≥ t``),
     the worst case it books at release time is an upper bound on what it spends, whether or not a
     settlement reaches it later (the last aggregation's never does)."""
-    if gp.noise != "distributed":
-        return
+    if gp.noise != "distributed" or getattr(gp, "integer_kind", None):
+        return  # integer mechanisms book the worst case over every k ≥ t survivors at release time
     for rnd, step, surv in settle or []:
         surv = sorted({int(s) for s in surv})
         evs = gp.ledger.releases_at(int(site), int(rnd), int(step))
@@ -268,6 +304,120 @@ def release_events(gp, site: int, rnd: int, steps) -> list:
         if evs:
             out.append(json.dumps(evs[-1], sort_keys=True))
     return out
+
+
+# ------------------------------------------------------------------------------- integer distributed noise
+
+
+def integer_mechanism(gp, plan: dict):
+    """The run's distributed discrete Gaussian or Skellam mechanism (:mod:`securefed.accounting.distributed`), built
+    by the coordinator and by every site from the same public plan (deterministic, so both get the same numbers).
+
+    Its input is a site's weighted gradient ``w_p ∇f_p`` (Qiao et al. Eq. 13; ``w_p`` the plan's normalised weight);
+    record sensitivity ``max_p w_p Δ_p`` and clip ``max_p w_p ‖∇f_p‖`` bound (:meth:`GradientPerturbation.
+    distributed_mechanism`); the rotation seed is the public run id; ``releases = S·Q``; ``t`` the plan's min survivors.
+
+    The ε target is the plan's; if the ledger's dominating Gaussian (``ledger_noise_multiplier``: KLS Prop. 14 /
+    AKL's bound, each dominated for every α) would exceed it over the planned releases, the target is lowered
+    until it fits — more noise, never less — so that the write-ahead ledger never refuses a planned release.
+    """
+    kind = plan["distributed_mechanism"]
+    if kind not in INTEGER_MECHANISMS:
+        raise ConfigError(bad_value("distributed_mechanism", kind, f"use one of {', '.join(INTEGER_MECHANISMS)}"))
+    target = float(gp.epsilon_target)
+    R = int(gp.releases_planned)
+    eps = target
+    for _ in range(40):
+        mech = gp.distributed_mechanism(kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]),
+                                        weights=plan["weights"], epsilon=eps)
+        led = float(gp.ledger.epsilon_of([(float(mech.ledger_noise_multiplier()), 1.0, R)]))
+        if led <= target * (1 - 1e-9):
+            mech.ledger_epsilon = led
+            mech.epsilon_plan_target = target
+            return mech
+        eps *= min(0.999, target * (1 - 1e-6) / led)
+    raise ConfigError(bad_value("epsilon", target, f"the {kind} mechanism's ledger bound does not fit this ε; "
+                                "raise it or use distributed-mechanism gaussian"))  # pragma: no cover
+
+
+def integer_claim(mech) -> dict:
+    """What the coordinator tells the sites it computed (they check it against their own computation)."""
+    noise = str(mech.sigma2) if hasattr(mech, "sigma2") else repr(float(mech.lam))
+    return {"mechanism": mech.mechanism, "noise": noise, "modulus_bits": int(mech.modulus_bits),
+            "granularity": float(mech.granularity), "padded_dim": int(mech.padded_dim), "clip": float(mech.clip)}
+
+
+def _noise_of(mech) -> float:
+    return float(mech.sigma2) if hasattr(mech, "sigma2") else float(mech.lam)
+
+
+def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
+    """A site's own integer mechanism for ``plan`` — never the coordinator's numbers — after checking what the
+    coordinator claims against it (:class:`ProtocolError` otherwise, nothing computed or sent):
+
+    * the plan's feature count is the site's own and the plan's weight for this site is its own rule's weight
+      (records: its record count over the announced total; uniform: 1/P);
+    * the claimed per-site noise (σ² or λ) and modulus bits are not below the site's own calibration, and the
+      claimed granularity and padded dimension are the site's own (the coordinator decodes with them).
+
+    """
+    if int(plan["n_features"]) != int(n_features):
+        raise ProtocolError(f"the DP plan encodes {plan['n_features']} features, this site has {n_features}; refusing")
+    sizes = np.asarray(plan["sizes"], dtype=float)
+    own = sizes / sizes.sum() if plan.get("weights_rule", "records") == "records" else np.full(len(sizes), 1 / len(sizes))
+    if not np.isclose(float(plan["weights"][site]), own[site], rtol=1e-9, atol=0.0):
+        raise ProtocolError(f"the DP plan weighs this site {plan['weights'][site]!r}, its own rule "
+                            f"({plan.get('weights_rule', 'records')}) gives {own[site]!r}; refusing")
+    mech = gp.integer  # the site's own calibration from the public plan (build_mechanism)
+    claim = plan.get("integer_claim")
+    if claim is None:
+        raise ProtocolError("the DP plan names an integer mechanism but carries no claim of its parameters; refusing")
+    if claim.get("mechanism") != mech.mechanism:
+        raise ProtocolError(f"the server claims mechanism {claim.get('mechanism')!r}, the plan gives {mech.mechanism!r}; refusing")
+    from fractions import Fraction
+
+    if float(Fraction(str(claim["noise"]))) < _noise_of(mech) * (1 - 1e-9):
+        raise ProtocolError(f"the server asks for per-site noise {claim['noise']} but this site's own calibration of "
+                            f"{mech.mechanism} gives {_noise_of(mech):.6g} (integer units); refusing")
+    if int(claim["modulus_bits"]) < mech.modulus_bits:
+        raise ProtocolError(f"the server announces a modulus of 2^{claim['modulus_bits']} but this site's wrap-around "
+                            f"bound needs 2^{mech.modulus_bits}; refusing")
+    if not np.isclose(float(claim["granularity"]), mech.granularity, rtol=1e-12) or \
+            int(claim["padded_dim"]) != mech.padded_dim:
+        raise ProtocolError(f"the server's granularity {claim['granularity']} / dimension {claim['padded_dim']} differ "
+                            f"from this site's {mech.granularity} / {mech.padded_dim}; refusing")
+    return mech
+
+
+def site_integer_release(gp, mech, plan: dict, grad: np.ndarray, *, site: int, rnd: int, step: int, spec) -> np.ndarray:
+    """One site's integer release (KLS / AKL Algorithm 1 via :meth:`_DistributedInteger.encode`): check the SecAgg+
+    spec (integer input, modulus ≥ the mechanism's, the padded length), check the rest of the plan fits the site's
+    budget, write the release to the site's ledger (fsync'd), then encode ``w_p · grad`` — clipped, rotated,
+    rounded, with this site's integer noise — into words mod ``2^bits``. Nothing about the clipping leaves the
+    site. The noise comes from ``os.urandom`` unless the plan has ``noise_seed`` (testing: the ε is void)."""
+    from ..accounting.samplers import SeededWordSource
+
+    if spec is None or not getattr(spec, "integer", False):
+        raise ProtocolError(f"this site's {mech.mechanism} upload is a vector of integers mod 2^{mech.modulus_bits}: it "
+                            "goes only into a SecAgg+ round with integer input; refusing")
+    if spec.fixed_point.modulus_bits < mech.modulus_bits:
+        raise ProtocolError(f"the SecAgg+ round sums mod 2^{spec.fixed_point.modulus_bits}, below the 2^{mech.modulus_bits} "
+                            "this site's wrap-around bound needs; refusing")
+    if spec.length != mech.padded_dim:
+        raise ProtocolError(f"the SecAgg+ round sums {spec.length} words, the encoded vector has {mech.padded_dim}; refusing")
+    z = float(mech.ledger_noise_multiplier())
+    led = gp.ledger
+    if not getattr(gp, "_integer_plan_checked", False):
+        first = int(rnd) * gp.local_steps + int(step)
+        led.check_plan(site, z, 1.0, max(gp.releases_planned - first, 0))
+        gp._integer_plan_checked = True
+    attempt = len(led.releases_at(site, rnd, step))
+    seed = plan.get("noise_seed")
+    src = None if seed is None else SeededWordSource(int(seed), (site, rnd, step, attempt))
+    mech.record_release(led, site=site, round=rnd, step=step, attempt=attempt,
+                        noise_source="secure" if seed is None else "seeded-testing")
+    w = float(plan["weights"][site])
+    return mech.encode(w * np.asarray(grad, dtype=np.float64).ravel(), round=rnd, step=step, src=src)
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -306,21 +456,44 @@ class ServerPrivacy:
         The aggregate ledger (:func:`open_server_ledger`; default in memory).
     """
 
-    def __init__(self, plan, run_id: str, sizes, weights, gamma: float, ledger=None):
-        self.plan = public_plan(plan, run_id, sizes, gamma, weights)
+    def __init__(self, plan, run_id: str, sizes, weights, gamma: float, ledger=None, n_features: int | None = None):
+        self.plan = public_plan(plan, run_id, sizes, gamma, weights, n_features)
         self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
         self.gp = build_mechanism(self.plan, self.ledger)
         self.gp.clipped_per_site = [None] * len(sizes)  # counted on each site; never sent
         self._pending: dict = {}
         self.unsettled: list = []  # [[round, step, survivors]] to tell the sites
+        #: the distributed discrete Gaussian / Skellam mechanism (None: Gaussian noise)
+        self.integer = self.gp.integer
+
+    @property
+    def secagg_bits(self) -> int:
+        """The SecAgg+ modulus of the integer sums: the mechanism's bits (SecAgg+ words have at least 16)."""
+        return max(16, int(self.integer.modulus_bits))
+
+    def decode(self, agg, rnd: int, step: int, shape):
+        """The integer secure sum's words → ``Σ_{p∈U} w_p clip(∇f_p)`` plus the summed noise (KLS / AKL decoder),
+        with the survivors' normalised weight total, as the server step expects."""
+        from ..securesum.base import AggregateResult
+
+        total = self.integer.decode(np.asarray(agg.total).ravel(), round=rnd, step=step, shape=shape)
+        w = np.asarray(self.plan["weights"], dtype=float)
+        surv = tuple(int(i) for i in agg.survivors)
+        if len(surv) < self.integer.min_survivors:
+            raise ProtocolAbortedError(f"the integer sum covers {len(surv)} sites, fewer than t = "
+                                       f"{self.integer.min_survivors}: its noise is not what was accounted")
+        return AggregateResult(total, surv, float(w[list(surv)].sum()), agg.protocol, 0, agg.bytes_up, agg.bytes_down,
+                               agg.seconds, dict(agg.details, decoded=self.integer.mechanism))
 
     def reported(self, rnd: int, step: int) -> set:
         """Sites whose release for (round, step) is in the aggregate ledger and not yet settled."""
         return set(self._pending.get((int(rnd), int(step)), {}))
 
     def wire_plan(self) -> str:
-        """The plan every site receives (JSON), with the σ_p the server computed for each site."""
-        return json.dumps(dict(self.plan, sigma=[float(v) for v in self.gp.sigma]), sort_keys=True)
+        """The plan every site receives (JSON), with the σ_p the server computed for each site (and, under an
+        integer mechanism, its claimed noise, modulus and granularity: :func:`integer_claim`)."""
+        extra = {"integer_claim": integer_claim(self.integer)} if self.integer is not None else {}
+        return json.dumps(dict(self.plan, sigma=[float(v) for v in self.gp.sigma], **extra), sort_keys=True)
 
     def project(self, Y: np.ndarray) -> np.ndarray:
         """The server's projection onto the τ_Y ball (after init and after each round, as in process)."""
@@ -332,7 +505,13 @@ class ServerPrivacy:
         want = {(int(rnd), int(t)) for t in steps}
         got = set()
         for ev in evs:
-            if float(ev["sigma"]) < self.gp.sigma[int(site)] * (1 - 1e-9):
+            if self.integer is not None:
+                mech = self.integer
+                if ev.get("mechanism") != mech.mechanism or int(ev.get("modulus_bits", 0)) < mech.modulus_bits or \
+                        float(ev["noise_multiplier"]) < mech.ledger_noise_multiplier() * (1 - 1e-9):
+                    raise ProtocolError(f"site {site} reports a {ev.get('mechanism')} release (z={ev.get('noise_multiplier')}, "
+                                        f"2^{ev.get('modulus_bits')}) below the plan's {mech.mechanism}")
+            elif float(ev["sigma"]) < self.gp.sigma[int(site)] * (1 - 1e-9):
                 raise ProtocolError(f"site {site} reports σ={ev['sigma']} below the plan's {self.gp.sigma[int(site)]}")
             got.add((ev["round"], ev["step"]))
             mirror_release(self.ledger, site, ev)
@@ -343,8 +522,8 @@ class ServerPrivacy:
     def after_aggregate(self, rnd: int, step: int, survivors) -> None:
         """Settle a distributed-noise aggregation with the actual survivors (server ledger)."""
         pend = self._pending.pop((int(rnd), int(step)), {})
-        if self.gp.noise != "distributed" or not pend:
-            return
+        if self.gp.noise != "distributed" or not pend or self.integer is not None:
+            return  # integer mechanisms: each release already booked the worst case over k ≥ t survivors
         self.gp.settle(round=rnd, step=step, survivors=survivors, release_ids=pend)
         self.unsettled.append([int(rnd), int(step), [int(s) for s in survivors]])
 
@@ -353,6 +532,40 @@ class ServerPrivacy:
         rep = self.gp.report()
         rep["noise_share"] = noise_share_note(self.plan)
         rep["ledger_sites"] = "each site holds its own ledger (node config ledger-path); this is the server's aggregate copy"
+        if self.integer is not None:
+            rep = self._integer_report(rep)
+        return rep
+
+    def _integer_report(self, rep: dict) -> dict:
+        """The privacy block under ddg / skellam: ε from the paper's bound (KLS Prop. 14 worst over k ∈ [t, n]
+        survivors; AKL at k = t) at the releases made, the ledger's dominating bound beside it, the modulus and the
+        wrap-around probability (per aggregation and, by a union bound, over the run)."""
+        mech = self.integer
+        done = max((sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == mech.mechanism)
+                    for p in range(len(self.plan["sizes"]))), default=0)
+        for k in ("epsilon_paper_formula", "paper_formula_below_true_epsilon", "epsilon_paper_recipe", "sigma_per_site",
+                  "clipped_records", "clipped_per_site"):
+            rep.pop(k, None)
+        eps_ledger = float(self.ledger.spent()[0])
+        rep.update({
+            "mechanism": mech.mechanism,
+            "distributed_mechanism": self.plan["distributed_mechanism"],
+            "epsilon": float(mech.epsilon(done)) if done else 0.0,
+            "epsilon_planned": float(mech.epsilon_accounted),
+            "epsilon_ledger": eps_ledger,
+            "accountant": "rdp: " + ("KLS 2021 Prop. 14 (worst over t..n survivors)" if hasattr(mech, "sigma2") else
+                                     "AKL 2021 Skellam RDP bound (t survivors)") + "; ledger: a dominating Gaussian",
+            "releases": done,
+            "noise_multiplier": float(mech.ledger_noise_multiplier()),
+            "modulus_bits": int(mech.modulus_bits),
+            "secagg_modulus_bits": self.secagg_bits,
+            "wrap_probability": float(mech.wrap_probability_bound),
+            "wrap_probability_run": float(min(1.0, done * mech.wrap_probability_bound)),
+            "clip_counts": "never sent: each site clips its weighted gradient to the public norm inside the encoder",
+            "noise_source": ("secure (os.urandom: exact CKS 2020 discrete Gaussian / PTRS Poisson)"
+                             if self.plan["noise_seed"] is None else "seeded-testing (the ε is void)"),
+            "integer": mech.report(),
+        })
         return rep
 
 
@@ -375,6 +588,11 @@ def noise_share_note(plan: dict) -> str:
     """One sentence for the report on what each site added."""
     if plan["noise"] == "local":
         return "each site added its full σ_p to every local-step gradient (private on its own)"
+    if plan.get("distributed_mechanism") in INTEGER_MECHANISMS:
+        t = plan["min_survivors"] or len(plan["sizes"])
+        what = "N_Z(0, σ²)" if plan["distributed_mechanism"] == "ddg" else "Sk(λ, λ)"
+        return (f"each site added integer noise {what} to its clipped, rotated, rounded weighted gradient; SecAgg+ summed "
+                f"the integers mod 2^k over at least t = {t} sites (no float clipping after the noise)")
     t = plan["min_survivors"] or len(plan["sizes"])
     return (f"each site added a share σ_p = z·M/(w_p·√t), t = {t}; the revealed sum carries noise of std ≥ z·M "
             f"while at least {t} sites survive (settled per aggregation)")

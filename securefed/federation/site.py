@@ -292,6 +292,8 @@ class SiteWorker:
             raise ProtocolError(f"under differential privacy this site releases only noisy landmark updates, not {kind!r}")
         gp = site_mechanism(plan, self.options, site, self._dp_cache())
         self._save_dp_cache()
+        if plan.get("distributed_mechanism"):
+            return self._integer_upload(fields, plan, gp, X, g, op)
         site_settle(gp, site, loads(fields.get("dp_settle") or "[]", "settlements"))
         Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site (a count of its records)
         Y = get_array(fields, "Y")
@@ -309,6 +311,34 @@ class SiteWorker:
             steps = [t]
         # the ledger events are on disk (fsync'd) before this returns, i.e. before the reply leaves
         return u, {"dp_events": release_events(gp, site, rnd, steps)}
+
+    def _integer_upload(self, fields: dict, plan: dict, gp, X: np.ndarray, g, op: str) -> tuple[np.ndarray, dict]:
+        """The distributed discrete Gaussian / Skellam release of one FedDL gradient step: the site's own mechanism
+        (checked against the coordinator's claims), its weighted gradient encoded to integers mod ``2^bits`` with its
+        own integer noise, the ledger written first (:func:`~.privacy.site_integer_release`)."""
+        from ..accounting import clip_records
+        from ..landmarks.feddl import mmd_grad
+        from ..securesum.secagg import decode_spec
+        from .privacy import INTEGER_MECHANISMS, release_events, site_integer_mechanism, site_integer_release
+
+        site = int(fields["site"])
+        if plan["distributed_mechanism"] not in INTEGER_MECHANISMS or plan["noise"] != "distributed":
+            raise ProtocolError(f"unknown distributed mechanism {plan['distributed_mechanism']!r} in the DP plan")
+        if op != "secagg-start":
+            raise ConfigError(bad_value("aggregation", op.split("-")[0], f"this site's {plan['distributed_mechanism']} "
+                                        "upload is a vector of integers mod 2^k: it goes only into a SecAgg+ sum (secagg)"))
+        Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site
+        Y = get_array(fields, "Y")
+        if Y.shape[1] != X.shape[1]:
+            raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
+        _check_request_against_plan(fields, plan, gp, site, len(X), Y, fields.get("task"))
+        mech = site_integer_mechanism(plan, gp, site, X.shape[1])
+        spec = decode_spec(fields["spec"])
+        rnd, t = int(fields["round"]), int(fields["step"])
+        Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
+        words = site_integer_release(gp, mech, plan, mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, rnd=rnd,
+                                     step=t, spec=spec)
+        return words, {"dp_events": release_events(gp, site, rnd, [t])}
 
     # ------------------------------------------------------------------------------ dispatch
     def handle(self, fields: dict) -> dict:
@@ -354,6 +384,14 @@ class SiteWorker:
         spec = decode_spec(fields["spec"])
         site = int(fields["site"])
         weight = self.weight(fields)
+        dp = request_dp_plan(fields) or {}
+        dp = loads(dp, "DP plan") if isinstance(dp, (str, bytes, bytearray)) else dp
+        integer_plan = bool(dp.get("distributed_mechanism"))
+        if spec.integer != integer_plan:  # before anything is computed or booked
+            raise ProtocolError(f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
+                                f"the request's upload is {'an integer encoding' if integer_plan else 'real-valued'}; refusing")
+        if spec.integer:
+            weight = 1.0  # integer inputs come weighted by their encoder (its own weight, from the public plan it checked)
         floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(request_dp_plan(fields)))
         u, extra = self.upload(fields, "secagg-start")
         g = self.rng(int(fields.get("seed", 0)), site)
@@ -384,6 +422,8 @@ class SiteWorker:
             if client.state in ("done", "aborted"):
                 self.state.pop("client", None)
                 self.state.pop("spec", None)
+        if spec.integer:
+            return {"msgs": out}  # an integer round clips nothing after the noise: there is no count to send
         return {"msgs": out, "secagg_clipped": int(client.clipped)}
 
     def _ckks(self, fields: dict) -> dict:

@@ -49,12 +49,15 @@ __all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site
 CKKS_END_WAIT = 10.0
 
 
-def secure_sum(co, task: dict, label: str, clip: float | None, weights: str | None = None, tap=None):
+def secure_sum(co, task: dict, label: str, clip: float | None, weights: str | None = None, tap=None,
+               integer_bits: int | None = None):
     """One federated weighted sum of the live sites' ``task`` uploads (generator; returns AggregateResult).
 
     ``task`` holds the request fields and ``out_shape``; ``weights`` is the public weight rule (default: the
     plan's ``weights``); ``clip`` the public bound on |coordinate| (SecAgg+ / CKKS quantise into it);
     ``tap(site, reply)`` sees each site's reply to the request that carried its upload (DP ledger mirror).
+    ``integer_bits``: the uploads are already integers mod ``2^integer_bits`` (weighted by their encoder): a SecAgg+
+    round with integer input, whose ``total`` is the sum's raw words mod ``2^integer_bits`` (SecAgg+ only).
     """
     t0 = time.perf_counter()
     rule = weights or co.plan.weights
@@ -65,7 +68,10 @@ def secure_sum(co, task: dict, label: str, clip: float | None, weights: str | No
     if co.plan.aggregation == "plain":
         agg = yield from _plain(co, base, rule, label, tap)
     elif co.plan.aggregation == "secagg":
-        agg = yield from _secagg(co, base, rule, label, clip, tap)
+        agg = yield from _secagg(co, base, rule, label, clip, tap, integer_bits)
+    elif integer_bits is not None:
+        raise ConfigError(bad_value(co.plan.name("aggregation"), co.plan.aggregation, "integer uploads need an exact "
+                                    "modular sum: use secagg"))
     else:
         agg = yield from _ckks(co, base, rule, label, clip, tap)
     co.record_sum(label, agg, before, time.perf_counter() - t0)
@@ -91,7 +97,8 @@ def _plain(co, base: dict, rule: str, label: str, tap):
     return AggregateResult(total, tuple(surv), co.sites.weight_total(surv, rule), "plain")
 
 
-def _secagg(co, base: dict, rule: str, label: str, clip, tap):
+def _secagg(co, base: dict, rule: str, label: str, clip, tap, integer_bits: int | None = None):
+    from ..securesum.quantize import integer_plan
     from ..securesum.secagg import RoundSpec, encode_spec
     from ..securesum.secagg_server import SecAggServer
 
@@ -100,9 +107,13 @@ def _secagg(co, base: dict, rule: str, label: str, clip, tap):
     sec = co.secagg_session()
     gp = sec.graph_parameters(n)
     w = co.sites.weights(rule)
-    fp = plan_fixed_point(float(clip), w, modulus_bits=sec.modulus_bits, fractional_bits=sec.fractional_bits)
+    integer = integer_bits is not None
+    if integer:  # the encoder weighted, clipped and rounded: a plain modular sum of words
+        fp = integer_plan(int(integer_bits), n)
+    else:
+        fp = plan_fixed_point(float(clip), w, modulus_bits=sec.modulus_bits, fractional_bits=sec.fractional_bits)
     spec = RoundSpec(sec.session_id, sec._counter[0], n, gp.degree, gp.threshold, sec.session_id, int(np.prod(shape)), fp,
-                     tuple(co.sites.identities), tuple(sec.timeouts.items()), gp.quorum)
+                     tuple(co.sites.identities), tuple(sec.timeouts.items()), gp.quorum, integer)
     sec._counter[0] += 1
     server = SecAggServer(spec, co.now)
     sb = encode_spec(spec)
@@ -115,8 +126,14 @@ def _secagg(co, base: dict, rule: str, label: str, clip, tap):
             co.sites.drop(i, "not among the SecAgg+ survivors")
     surv = tuple(int(i) for i in server.survivors)
     n_clipped = int(sum(clipped.get(i, 0) for i in surv))
-    warn_clipped(n_clipped, float(clip), f"SecAgg+ sum '{label}'")
-    return AggregateResult(dequantize(server.result, fp).reshape(shape), surv, co.sites.weight_total(surv, rule),
+    if integer:
+        if clipped:
+            rejected.append(f"sites {sorted(clipped)} sent a clip count in an integer round (ignored)")
+        total = server.result.reshape(shape)
+    else:
+        warn_clipped(n_clipped, float(clip), f"SecAgg+ sum '{label}'")
+        total = dequantize(server.result, fp).reshape(shape)
+    return AggregateResult(total, surv, co.sites.weight_total(surv, rule),
                            "secagg", n_clipped, int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
                            int(sum(server.bytes_in.values())), 0.0,
                            {"degree": spec.degree, "threshold": spec.threshold, "quorum": spec.signatures_needed,

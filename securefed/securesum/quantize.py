@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, OverflowRiskError, bad_value
 
-__all__ = ["FixedPoint", "plan_fixed_point", "overflow_bound", "quantize", "dequantize", "ClippingWarning",
+__all__ = ["FixedPoint", "plan_fixed_point", "integer_plan", "integer_words", "overflow_bound", "quantize", "dequantize", "ClippingWarning",
            "check_random_state", "word_dtype"]
 
 MAX_FRACTIONAL_BITS = 40
@@ -129,6 +129,27 @@ def plan_fixed_point(clip_range: float, weights, *, modulus_bits: int = 32,
                 + (f"use fractional_bits <= {best}" if best is not None else "lower clip_range")
                 + " or raise modulus_bits"))
     return FixedPoint(float(clip_range), f, int(modulus_bits), n, wt)
+
+
+def integer_plan(modulus_bits: int, active_clients: int) -> FixedPoint:
+    """The "plan" of a secure sum whose inputs are already integers mod ``2^k`` (no codec: no clip range, no
+    fractional bits, weight 1 per client — a weight is folded in by the input mechanism before it encodes)."""
+    if isinstance(modulus_bits, bool) or not isinstance(modulus_bits, (int, np.integer)) or not 16 <= modulus_bits <= 64:
+        raise ConfigError(bad_value("modulus_bits", modulus_bits, "use an integer in [16, 64] (SecAgg+ words are "
+                                    "uint32 or uint64); a mechanism needing fewer bits is summed in 16"))
+    return FixedPoint(0.0, 0, int(modulus_bits), int(active_clients), float(active_clients))
+
+
+def integer_words(update, fp: FixedPoint) -> np.ndarray:
+    """An integer input vector as words mod ``2^k`` (refused unless every value is an integer in ``[0, 2^k)``)."""
+    x = np.asarray(update).ravel()
+    if x.dtype.kind not in "ui":
+        raise DataError(bad_value("update.dtype", x.dtype, "an integer secure sum takes unsigned integers mod 2^k "
+                                  "(e.g. DistributedDiscreteGaussian.encode's output), not floats"))
+    if x.size and (x.min() < 0 or int(x.max()) >= (1 << fp.modulus_bits)):
+        raise DataError(bad_value("update", f"values in [{int(x.min())}, {int(x.max())}]",
+                                  f"reduce the input mod 2^{fp.modulus_bits} before the secure sum"))
+    return x.astype(fp.dtype)
 
 
 def quantize(update, weight: float, fp: FixedPoint, rng: np.random.Generator) -> tuple[np.ndarray, int]:

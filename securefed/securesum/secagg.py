@@ -161,6 +161,11 @@ class RoundSpec:
     distinct members of the survivor set every revealer requires (0: a majority ⌊n/2⌋ + 1, safe against a
     server alone; sites require 2q > n + c, :mod:`.threat`). :attr:`digest` — SHA-256 of the encoded spec —
     is inside every signature of the round.
+
+    ``integer``: the clients' inputs are already integers mod ``2^k`` (``k = fixed_point.modulus_bits``), e.g. the
+    distributed discrete Gaussian / Skellam encoder of :mod:`securefed.accounting.distributed`; no fixed-point
+    codec, no clipping, no clip count, and the sum is released mod ``2^k`` (its wrap-around is the input
+    mechanism's accounted event, so the server's range check does not apply).
     """
 
     session_id: bytes
@@ -174,6 +179,7 @@ class RoundSpec:
     identity_keys: tuple
     timeouts: tuple = tuple(DEFAULT_TIMEOUTS.items())
     quorum: int = 0
+    integer: bool = False
     neighbours: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -216,6 +222,8 @@ def encode_spec(spec: RoundSpec) -> bytes:
            "graph_seed": spec.graph_seed.hex(), "length": spec.length,
            "fixed_point": [fp.clip, fp.fractional_bits, fp.modulus_bits, fp.active_clients, fp.weight_total],
            "identity_keys": [k.hex() for k in spec.identity_keys], "timeouts": [[k, v] for k, v in spec.timeouts]}
+    if spec.integer:  # only then: a fixed-point spec encodes (and digests) exactly as before
+        doc["input"] = "integer"
     return json.dumps(doc, sort_keys=True).encode()
 
 
@@ -231,10 +239,12 @@ def decode_spec(data: bytes) -> RoundSpec:
         keys = tuple(bytes.fromhex(h) for h in doc["identity_keys"])
         if any(len(x) != 32 for x in keys):
             raise DecodeError("round spec: identity keys must be 32 bytes")
+        if doc.get("input", "fixed-point") not in ("fixed-point", "integer"):
+            raise DecodeError(f"round spec: unknown input kind {doc.get('input')!r}")
         return RoundSpec(bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
                          int(doc["degree"]), int(doc["threshold"]), bytes.fromhex(doc["graph_seed"]),
                          int(doc["length"]), fp, keys, tuple((str(a), float(b)) for a, b in doc["timeouts"]),
-                         int(doc["quorum"]))
+                         int(doc["quorum"]), doc.get("input") == "integer")
     except DecodeError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

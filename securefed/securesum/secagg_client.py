@@ -30,7 +30,7 @@ from .machine import StageClient
 from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
                        KeysBroadcast, MaskedInput, SharePlaintext, ShareItem, ShareValue, UnmaskRequest,
                        UnmaskResponse, decode, encode)
-from .quantize import quantize
+from .quantize import integer_words, quantize
 from .secagg import (RoundSpec, advert_payload, channel_key, commitment, consistency_payload, masked_payload, pair_info,
                      self_info, share_aad, share_hash, share_item_payload, unmask_payload)
 
@@ -72,6 +72,11 @@ class SecAggClient(StageClient):
             raise ConfigError(bad_value("client_id", client_id, f"use 0 <= client_id < {spec.n_clients}"))
         if np.size(update) != spec.length:
             raise ConfigError(bad_value("update.size", np.size(update), f"expected {spec.length} values"))
+        if spec.integer:
+            if float(weight) != 1.0:
+                raise ConfigError(bad_value("weight", weight, "an integer round takes inputs already weighted by their "
+                                            "encoder: pass weight 1"))
+            update = integer_words(update, spec.fixed_point)  # refused here, before any key is made
         if isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or \
                 not 1 <= min_survivors <= spec.n_clients:
             raise ConfigError(bad_value("min_survivors", min_survivors, f"use an integer in [1, {spec.n_clients}]"))
@@ -200,7 +205,10 @@ class SecAggClient(StageClient):
             raise ProtocolAbortedError(f"client {self.id}: valid shares from only {len(self._held)} neighbours, "
                                        f"threshold is {t}")
         fp = spec.fixed_point
-        q, self.clipped = quantize(self._update, self._weight, fp, self._rng)
+        if spec.integer:  # already integers mod 2^k (the weight was folded in by the encoder): no codec, no clip count
+            q, self.clipped = integer_words(self._update, fp), 0
+        else:
+            q, self.clipped = quantize(self._update, self._weight, fp, self._rng)
         acc = q.copy()
         buf = bytearray(acc.nbytes + 16)
         crypto.add_mask_inplace(acc, self._b, session_id=spec.session_id, info=self_info(spec.round_index, self.id),

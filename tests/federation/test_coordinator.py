@@ -284,7 +284,7 @@ def test_dp_landmarks_are_projected_after_every_server_step(sites):
 
 def test_dp_distributed_noise_secagg_gradient_settles_with_survivors(sites, tmp_path):
     plan = _plan(rule="gradient", epsilon=3.0, clip_norm=2.0, noise="distributed", rounds=1, local_steps=2,
-                 run_id="dp2", noise_seed_for_testing=3)
+                 run_id="dp2", noise_seed_for_testing=3, distributed_mechanism="gaussian")
     res = _run(plan, sites, tmp_path, options=_dp_options(tmp_path))
     server = PrivacyLedger(str(tmp_path / "ledger.jsonl"), "dp2", accountant="exact")
     assert len(server.events("settle")) == 2 and all(e["survivors"] == [0, 1, 2] for e in server.events("settle"))
@@ -325,7 +325,8 @@ def test_site_budget_covers_all_its_runs(sites, tmp_path):
 
 
 def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
-    plan = _plan(rule="gradient", epsilon=2.0, clip_norm=2.0, noise="distributed", run_id="dp5", noise_seed_for_testing=3)
+    plan = _plan(rule="gradient", epsilon=2.0, clip_norm=2.0, noise="distributed", run_id="dp5", noise_seed_for_testing=3,
+                 distributed_mechanism="gaussian")
     sp = ServerPrivacy(plan, "dp5", [30, 35, 40], [1 / 3] * 3, 0.25)
     wire = json.loads(sp.wire_plan())
     task = put_array({"op": "secagg-start", "task": "gradient", "gamma": 0.25, "round": 0, "step": 0, "site": 0,
@@ -525,7 +526,7 @@ def test_restarted_site_rejoins_secagg_with_its_new_identity_key(tmp_path):
 
 def test_ckks_aggregation_with_distributed_noise_matches_secagg(sites, tmp_path):
     common = dict(rule="gradient", rounds=1, local_steps=2, epsilon=3.0, clip_norm=2.0, noise="distributed",
-                  noise_seed_for_testing=1)
+                  noise_seed_for_testing=1, distributed_mechanism="gaussian")  # CKKS sums the continuous shares
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a = _run(_plan(aggregation="ckks", run_id="ck1", **common), sites, tmp_path / "a", options=_dp_options(tmp_path / "a"))
