@@ -363,6 +363,8 @@ def _noiseless(sites, Y0, gamma, lr, steps, project):
     return Y
 
 
+# Longer than ~100 lines on purpose: one trial loop in which the neighbouring datasets, the three attackers'
+# statistics and the calibration share a dozen locals; split, every piece would take and return them all.
 def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5, tau_x: float,
                       noise_multiplier: float | None = None, accountant: str = "exact", noise: str = "secret",
                       sigma_scale: float = 1.0, trials: int = 200, n_landmarks: int = 4, rounds: int = 3,
