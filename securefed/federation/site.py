@@ -19,7 +19,7 @@ Operations
                    only the final coordinates (or cluster labels) are returned.
 
 Uploads carry a ``task`` — ``stats`` (γ statistic and feature moments), ``model`` / ``gradient`` (FedDL,
-Eqs. 13–16), ``moments`` (the cells' PCA basis), ``cell-counts`` / ``cell-sums`` (the cells), ``rff`` / ``counts``
+Eqs. 13–16), ``moments`` (the cells' PCA basis), ``cell-counts`` / ``cell-sums`` (the cells), ``rff`` / ``billboard-counts``
 (the DP billboard), ``audit`` (membership-audit ROC counts) or ``mmd``.
 A site weighs its own upload by the rule ``weights`` (``"records"``: its own record count; ``"uniform"``: 1):
 the server never chooses a site's weight. With a DP plan (``dp``) the update is clipped, noised and written
