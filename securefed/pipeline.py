@@ -186,7 +186,8 @@ def run_job(job: dict, options: dict) -> dict:
     plan = RunPlan.build("cli", method=method, keep_rows=True, min_sites=1, **options)
     run_id = plan.run_id or derive_run_id(plan)
     mode = {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
-            "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks}
+            "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks,
+            "landmark_method": plan.landmark_method, "cell_floor": plan.cell_floor}
     metrics["mode"] = mode
     _claim_folder(out, run_id, bool(job.get("force")))
     write_json(os.path.join(out, "config.json"), {

@@ -103,19 +103,39 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
                  "Here n_y ≤ m, so the part of each record in the landmarks' span is recoverable." if exact is False else
                  "")
     sigma = (rows_privacy or {}).get("sigma")
+    lm = mode.get("landmark_method") or "feddl"  # run folders from before the cells and the billboard: FedDL
+    floor = mode.get("cell_floor") or "the floor"
     rows = [
+        {"stage": "landmarks", "mode": "cells (federated k-means with a floor, no DP)",
+         "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per round the "
+                          f"pooled count of every cell and, for cells of at least {floor} records, the pooled sums of their "
+                          f"features — cell means over ≥ {floor} records. The floor is applied by the coordinator: it holds "
+                          "against an honest coordinator, not against one that deviates (it could isolate a record)",
+         "applies": lm == "cells"},
+        {"stage": "landmarks", "mode": "the DP billboard",
+         "server_learns": "two noisy secure sums — a random-feature mean embedding of every record and the landmarks' counts — "
+                          "each site adding its full Gaussian noise and booking it in its own ledger first: " + (
+             f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record for the whole run" if isinstance(eps, (int, float))
+             and isinstance(delta, (int, float)) else "(ε, δ) per record for the whole run") +
+             "; the landmarks, their masses and their map are post-processing (a billboard)",
+         "applies": lm == "billboard"},
         {"stage": "landmarks", "mode": "plain aggregation",
-         "server_learns": f"every site's {upload}, every round", "applies": agg == "plain"},
+         "server_learns": f"every site's {upload if lm == 'feddl' else 'upload'}, every round", "applies": agg == "plain"},
         {"stage": "landmarks", "mode": "SecAgg+ or CKKS aggregation",
-         "server_learns": "only the sum of the sites' updates each round" + (" (CKKS: the secret key never reaches the coordinator)" if agg == "ckks" else ""),
+         "server_learns": "only the sum of the sites' uploads" + (" (CKKS: the secret key never reaches the coordinator)" if agg == "ckks" else ""),
          "applies": agg in ("secagg", "ckks")},
-        {"stage": "landmarks", "mode": "with differential privacy",
+        {"stage": "landmarks", "mode": "a malicious site (no range proofs)",
+         "server_learns": "nothing more — but a site can put any value into the sum as its own input and so bias the "
+                          "landmarks; it cannot read the others' inputs, and under DP the other sites' noise still covers "
+                          "their records (docs/threat-model-secure-sum.md §5)",
+         "applies": agg in ("secagg", "ckks")},
+        {"stage": "landmarks", "mode": "FedDL with differential privacy",
          "server_learns": "the sum plus Gaussian noise: " + (
              f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record over all {releases if releases is not None else 'S·Q'} noisy releases"
              if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) else "(ε, δ) per record, tracked over all S·Q releases") +
              (". This ε covers the landmarks only: the rows sent in the Nyström stage below are not covered by it"
               if nys in ("rows", "kernel_rows") else ""),
-         "applies": dp},
+         "applies": dp and lm == "feddl"},
         {"stage": "Nyström", "mode": "distance rows sent in the clear (paper mode)",
          "server_learns": f"one row of {ny} distances per record. With n_y > m the rows give every record back exactly "
                           f"(trilateration); with fewer landmarks the part of x in the landmarks' span ({mm}). {rows_note}".strip(),
@@ -130,7 +150,9 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
          "applies": nys == "perturbed_rows"},
         {"stage": "Nyström", "mode": "no rows (local placement)",
          "server_learns": "no per-record rows: the coordinator embeds only the landmarks; each site places its records locally and "
-                          "only their final 2-D coordinates leave the site (the reconstruction audit measures what those reveal)",
+                          "only their final 2-D coordinates leave the site (the reconstruction audit measures what those reveal); "
+                          "a record's own coordinate is a function of that record: no ε covers it (with coordinates keep "
+                          "nothing leaves)",
          "applies": nys == "local"},
     ]
     return rows

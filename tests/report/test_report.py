@@ -125,16 +125,32 @@ def test_cli_register_and_exit_code(run_dir, tmp_path, capsys):
 
 
 def test_what_leaves_modes():
+    # FedDL landmarks (a run folder without landmark_method, or the rows mode) under DP, through CKKS
     rows = what_leaves({"aggregation": "ckks", "dp": True, "nystrom": "local"}, privacy={"epsilon": 1.0, "delta": 1e-5, "releases": 300})
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
-    assert set(applies) == {"SecAgg+ or CKKS aggregation", "with differential privacy", "no rows (local placement)"}
+    assert set(applies) == {"SecAgg+ or CKKS aggregation", "a malicious site (no range proofs)",
+                            "FedDL with differential privacy", "no rows (local placement)"}
     assert "secret key never reaches the coordinator" in applies["SecAgg+ or CKKS aggregation"]
-    assert "(ε, δ) = (1, 1e-05)" in applies["with differential privacy"] and "300" in applies["with differential privacy"]
-    assert "landmarks only" not in applies["with differential privacy"]
+    assert "(ε, δ) = (1, 1e-05)" in applies["FedDL with differential privacy"] and "300" in applies["FedDL with differential privacy"]
+    assert "landmarks only" not in applies["FedDL with differential privacy"]
     # DP landmarks + rows in the clear: the report must say the ε does not cover the rows
-    rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "rows"}, privacy={"epsilon": 1.0, "delta": 1e-5})
-    dp_row = next(r for r in rows if r["mode"] == "with differential privacy")
+    rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "rows", "landmark_method": "feddl"},
+                       privacy={"epsilon": 1.0, "delta": 1e-5})
+    dp_row = next(r for r in rows if r["mode"] == "FedDL with differential privacy")
     assert "covers the landmarks only" in dp_row["server_learns"]
+    # the default: cells through SecAgg+; the floor is named and so is who applies it
+    rows = what_leaves({"aggregation": "secagg", "dp": False, "nystrom": "local", "landmark_method": "cells", "cell_floor": 15})
+    applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
+    assert set(applies) == {"cells (federated k-means with a floor, no DP)", "SecAgg+ or CKKS aggregation",
+                            "a malicious site (no range proofs)", "no rows (local placement)"}
+    cells = applies["cells (federated k-means with a floor, no DP)"]
+    assert "≥ 15 records" in cells and "applied by the coordinator" in cells
+    # the DP billboard: its ε is named for the whole run; FedDL's row does not apply
+    rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "local", "landmark_method": "billboard"},
+                       privacy={"epsilon": 4.0, "delta": 1e-5})
+    applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
+    assert "FedDL with differential privacy" not in applies
+    assert "(ε, δ) = (4, 1e-05) per record for the whole run" in applies["the DP billboard"]
 
 
 def test_html_report_renders_in_headless_chromium(written):
