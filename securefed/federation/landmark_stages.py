@@ -210,7 +210,8 @@ def cells(co):
     One secure sum for the basis, then rounds of a count pass and a sum pass; every cell mean the coordinator
     learns is over at least ``cell_floor`` records (the count pass withholds smaller cells before any sum of
     features is asked for)."""
-    from ..landmarks.cells import cell_update, pca_basis, prune, scale_warning, split_cells
+    from ..data import scale_warning
+    from ..landmarks.cells import cell_update, pca_basis, prune, split_cells
 
     plan, s = co.plan, co.sites
     m, N = s.n_features, float(sum(s.sizes))

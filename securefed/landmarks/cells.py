@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ConfigError, bad_value
 from ..kernels import sq_dists
 
-__all__ = ["site_moments", "pca_basis", "scale_warning", "features", "nearest_cell", "cell_counts", "cell_sums", "prune",
+__all__ = ["site_moments", "pca_basis", "features", "nearest_cell", "cell_counts", "cell_sums", "prune",
            "cell_update", "split_cells"]
 
 
@@ -57,15 +57,6 @@ def pca_basis(total: np.ndarray, m: int, dim: int, standardize: bool = False) ->
     if standardize:
         V = inv[:, None] * V
     return mu, V, float(max(np.trace(C), 0.0)), sd
-
-
-def scale_warning(sd: np.ndarray, max_ratio: float = 100.0, flag: str = "standardize") -> str | None:
-    """One line when the features' standard deviations (from the basis sum) differ by more than ``max_ratio``."""
-    live = sd[sd > 1e-12 * max(float(sd.max(initial=0.0)), 1e-300)]
-    if len(live) < 2 or live.max() <= max_ratio * live.min():
-        return None
-    return (f"feature scales differ by a factor {live.max() / live.min():.3g} (standard deviations {live.min():.3g} to "
-            f"{live.max():.3g}): distances, and so the map, follow the largest-scale features; consider {flag}")
 
 
 def features(X: np.ndarray, mu: np.ndarray, V: np.ndarray) -> np.ndarray:

@@ -85,7 +85,11 @@ def infer_mode(config: dict, metrics: dict, result: dict | None = None) -> dict:
     elif nys != "local":
         nys = "unknown"
     rule = _first(ro.get("rule"), cm.get("rule"), co.get("rule"), config.get("rule"))
-    return {"aggregation": agg, "dp": dp, "nystrom": nys, "rule": rule, "method": method or None}
+    landmark_method = _first(ro.get("landmark_method"), cm.get("landmark_method"), co.get("landmark_method"),
+                             mm.get("landmark_method"), _dict(result.get("landmark_stage")).get("method"))
+    cell_floor = _first(ro.get("cell_floor"), cm.get("cell_floor"), co.get("cell_floor"), mm.get("cell_floor"))
+    return {"aggregation": agg, "dp": dp, "nystrom": nys, "rule": rule, "method": method or None,
+            "landmark_method": landmark_method, "cell_floor": cell_floor}
 
 
 def privacy_block(run: RunFolder) -> dict | None:
@@ -161,6 +165,7 @@ def release_inventory(run: RunFolder, mode: dict) -> list[dict]:
     have = " ".join(r["what"].lower() for r in rows)
     privacy = privacy_block(run)
     agg = {"secagg": "SecAgg+", "ckks": "CKKS", "plain": "plain sums"}.get(mode.get("aggregation"), "aggregation not recorded")
+    feddl = (mode.get("landmark_method") or "feddl") == "feddl"  # cells and the billboard name their own sums
     updates = ("the sum over sites of the landmark updates, every round" if mode.get("aggregation") != "plain" else
                "each site's own landmark update, every round") + f" ({agg})"
     extra = [
@@ -183,7 +188,7 @@ def release_inventory(run: RunFolder, mode: dict) -> list[dict]:
         or os.path.exists(os.path.join(run.path, "landmarks.npy"))
     present = {
         "each site's number of records": True,
-        updates: ran_rounds,
+        updates: ran_rounds and feddl,
         "the landmarks, every round": bool(run.result) or os.path.exists(os.path.join(run.path, "landmarks.npy")),
         "the membership audit's ROC counts (members vs held-out records), summed over sites":
             run.mia is not None or isinstance(run.metrics.get("audit"), dict),
@@ -403,7 +408,15 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
     agg, nys, dp = mode.get("aggregation"), mode.get("nystrom"), bool(mode.get("dp"))
     eps = (privacy or {}).get("epsilon")
     eps_txt = f" plus noise (ε = {show(eps, 3)})" if dp and isinstance(eps, (int, float)) else " plus noise" if dp else ""
-    if agg == "plain":
+    method = mode.get("landmark_method") or "feddl"
+    if method == "cells":
+        floor = mode.get("cell_floor") or "the floor"
+        lm = (f"{'each site' if agg == 'plain' else 'only the sum over sites'} of the cells' record counts and, for cells "
+              f"of at least {floor} records, of their feature sums — cell means over ≥ {floor} records (a floor the "
+              "coordinator itself applies)")
+    elif method == "billboard":
+        lm = f"two noisy sums over sites (a random-feature mean embedding of the records and the landmark counts){eps_txt}"
+    elif agg == "plain":
         lm = f"each site's own landmark update every round{eps_txt}"
     elif agg in ("secagg", "ckks"):
         lm = f"only the sum over sites of the landmark updates{eps_txt} ({'SecAgg+' if agg == 'secagg' else 'CKKS'} hides each site's own)"
@@ -424,7 +437,9 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
         per = {"rows": "one row of distances per record (rebuilds records; not audited here)",
                "kernel_rows": "one row of kernel values per record (rebuilds records; not audited here)",
                "local": "each record's final position on the map, outside ε (not audited here)"}.get(nys, "not recorded")
-    sites = "the landmarks (synthetic points, not records) and the kernel bandwidth, every round"
+    sites = ("the landmarks (synthetic points, not records) and the kernel bandwidth, every round" if method == "feddl" else
+             "the landmarks (cell means over ≥ the floor, not records), their counts and their map" if method == "cells" else
+             "the billboard: the DP landmarks, their masses and their map")
     sites += ("; with DP, what a site learns about another site's records is bounded by ε (joint differential privacy: "
               "each site places its own records from the shared landmarks only — Hsu et al. 2014)" if dp else
               "; without DP the landmarks are fitted to every site's records — the membership audit measures what they reveal")
