@@ -100,6 +100,7 @@ def umap_from_distance_rows(B, landmarks, *, n_neighbors=15, min_dist=0.1, n_com
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*n_jobs value.*")
         warnings.filterwarnings("ignore", message=".*precomputed_knn.*")
+        warnings.filterwarnings("ignore", message=".*inverse_transform will be unavailable.*")  # by design: no inverse
         idx, dist, Z, path = knn_from_distance_rows(B, landmarks, k, reconstruction=reconstruction,
                                                     noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng)
         if path == "paper":
