@@ -317,7 +317,8 @@ class _FederatedEmbedding(_Estimator):
                                    int(self.n_clusters))
         if self._method == "tsne":
             return placement.place_refine(F, self.landmarks_, self.landmark_embedding_, self.landmark_masses_,
-                                          self.landmark_map_zn_, perplexity=float(self.perplexity), counted=False)
+                                          self.landmark_map_zn_, perplexity=float(self.placement_perplexity),
+                                          counted=False)
         return placement.place_weighted(F, self.landmarks_, self.landmark_embedding_, perplexity=2.0)
 
     def transform(self, X_new):
@@ -337,18 +338,20 @@ class _FederatedEmbedding(_Estimator):
 class FedTSNE(_FederatedEmbedding):
     """Federated t-SNE (Fed-tSNE, Qiao et al. Algorithm 2) on openTSNE.
 
-    Parameters: ``n_components`` (2), ``perplexity`` (30), ``n_iter`` (750: openTSNE's 250 early-exaggeration
+    Parameters: ``n_components`` (2), ``perplexity`` (30), ``placement_perplexity`` (10: each site's placement of its
+    records against the landmark map, no-rows mode), ``n_iter`` (750: openTSNE's 250 early-exaggeration
     iterations + the rest) and every :class:`FederatedParams` field.
 
     Attributes: ``embedding_`` (n, n_components), ``landmarks_``, ``gamma_``, ``mmd_history_``, ``privacy_``,
     ``audit_``, ``rows_sent_``, ``reconstruction_``, ``timings_``, ``result_`` (the run's RunResult), ``plan_``.
     """
 
-    _own = (("n_components", 2), ("perplexity", 30.0), ("n_iter", 750))
+    _own = (("n_components", 2), ("perplexity", 30.0), ("n_iter", 750), ("placement_perplexity", 10.0))
     _method = "tsne"
 
     def _method_options(self):
-        return {"n_components": self.n_components, "perplexity": self.perplexity, "n_iter": self.n_iter}
+        return {"n_components": self.n_components, "perplexity": self.perplexity, "n_iter": self.n_iter,
+                "placement_perplexity": self.placement_perplexity}
 
     def fit(self, sites, y=None):
         res = self._run(sites)

@@ -124,6 +124,7 @@ class RunPlan:
     nystrom: str = "local"           # local: no per-record rows leave a site; rows: the paper (gives the records back)
     n_components: int = 2
     perplexity: float = 30.0
+    placement_perplexity: float = 10.0  # a site's placement of its records against the landmark map (t-SNE)
     n_iter: int = 750
     n_neighbors: int = 15
     min_dist: float = 0.1
@@ -281,6 +282,7 @@ class _Validator:
         self._landmark_method()
         self.int_("n_components", minimum=1)
         self.pos("perplexity")
+        self.pos("placement_perplexity")
         self.int_("n_iter", minimum=1)
         self.int_("n_neighbors", minimum=2)
         self.pos("min_dist", allow_zero=True)
@@ -571,7 +573,9 @@ HELP = {
     "nystrom": "local (default): no per-record rows leave a site, each places its own records on the landmark map; rows: "
                "the paper, one row per record leaves each site (it gives the records back)",
     "n_components": "dimensions of the map",
-    "perplexity": "t-SNE perplexity",
+    "perplexity": "t-SNE perplexity (rows mode: of the map; no-rows mode: of the coordinator's landmark map)",
+    "placement_perplexity": "no-rows t-SNE: perplexity of each site's placement of its records against the landmark "
+                            "map (lower keeps the local structure tighter: digits +2 CA points at 10 against 30)",
     "n_iter": "t-SNE iterations (rows mode: 250 early exaggeration + the rest)",
     "n_neighbors": "UMAP neighbours (spectral: k of the sparse affinity graph)",
     "min_dist": "UMAP minimum distance",

@@ -56,7 +56,7 @@ _GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_ro
              "sensitivity_rule", "count_share", "rows_epsilon", "run_id", "noise_seed_for_testing")),
            ("audit gate (before anything per record leaves a site)",
             ("audit_holdout", "max_auc", "max_empirical_epsilon", "allow_audit_failure")),
-           ("embedding", ("nystrom", "coordinates", "n_components", "perplexity", "n_iter", "n_neighbors", "min_dist", "n_clusters",
+           ("embedding", ("nystrom", "coordinates", "n_components", "perplexity", "placement_perplexity", "n_iter", "n_neighbors", "min_dist", "n_clusters",
                           "kernel_gamma", "reconstruction")),
            ("run", ("seed", "n_jobs")))
 

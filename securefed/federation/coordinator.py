@@ -500,7 +500,7 @@ class Coordinator:
         else:
             if plan.method == "tsne":
                 E, Zn = weighted_tsne(Y, c, perplexity=plan.perplexity, seed=seed, n_components=plan.n_components)
-                req.update(perplexity=float(plan.perplexity), Zn=float(Zn))
+                req.update(perplexity=float(plan.placement_perplexity), Zn=float(Zn))
                 out["Zn"] = float(Zn)
             else:
                 E = np.asarray(umap_landmark_model(Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,

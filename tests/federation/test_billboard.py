@@ -114,7 +114,7 @@ def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tm
     for res in runs:
         emb = res.embedding
         own = place_refine(res.landmark_space.features(_sites()[0]), res.landmarks, emb["landmark_embedding"],
-                           res.masses, emb["Zn"], perplexity=30.0)
+                           res.masses, emb["Zn"], perplexity=10.0)
         np.testing.assert_allclose(emb["coordinates"][res.sites[0]], own, rtol=0, atol=1e-9)
     assert not np.allclose(runs[0].landmarks, runs[1].landmarks)  # the other site's change reached the billboard
 

@@ -203,7 +203,7 @@ def test_no_rows_tsne_embedding_is_the_sites_own_placement(sites):
     np.testing.assert_array_equal(emb["landmark_embedding"], E)
     assert list(emb["coordinates"]) == NAMES and not emb["missing"]
     for name, X in zip(NAMES, sites):
-        own = place_refine(space.features(X), Y, E, c, Zn, perplexity=30.0)
+        own = place_refine(space.features(X), Y, E, c, Zn, perplexity=10.0)  # the plan's placement_perplexity
         np.testing.assert_allclose(emb["coordinates"][name], own, rtol=0, atol=1e-9)
 
 
