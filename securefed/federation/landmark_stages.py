@@ -193,8 +193,8 @@ def _spread(Y: np.ndarray) -> float:
 def _scaled_sum(co, task: dict, label: str, parts, weights: str = "uniform", tap=None):
     """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
     ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
-    (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point range of SecAgg+ / CKKS is used well; returns the unscaled total and the
-    AggregateResult (generator)."""
+    (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
+    range of SecAgg+ / CKKS is used well; returns the unscaled total and the AggregateResult (generator)."""
     n = int(np.prod(task["out_shape"]))
     parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
