@@ -91,7 +91,6 @@ def maps(args):
         n_cl = len(np.unique(y0))
         for method in [m for m in ("tsne", "umap", "spectral") if m in args.parts]:
             for seed in args.seeds:
-                central = None
                 for scheme in args.partitions:
                     sites, y, X = _split(X0, y0, args.sites, scheme, seed)
                     kw = {"n_clusters": n_cl} if method == "spectral" else {}

@@ -507,7 +507,7 @@ def _cast(key: str, value, default):
             except ValueError:
                 if default is None:
                     return value
-                raise ConfigError(bad_value(key, value, f"give a number")) from None
+                raise ConfigError(bad_value(key, value, "give a number")) from None
             return int(f) if (isinstance(default, int) and f == int(f)) else f
         if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value == int(value):
             return int(value)

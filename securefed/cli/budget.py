@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import ConfigError, bad_value
-from ..accounting.accountants import ACCOUNTANTS, check_delta
+from ..accounting.accountants import ACCOUNTANTS
 from ..accounting.budget import budget_figures
 
 __all__ = ["register", "budget_command", "budget_figures"]

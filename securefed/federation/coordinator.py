@@ -30,7 +30,6 @@ so the stages read top to bottom as the paper's algorithms do.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 
 import numpy as np

@@ -174,6 +174,25 @@ class StageClient:
     def _abort(self) -> None:  # pragma: no cover - subclasses drop their secrets
         self.state = "aborted"
 
+    def _begin(self) -> None:
+        """Stage ``advertise`` may start once: a second ``start()`` aborts the client."""
+        if self.state != "init":
+            self._abort()
+            raise ProtocolError(f"client {self.id}: start() called twice; aborted")
+
+    def _advertise(self, c_pk: bytes, s_pk: bytes, commit: bytes) -> list[bytes]:
+        """The advertisement both protocols send: the two public keys and the commitment, signed with the
+        identity key over the round's spec digest; the client moves to ``advertised``."""
+        from . import crypto
+        from .messages import AdvertiseKeys, encode
+        from .secagg import advert_payload
+
+        spec = self.spec
+        sig = crypto.sign(self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest,
+                                                         c_pk, s_pk, commit))
+        self.state = "advertised"
+        return [encode(AdvertiseKeys(spec.session_id, spec.round_index, self.id, c_pk, s_pk, commit, sig))]
+
     def _survivor_set(self, survivors, floor: int, error=ProtocolAbortedError) -> tuple:
         """The survivor set U a server announces: known clients, this client among them, at least ``floor``."""
         surv = tuple(survivors)

@@ -27,7 +27,7 @@ from ..errors import AuthenticationError, ConfigError, ProtocolAbortedError, Pro
 from . import crypto, shamir
 from .graph import check_parameters
 from .machine import StageClient
-from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
+from .messages import (ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
                        KeysBroadcast, MaskedInput, SharePlaintext, ShareItem, ShareValue, UnmaskRequest,
                        UnmaskResponse, decode, encode)
 from .quantize import integer_words, quantize
@@ -113,19 +113,13 @@ class SecAggClient(StageClient):
 
     def start(self, now: float = 0.0) -> list[bytes]:
         """Stage ``advertise``: fresh X25519 key pairs and self-mask seed; keys and seed commitment signed."""
-        if self.state != "init":
-            self._abort()
-            raise ProtocolError(f"client {self.id}: start() called twice; aborted")
+        self._begin()
         spec = self.spec
         self._c_sk, c_pk = crypto.x25519_keypair()
         self._s_sk, s_pk = crypto.x25519_keypair()
         self._c_pk, self._s_pk = c_pk, s_pk
         self._b = os.urandom(crypto.SEED_BYTES)
-        commit = commitment(spec.session_id, spec.round_index, self.id, self._b)
-        sig = crypto.sign(self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest,
-                                                         c_pk, s_pk, commit))
-        self.state = "advertised"
-        return [encode(AdvertiseKeys(spec.session_id, spec.round_index, self.id, c_pk, s_pk, commit, sig))]
+        return self._advertise(c_pk, s_pk, commitment(spec.session_id, spec.round_index, self.id, self._b))
 
     # -- stage handlers
     def _on_keys(self, msg: KeysBroadcast) -> list[bytes]:

@@ -248,7 +248,7 @@ class SecAggServer(StageServer):
 
     def _points(self, owner: int, kind: bytes) -> list:
         """Revealed shares of ``owner``'s secret that match the hash its dealer signed for each revealer."""
-        spec, sid, rnd = self.spec, self.spec.session_id, self.spec.round_index
+        sid, rnd = self.spec.session_id, self.spec.round_index
         pts = []
         for w, msg in sorted(self.received.items()):
             lst = msg.self_shares if kind == b"b" else msg.key_shares

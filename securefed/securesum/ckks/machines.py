@@ -137,18 +137,11 @@ class CKKSClient(StageClient):
 
     def start(self, now: float = 0.0) -> list[bytes]:
         """Stage ``advertise``: a fresh X25519 key pair, signed with the identity key."""
-        if self.state != "init":
-            self._abort()
-            raise ProtocolError(f"client {self.id}: start() called twice; aborted")
-        spec = self.spec
+        self._begin()
         self._c_sk, c_pk = crypto.x25519_keypair()
         _, s_pk = crypto.x25519_keypair()  # the advertisement format carries two keys; CKKS uses only c_pk
         self._c_pk = c_pk
-        commit = bytes(32)
-        sig = crypto.sign(self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest,
-                                                         c_pk, s_pk, commit))
-        self.state = "advertised"
-        return [encode(AdvertiseKeys(spec.session_id, spec.round_index, self.id, c_pk, s_pk, commit, sig))]
+        return self._advertise(c_pk, s_pk, bytes(32))
 
     def _verify_entry(self, e: KeyEntry) -> None:
         spec = self.spec
@@ -208,7 +201,7 @@ class CKKSClient(StageClient):
             raise ProtocolError(f"client {self.id}: public context from client {msg.sender}, not the key holder {kh}")
         crypto.verify(spec.identity_keys[kh], msg.signature,
                       cx.context_payload(spec.session_id, spec.round_index, kh, spec.digest, msg.context),
-                      what=f"the key holder's public context")
+                      what="the key holder's public context")
         ctx = cx.load_public_context(msg.context)
         self._check_context(ctx)
         self._c_sk = None
