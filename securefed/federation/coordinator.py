@@ -485,7 +485,10 @@ class Coordinator:
         plan, s = self.plan, self.sites
         Y, space = lm["Y"], lm["space"]
         N = float(sum(s.sizes) + sum(s.holdouts))
-        c = np.asarray(lm["masses"], dtype=np.float64) if lm["masses"] is not None else np.full(len(Y), N / len(Y))
+        if lm["masses"] is None:
+            c = np.full(len(Y), N / len(Y))
+        else:  # the cells count the landmarks' members only; the map holds every record (the hold-out too)
+            c = lm["masses"] = np.asarray(lm["masses"], dtype=np.float64) * (N / float(np.sum(lm["masses"])))
         seed = int(lm["rng"].integers(0, 2**31 - 1))
         req = space.put(put_array(put_array({"op": "place", "method": plan.method, "keep": plan.coordinates == "keep"},
                                             "Y", Y), "masses", c))
