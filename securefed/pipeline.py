@@ -235,6 +235,11 @@ def run_job(job: dict, options: dict) -> dict:
             if method == "spectral" else embedding_metrics(X, central, y, random_state=plan.seed)
     _plot_run(out, method, job, res.stacked("labels" if method == "spectral" else "coordinates"), X, y, central,
               sites, metrics, ds, names)
+    if res.embedding and "density" in res.embedding:
+        from .report.plots import plot_density
+
+        plot_density(os.path.join(out, "density.png"), res.embedding["density"],
+                     res.embedding.get("landmark_embedding"), epsilon=(res.privacy or {}).get("epsilon"))
     metrics["timings"]["total"] = time.perf_counter() - t_all
     write_json(os.path.join(out, "metrics.json"), metrics)
     return clean(metrics)

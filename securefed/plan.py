@@ -79,6 +79,8 @@ class RunPlan:
     standardize: bool = False        # cells: standardise every feature by its federated mean and variance
     public_basis_dim: int = 64       # billboard: dimensions of the public basis
     count_share: float = 0.2         # billboard: share of μ² spent on the landmarks' counts
+    density_share: float = 0.0       # billboard + coordinates keep: share of μ² spent on a noisy 2-D density (0: none)
+    density_grid: int = 16           # billboard density: cells per side of the public grid on the landmark map
     rounds: int = 60
     local_steps: int = 5
     rule: str = "model"
@@ -345,6 +347,20 @@ class _Validator:
                                            "records scaled beforehand (a public scale per feature)")
         if p.coordinates == "keep" and p.nystrom == "rows":
             self.fail("coordinates", "keep", "the rows mode sends rows, not coordinates; use the no-rows mode")
+        self._density()
+
+    def _density(self) -> None:
+        """The optional third billboard release: a noisy density of every record on the shared map."""
+        p = self.p
+        self.int_("density_grid", minimum=2)
+        if not (isinstance(p.density_share, (int, float)) and 0 <= float(p.density_share) < 1 - float(p.count_share)):
+            self.fail("density_share", p.density_share, f"use a share of the budget in [0, {1 - float(p.count_share):g}) "
+                                                        f"({p.name('count_share')} {p.count_share:g} is spent already), "
+                                                        "e.g. 0.2; 0 for no density")
+        if p.density_share and not (p.landmark_method == "billboard" and p.coordinates == "keep" and p.method == "tsne"):
+            self.fail("density_share", p.density_share, f"the DP density is the shared picture when the coordinates stay "
+                                                        f"on the sites: it needs {p.name('epsilon')} (the DP billboard), "
+                                                        f"{p.name('coordinates')} keep and the t-SNE map; or set it to 0")
         self._distributed_mechanism()
 
     def _distributed_mechanism(self) -> None:
@@ -518,13 +534,16 @@ def _cast(key: str, value, default):
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
     "landmarks": "n_y, the number of landmarks the sites learn together (cells: the most cells; at most N / cell-floor)",
-    "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases) or feddl "
+    "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases, 3 with density-share) or feddl "
                        "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",
     "cell_rounds": "cells: most rounds of cell growth",
     "basis_dim": "cells: dimensions of the federated PCA basis",
     "public_basis_dim": "billboard: dimensions of the public basis (a low-pass DCT for square images, else a random projection)",
     "count_share": "billboard: share of the privacy budget (μ²) spent on the landmarks' counts",
+    "density_share": "billboard with coordinates keep: share of the privacy budget (μ²) spent on a noisy density of every "
+                     "record on the t-SNE map (one more release; 0: none)",
+    "density_grid": "billboard density: cells per side of its grid over the landmark map",
     "coordinates": "send: each record's 2-D coordinate goes to the coordinator (outside ε); keep: it stays on its site",
     "rounds": "S, FedDL rounds",
     "local_steps": "Q, local gradient steps per round (gradient averaging: summed steps per round)",

@@ -53,7 +53,7 @@ _GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_ro
                            "ckks_verify")),
            ("differential privacy (off unless --epsilon or --noise-multiplier)",
             ("epsilon", "noise_multiplier", "delta", "accountant", "noise", "distributed_mechanism", "clip_norm", "sample_rate", "min_survivors",
-             "sensitivity_rule", "count_share", "rows_epsilon", "run_id", "noise_seed_for_testing")),
+             "sensitivity_rule", "count_share", "density_share", "density_grid", "rows_epsilon", "run_id", "noise_seed_for_testing")),
            ("audit gate (before anything per record leaves a site)",
             ("audit_holdout", "max_auc", "max_empirical_epsilon", "allow_audit_failure")),
            ("embedding", ("nystrom", "coordinates", "n_components", "perplexity", "placement_perplexity", "n_iter", "n_neighbors", "min_dist", "n_clusters",

@@ -264,6 +264,11 @@ class Coordinator:
             yield from self.readmit("before the embedding")
             embedding = yield from self._embed(lm, warnings)
             self.emit("embedded", what=embedding["sent_kind"], missing=sorted(embedding["missing"]))
+            if plan.density_share:
+                from .landmark_stages import billboard_density
+
+                embedding["density"] = yield from billboard_density(self, lm, embedding)
+                privacy = self.privacy.report()  # now three releases
         if privacy is not None:
             if plan.noise_seed_for_testing is not None:
                 privacy["epsilon_void"] = True

@@ -24,7 +24,7 @@ from .space import LandmarkSpace
 from .sums import secure_sum
 from .wire import dumps, put_array
 
-__all__ = ["feddl", "cells", "billboard", "MIN_CELLS"]
+__all__ = ["feddl", "cells", "billboard", "billboard_density", "MIN_CELLS"]
 
 #: fewest cells a map is drawn from (the landmark t-SNE needs a perplexity (k − 1)/3 above 1)
 MIN_CELLS = 5
@@ -291,7 +291,8 @@ def billboard(co):
     scale = float(plan.value_bound) if plan.value_bound is not None else float(plan.clip_norm) / math.sqrt(m)
     space = LandmarkSpace("public", dim=min(plan.public_basis_dim, m), scale=scale, seed=0)
     d = space.dim if m > space.dim else m
-    noise = billboard_noise(plan.epsilon, plan.delta, plan.count_share) if plan.epsilon is not None else None
+    noise = (billboard_noise(plan.epsilon, plan.delta, plan.count_share, plan.density_share)
+             if plan.epsilon is not None else None)
     if noise is None:
         raise ConfigError(bad_value(plan.name("epsilon"), None, "the DP billboard needs a target ε (noise-multiplier is "
                                     "for FedDL's gradient perturbation): give epsilon"))
@@ -328,3 +329,30 @@ def billboard(co):
             "rng": np.random.default_rng([plan.seed, 0xB1C]),
             "info": {"method": "billboard", "landmarks": len(Y), "basis": space.basis_name(m), "releases": 2,
                      "sigma1": noise["sigma1"], "sigma2": noise["sigma2"], "noise": priv.noise_note}}
+
+
+def billboard_density(co, lm: dict, emb: dict):
+    """Release 3 of the DP billboard (``density_share`` > 0, coordinates kept on the sites): one noisy secure sum of
+    every record's count per cell of a public grid over the landmark map (:func:`securefed.landmarks.merf.
+    density_counts`; each site adds the full σ₃ and books it first). The shared picture of all records on the map,
+    computed from each record's landmark-only position (a function of that record and the billboard). Returns
+    ``{"counts": grid × grid, "lo", "hi", "grid", "sigma_per_cell"}`` (the noisy counts, not clipped)."""
+    from ..landmarks.merf import density_box
+
+    plan, s, priv = co.plan, co.sites, co.privacy
+    E, G = np.asarray(emb["landmark_embedding"], dtype=np.float64), int(plan.density_grid)
+    sigma = float(priv.noise["sigma3"])
+    n_max = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
+    task = lm["space"].put(put_array(put_array({"task": "billboard-density", "billboard": priv.wire_plan(),
+                                                "release": 2, "out_shape": [G * G]}, "Y", lm["Y"]),
+                                     "landmark_embedding", E))
+    total, a = yield from _scaled_sum(co, task, "billboard: density on the map", n_max + 12.0 * sigma,
+                                      tap=lambda i, reply: priv.mirror(i, reply, 2))
+    priv.check_reported(2, a.survivors)
+    lo, hi = density_box(E)
+    co.release(f"the sum over sites of every record's count per cell of a {G} × {G} grid over the landmark map, with "
+               "Gaussian noise", covered=f"yes (μ₃ = {priv.noise['mu3']:.3g}, σ = {sigma:.3g})",
+               note="each record counted at its landmark-only position; no record's coordinate leaves its site")
+    co.emit("density", grid=G)
+    return {"counts": total.reshape(G, G), "lo": lo, "hi": hi, "grid": G,
+            "sigma_per_cell": sigma * math.sqrt(len(a.survivors)), "sites": len(a.survivors)}

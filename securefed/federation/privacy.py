@@ -600,14 +600,14 @@ def noise_share_note(plan: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- the DP billboard
 
-_BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts")
+_BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts", "gaussian-density")
 
 
 def billboard_plan(plan, run_id: str, sizes, t: int) -> dict:
     """The public plan of the two billboard releases (what every site rebuilds its noise from)."""
     return {"run_id": run_id, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
             "accountant": plan.accountant, "count_share": float(plan.count_share),
-            "noise": "local", "t": int(t),
+            "density_share": float(plan.density_share), "density_grid": int(plan.density_grid), "noise": "local", "t": int(t),
             "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
 
 
@@ -644,11 +644,14 @@ class BillboardPrivacy:
     def report(self) -> dict:
         eps, delta = self.ledger.spent()
         n = self.noise
-        return {"mechanism": "DP billboard: random-feature mean embedding + landmark counts (2 releases)",
+        k = 3 if n.get("sigma3") else 2
+        what = " + a density of every record on the map" if k == 3 else ""
+        return {"mechanism": f"DP billboard: random-feature mean embedding + landmark counts{what} ({k} releases)",
                 "epsilon": eps, "delta": delta, "accountant": self.ledger.accountant_name,
-                "epsilon_target": self.plan["epsilon"], "mu": n["mu"], "mu_per_release": [n["mu1"], n["mu2"]],
-                "sigma_per_release": [n["sigma1"], n["sigma2"]],
-                "sensitivity_per_release": [2.0, 2.0 ** 0.5], "releases": 2, "noise": self.plan["noise"],
+                "epsilon_target": self.plan["epsilon"], "mu": n["mu"],
+                "mu_per_release": [n["mu1"], n["mu2"], n["mu3"]][:k],
+                "sigma_per_release": [n["sigma1"], n["sigma2"], n["sigma3"]][:k],
+                "sensitivity_per_release": [2.0, 2.0 ** 0.5, 2.0 ** 0.5][:k], "releases": k, "noise": self.plan["noise"],
                 "noise_share": self.noise_note, "adjacency": "replace one record",
                 "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
                 "tau_x": self.public["tau_x"], "feature_scale": self.public["feature_scale"],
@@ -657,7 +660,8 @@ class BillboardPrivacy:
 
 
 def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int):
-    """A site's billboard release (``release`` 0: Σφ over its records; 1: its counts per landmark) with its own noise.
+    """A site's billboard release (``release`` 0: Σφ over its records; 1: its counts per landmark; 2: the density
+    of all its records — ``F`` then holds every record, the hold-out too — on the landmark map) with its own noise.
 
     The site rebuilds σ from the public plan (never the coordinator's number), checks that both releases fit what is
     left of its budget before the first one, refuses a plan that names another record count for it, adds its noise
@@ -670,23 +674,28 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
 
     plan = json.loads(fields["billboard"])
     release = int(fields["release"])
-    if release not in (0, 1):
+    if release not in (0, 1, 2):
         raise ProtocolError(f"unknown billboard release {release}")
-    if int(plan["sizes"][site]) != int(n_records):
+    if release < 2 and int(plan["sizes"][site]) != int(n_records):
         raise ProtocolError(f"the billboard plan announces {plan['sizes'][site]} records for this site, which holds "
                             f"{n_records}; refusing")
-    noise = billboard_noise(plan["epsilon"], plan["delta"], plan["count_share"])
-    sigma = noise["sigma1"] if release == 0 else noise["sigma2"]
+    noise = billboard_noise(plan["epsilon"], plan["delta"], plan["count_share"], float(plan.get("density_share", 0.0)))
+    if release == 2 and not noise["sigma3"]:
+        raise ProtocolError("a density release was asked for, but the billboard plan spends no budget on it "
+                            "(density_share 0); refusing")
+    sigma = (noise["sigma1"], noise["sigma2"], noise["sigma3"])[release]
     sens = RFF_SENSITIVITY if release == 0 else COUNT_SENSITIVITY
     ledger = open_site_ledger({**plan, "noise_seed": plan.get("noise_seed")}, node_config, cache)
     if release == 0 and not ledger.releases_at(site, 0, 0):
-        ledger.check_plan(site, 1.0 / noise["mu"], 1.0, 1)  # both releases together: μ = √(μ₁² + μ₂²) fits?
+        ledger.check_plan(site, 1.0 / noise["mu"], 1.0, 1)  # all releases together: μ = √(μ₁² + μ₂² + μ₃²) fits?
     if release == 0:
         d = F.shape[1]
         W = rff_frequencies(d, int(fields["n_freq"]), tuple(float(v) for v in fields["lengthscales"]))
         u = rff(F, W).sum(axis=0)
-    else:
+    elif release == 1:
         u = cell_counts(F, get_array(fields, "Y"))
+    else:
+        u = _site_density(fields, F, int(plan["density_grid"]))
     if plan["noise"] != "local":  # a share σ/√t would not survive the secure sum's quantisation exactly
         raise ProtocolError(f"the billboard plan asks for {plan['noise']!r} noise; this site adds the full σ itself "
                             "(noise local) and refuses anything else")
@@ -701,3 +710,17 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
                                noise=plan["noise"], noise_share=share,
                                noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
     return u + share * e, [dumps(ev)]
+
+
+def _site_density(fields: dict, F: np.ndarray, grid: int) -> np.ndarray:
+    """Release 3's counts: every record at its landmark-only position (the weighted mean of its nearest landmarks'
+    map positions: a function of that record and the billboard) on the public window of the landmark map."""
+    from ..embedding.placement import place_weighted
+    from ..landmarks.merf import density_box, density_counts
+    from .wire import get_array
+
+    Y, E = get_array(fields, "Y"), get_array(fields, "landmark_embedding")
+    if E.ndim != 2 or E.shape != (len(Y), 2):
+        raise ProtocolError("the density release needs the 2-D map of the landmarks")
+    lo, hi = density_box(E)
+    return density_counts(place_weighted(F, Y, E, perplexity=5.0), lo, hi, grid)

@@ -20,7 +20,7 @@ Operations
 
 Uploads carry a ``task`` — ``stats`` (γ statistic and feature moments), ``model`` / ``gradient`` (FedDL,
 Eqs. 13–16), ``moments`` (the cells' PCA basis), ``cell-counts`` / ``cell-sums`` (the cells), ``rff`` / ``billboard-counts``
-(the DP billboard), ``audit`` (membership-audit ROC counts) or ``mmd``.
+/ ``billboard-density`` (the DP billboard), ``audit`` (membership-audit ROC counts) or ``mmd``.
 A site weighs its own upload by the rule ``weights`` (``"records"``: its own record count; ``"uniform"``: 1):
 the server never chooses a site's weight. With a DP plan (``dp``) the update is clipped, noised and written
 to the site's own ledger before the reply (:mod:`.privacy`).
@@ -45,7 +45,7 @@ from .wire import dumps, get_array, loads, put_array
 __all__ = ["SiteWorker", "TASKS", "compute_upload", "monitor_scale"]
 
 TASKS = ("stats", "model", "gradient", "audit", "mmd", "moments", "cell-counts", "cell-sums", "rff",
-         "billboard-counts")
+         "billboard-counts", "billboard-density")
 
 
 def _truthy(v) -> bool:
@@ -259,11 +259,14 @@ class SiteWorker:
             self.save_rng(g)
 
     def _billboard_upload(self, fields: dict, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
-        """One of the DP billboard's two releases (:mod:`securefed.landmarks.merf`): the site's own calibration
-        and noise, its own ledger written before the reply leaves."""
+        """One of the DP billboard's releases (:mod:`securefed.landmarks.merf`): the site's own calibration
+        and noise, its own ledger written before the reply leaves. ``X``: the landmarks' members; the density
+        (release 3) counts every record of the site, the hold-out too."""
         from .privacy import site_billboard_release
         from .space import LandmarkSpace
 
+        if str(fields.get("release")) == "2":
+            X = self.records()
         F = LandmarkSpace.get(fields).features(X)
         u, events = site_billboard_release(fields, F, self.options, int(fields["site"]), self._dp_cache(),
                                            len(X))

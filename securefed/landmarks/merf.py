@@ -1,4 +1,5 @@
-"""DP landmarks in two releases: a random-feature mean embedding and the landmarks' counts (the DP billboard).
+"""DP landmarks in two releases: a random-feature mean embedding and the landmarks' counts (the DP billboard), and
+an optional third: a noisy 2-D density of every record on the billboard's map.
 
 The landmarks of the no-rows mode under differential privacy (beyond the paper; in the spirit of DP-MERF, Harder
 et al., AISTATS 2021 — ``docs/papers.md``). Everything public is fixed before any data is seen: the feature basis
@@ -14,11 +15,16 @@ identity for ≤ ``dim`` features), the scale (the public value bound), the rand
 * **Release 2** — each site counts its records nearest to each landmark (:func:`securefed.landmarks.cells.
   cell_counts`); replacing one record moves one count from one landmark to another: ``Δ₂ = √2``. The total carries
   ``N(0, σ₂² I)``; the masses ``max(count, 1)`` rescaled to the public total are post-processing.
+* **Release 3** (optional, ``density_share`` > 0, coordinates kept on the sites) — each site places every record
+  at the perplexity-weighted mean of its nearest landmarks' map positions (a function of that record and the
+  billboard alone — not the refined placement, in which a site's records move each other) and counts them on a
+  public ``grid × grid`` window of the landmark map (:func:`density_counts`): ``Δ₃ = √2``, ``N(0, σ₃² I)``. The
+  shared picture of all records, without any record's coordinate leaving its site.
 
-Accounting (:func:`billboard_noise`): with ``μ = gdp_mu(ε, δ)`` for the whole run, release 1 gets ``μ₁ = μ√(1−ρ)``
-and release 2 ``μ₂ = μ√ρ`` (ρ = ``count_share``), so ``√(μ₁² + μ₂²) = μ`` exactly (μ-GDP composition; Dong, Roth,
-Su). The landmarks, their masses and their map are (ε, δ)-DP for every record — a billboard: a site that places its
-own records from the billboard and its own data reveals about **other** sites' records only what the billboard
+Accounting (:func:`billboard_noise`): with ``μ = gdp_mu(ε, δ)`` for the whole run, release 1 gets ``μ₁ = μ√(1−ρ−ρ₃)``,
+release 2 ``μ₂ = μ√ρ`` (ρ = ``count_share``) and release 3 ``μ₃ = μ√ρ₃`` (ρ₃ = ``density_share``, 0 without it), so
+``√(μ₁² + μ₂² + μ₃²) = μ`` exactly (μ-GDP composition; Dong, Roth, Su). The landmarks, their masses and their map
+are (ε, δ)-DP for every record — a billboard: a site that places its own records from the billboard and its own data reveals about **other** sites' records only what the billboard
 does (joint DP, Hsu et al. 2014). A record's own coordinate is a function of that record: sent to the coordinator,
 it is **not** covered by ε.
 """
@@ -32,6 +38,7 @@ import numpy as np
 from ..errors import ConfigError, bad_value
 
 __all__ = ["public_basis", "scaled_features", "rff_frequencies", "rff", "fit_to_embedding", "billboard_noise",
+           "density_box", "density_counts",
            "RFF_SENSITIVITY", "COUNT_SENSITIVITY", "DEFAULT_LENGTHSCALES", "DEFAULT_FREQUENCIES", "FEATURE_NORM"]
 
 RFF_SENSITIVITY = 2.0               # replace-one L2 change of Σφ (‖φ‖ = 1)
@@ -105,14 +112,39 @@ def fit_to_embedding(target: np.ndarray, W: np.ndarray, k: int, rng, *, radius: 
     return Y
 
 
-def billboard_noise(epsilon: float, delta: float, count_share: float = 0.2) -> dict:
-    """σ₁ and σ₂ of the two releases for (ε, δ) over the whole run (μ-GDP split; module docstring)."""
+def billboard_noise(epsilon: float, delta: float, count_share: float = 0.2, density_share: float = 0.0) -> dict:
+    """σ₁, σ₂ (and σ₃ of the optional density release) for (ε, δ) over the whole run (μ-GDP split; module
+    docstring): ``μ₁² = μ²(1 − count_share − density_share)``, ``μ₂² = μ²·count_share``, ``μ₃² = μ²·density_share``."""
     from ..accounting.accountants import gdp_epsilon, gdp_mu
 
     if not 0.0 < count_share < 1.0:
         raise ConfigError(bad_value("count_share", count_share, "use a share of the budget in (0, 1), e.g. 0.2"))
+    if not 0.0 <= density_share < 1.0 - count_share:
+        raise ConfigError(bad_value("density_share", density_share, f"use a share in [0, {1.0 - count_share:g}) "
+                                    f"(count-share {count_share:g} is spent already), e.g. 0.2"))
     mu = gdp_mu(float(epsilon), float(delta))
-    mu1, mu2 = mu * math.sqrt(1.0 - count_share), mu * math.sqrt(count_share)
-    return {"mu": mu, "mu1": mu1, "mu2": mu2, "sigma1": RFF_SENSITIVITY / mu1, "sigma2": COUNT_SENSITIVITY / mu2,
-            "epsilon": gdp_epsilon(float(delta), math.hypot(mu1, mu2)), "delta": float(delta),
-            "count_share": float(count_share)}
+    mu1 = mu * math.sqrt(1.0 - count_share - density_share)
+    mu2, mu3 = mu * math.sqrt(count_share), mu * math.sqrt(density_share)
+    return {"mu": mu, "mu1": mu1, "mu2": mu2, "mu3": mu3, "sigma1": RFF_SENSITIVITY / mu1,
+            "sigma2": COUNT_SENSITIVITY / mu2, "sigma3": COUNT_SENSITIVITY / mu3 if density_share else None,
+            "epsilon": gdp_epsilon(float(delta), math.sqrt(mu1 ** 2 + mu2 ** 2 + mu3 ** 2)), "delta": float(delta),
+            "count_share": float(count_share), "density_share": float(density_share)}
+
+
+def density_box(E: np.ndarray, pad: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """The public window of the density grid: the landmark map's bounding box widened by ``pad`` of its extent on
+    every side (the map is post-processing of the DP releases, so the window is too)."""
+    E = np.asarray(E, dtype=np.float64)
+    lo, hi = E.min(axis=0), E.max(axis=0)
+    ext = np.maximum(hi - lo, 1e-12)
+    return lo - pad * ext, hi + pad * ext
+
+
+def density_counts(P: np.ndarray, lo: np.ndarray, hi: np.ndarray, grid: int) -> np.ndarray:
+    """Records per cell of a ``grid × grid`` window ``[lo, hi]`` (row-major, first map axis first): each record in
+    exactly one cell (positions outside the window fall into its border cells), so replacing one record moves one
+    count from one cell to another — L2 sensitivity √2, whatever the other records are."""
+    P = np.asarray(P, dtype=np.float64)
+    idx = np.floor((P - lo) / (hi - lo) * grid).astype(np.int64)
+    idx = np.clip(idx, 0, grid - 1)
+    return np.bincount(idx[:, 0] * grid + idx[:, 1], minlength=grid * grid).astype(np.float64)

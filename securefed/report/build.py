@@ -113,7 +113,9 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
                           "against an honest coordinator, not against one that deviates (it could isolate a record)",
          "applies": lm == "cells"},
         {"stage": "landmarks", "mode": "the DP billboard",
-         "server_learns": "two noisy secure sums — a random-feature mean embedding of every record and the landmarks' counts — "
+         "server_learns": ("three" if releases == 3 else "two") + " noisy secure sums — a random-feature mean embedding of "
+                          "every record and the landmarks' counts" + (" (and, after the placement, a density of every record "
+                          "on the map)" if releases == 3 else "") + " — "
                           "each site adding its full Gaussian noise and booking it in its own ledger first: " + (
              f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record for the whole run" if isinstance(eps, (int, float))
              and isinstance(delta, (int, float)) else "(ε, δ) per record for the whole run") +

@@ -6,6 +6,8 @@
 ``embedding.npz``          one array of coordinates per site name, rows in the site's record order (t-SNE, UMAP)
 ``labels.npz``             one array of cluster labels per site name (spectral clustering)
 ``landmark_embedding.npy`` / ``landmark_labels.npy``  the server's model of the landmarks (no-rows mode)
+``density.npz``            the DP density of every record on the landmark map (``density-share`` > 0): ``counts``
+                           (grid × grid, noisy), the window ``lo`` / ``hi``
 ``audit.json``             the membership-audit gate's decision (also when it stopped the run)
 ``ledger.jsonl``           the coordinator's aggregate privacy ledger (DP runs; written by the ledger itself)
 ``progress.jsonl``         one line per coordinator event (Flower runs)
@@ -63,6 +65,8 @@ def result_document(res, plan) -> dict:
     emb = dict(res.embedding or {})
     for key in ("coordinates", "labels", "rows", "landmark_embedding", "landmark_labels", "landmark_masses"):
         emb.pop(key, None)
+    if "density" in emb:
+        emb["density"] = dict({k: v for k, v in emb["density"].items() if k != "counts"}, file="density.npz")
     audit = None if res.audit is None else {k: v for k, v in res.audit.items() if k != "mia_result"}
     return {"status": "completed", "run_id": res.run_id, "options": plan.as_dict(), "gamma": res.gamma, "lr": res.lr,
             "rounds_done": res.rounds_done, "mmd_history": res.mmd_history, "sites": res.sites,
@@ -89,6 +93,9 @@ def write_run_result(out_dir: str, res, plan) -> dict:
         np.savez(os.path.join(out_dir, "embedding.npz"), **emb["coordinates"])
     if "labels" in emb:
         np.savez(os.path.join(out_dir, "labels.npz"), **emb["labels"])
+    if "density" in emb:
+        d = emb["density"]
+        np.savez(os.path.join(out_dir, "density.npz"), counts=d["counts"], lo=d["lo"], hi=d["hi"])
     doc = result_document(res, plan)
     if doc["audit"] is not None:
         write_json(os.path.join(out_dir, "audit.json"), doc["audit"])

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Panel", "plot_run", "standard_panels", "privacy_line", "metrics_line", "draw_panels", "MAX_LEGEND_CLASSES",
+__all__ = ["Panel", "plot_run", "plot_density", "standard_panels", "privacy_line", "metrics_line", "draw_panels", "MAX_LEGEND_CLASSES",
            "MAX_MARKER_SITES"]
 
 MAX_LEGEND_CLASSES = 20   # more classes: a colour bar instead of a legend
@@ -260,5 +260,35 @@ def plot_run(path, panels: Sequence[Panel | tuple], *, class_names: Sequence[str
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_density(path, density: dict, landmark_embedding=None, *, epsilon=None, dpi: int = 110) -> str:
+    """``density.png``: the DP density of every record on the landmark map (the billboard's third release; noisy
+    counts shown clipped at 0), the landmarks' positions on top; the title names σ per cell and the ε covering it."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    C = np.maximum(np.asarray(density["counts"], dtype=np.float64), 0.0)
+    lo, hi = np.asarray(density["lo"]), np.asarray(density["hi"])
+    fig, ax = plt.subplots(figsize=(6.2, 5.6))
+    im = ax.imshow(C.T, origin="lower", extent=(lo[0], hi[0], lo[1], hi[1]), cmap="viridis", aspect="auto")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02, label="records per cell (noisy, clipped at 0)")
+    if landmark_embedding is not None:
+        E = np.asarray(landmark_embedding)
+        ax.scatter(E[:, 0], E[:, 1], s=6, c="white", edgecolors="black", linewidths=0.3, label="landmarks")
+        ax.legend(loc="upper right", fontsize=8, frameon=True)
+    eps = f"ε = {_fmt_eps(epsilon)}" if epsilon is not None else "ε"
+    ax.set_title(f"Every record on the shared map: a DP density ({eps} covers it)\n{density['grid']} × "
+                 f"{density['grid']} cells, noise σ = {density['sigma_per_cell']:.3g} per cell; no coordinate left "
+                 "its site", fontsize=10, loc="left")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    path = os.fspath(path)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

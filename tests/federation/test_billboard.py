@@ -1,6 +1,6 @@
 """The DP billboard (issue 15 item 4): sensitivity by brute force, calibration against an independent accountant,
 every release in the ledgers, and the billboard lemma — a site's coordinates depend on other sites' records only
-through the two noisy releases."""
+through the two noisy releases; the optional third release (a density of every record on the map)."""
 
 import json
 import math
@@ -11,8 +11,10 @@ import pytest
 from securefed.federation import run_in_process
 from securefed.federation.privacy import open_server_ledger
 from securefed.landmarks.cells import cell_counts
-from securefed.landmarks.merf import (COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, public_basis, rff,
-                                      rff_frequencies, scaled_features)
+from securefed.embedding.placement import place_refine, place_weighted
+from securefed.errors import ConfigError
+from securefed.landmarks.merf import (COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, density_box, density_counts,
+                                      public_basis, rff, rff_frequencies, scaled_features)
 from securefed.plan import RunPlan
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
@@ -108,8 +110,6 @@ def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tm
     """Billboard lemma: change site 2's records; site 0's coordinates in either run are exactly its own placement
     against that run's broadcast (landmarks, masses, map) — recomputed here from the broadcast and site 0's records
     alone. So whatever changes at site 0 flows through the two DP releases."""
-    from securefed.embedding.placement import place_refine
-
     runs = [_dp_run(tmp_path, _sites(shift=s), f"bl{i}")[0] for i, s in enumerate((0.0, 3.0))]
     for res in runs:
         emb = res.embedding
@@ -129,7 +129,6 @@ def test_coordinates_keep_sends_nothing_per_record(tmp_path):
 
 def test_sites_refuse_a_billboard_plan_with_noise_shares():
     """A coordinator that announces distributed shares (σ/√t each) is refused: the site adds its full σ itself."""
-    from securefed.errors import ConfigError
     from securefed.federation import SiteWorker
     from securefed.federation.wire import dumps
 
@@ -142,3 +141,103 @@ def test_sites_refuse_a_billboard_plan_with_noise_shares():
     rep = w.handle({"op": "plain", "site": 0, "task": "rff", "billboard": dumps(plan), "release": 0, "n_freq": 10,
                     "lengthscales": [3.0], "space": "raw", "out_shape": [20], "seed": 0, "weights": "uniform"})
     assert rep["error"].startswith("ProtocolError") and "full σ" in rep["error"]
+
+
+# ------------------------------------------------------------------------------------ release 3: the density
+# The optional density of every record on the shared map, so that the coordinates can stay on the sites:
+# sensitivity by brute force (also when the refined placement of a site's other records moves), the three-release
+# calibration, the ledgers, the run folder, and typed errors for plans it does not fit.
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replace_one_moves_one_count_even_when_the_refined_placement_moves_every_record(seed):
+    """The density counts each record at its landmark-only position: replacing one record changes the histogram by
+    at most √2 (one count moves), while the site's refined coordinates — where records pull on each other — move
+    for many records. That is why the density is not built from the refined placement."""
+    rng = np.random.default_rng(seed)
+    Y = rng.normal(size=(20, 5)) * 2
+    E = rng.normal(size=(20, 2)) * 10
+    c = np.full(20, 6.0)
+    F = np.vstack([Y[rng.integers(0, 20, 30)] + rng.normal(size=(30, 5)) * 0.5])
+    lo, hi = density_box(E)
+    h0 = density_counts(place_weighted(F, Y, E, perplexity=5.0), lo, hi, 8)
+    assert h0.sum() == len(F)
+    worst = 0.0
+    for i in range(len(F)):
+        for r in (np.zeros(5), np.full(5, 1e6), rng.normal(size=5) * 30, F[(i + 7) % len(F)]):
+            F2 = F.copy()
+            F2[i] = r
+            h = density_counts(place_weighted(F2, Y, E, perplexity=5.0), lo, hi, 8)
+            worst = max(worst, float(np.linalg.norm(h - h0)))
+    assert worst <= COUNT_SENSITIVITY + 1e-12 and worst == pytest.approx(math.sqrt(2.0))
+    # the refined placement is not per record: replacing record 0 moves the others too
+    F2 = F.copy()
+    F2[0] = np.full(5, 9.0)
+    a = place_refine(F, Y, E, c, 1e3, perplexity=5.0, n_iter=30, early_iter=10)
+    b = place_refine(F2, Y, E, c, 1e3, perplexity=5.0, n_iter=30, early_iter=10)
+    assert np.max(np.linalg.norm(a[1:] - b[1:], axis=1)) > 1e-6
+
+
+@pytest.mark.parametrize("eps", [1.0, 4.0])
+def test_three_releases_compose_to_the_target(eps):
+    dp_accounting = pytest.importorskip("dp_accounting")
+    n = billboard_noise(eps, 1e-5, 0.2, 0.2)
+    acc = dp_accounting.pld.PLDAccountant()
+    for sigma, sens in ((n["sigma1"], RFF_SENSITIVITY), (n["sigma2"], COUNT_SENSITIVITY), (n["sigma3"], COUNT_SENSITIVITY)):
+        acc.compose(dp_accounting.GaussianDpEvent(sigma / sens))
+    assert acc.get_epsilon(1e-5) == pytest.approx(eps, rel=2e-3)
+    assert n["sigma1"] > billboard_noise(eps, 1e-5, 0.2)["sigma1"]  # the density's share comes out of release 1
+
+
+def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path):
+    from securefed.report.layout import write_run_result
+
+    res, folder = _dp_run(tmp_path, _sites(), "bd1", coordinates="keep", density_share=0.2, density_grid=6)
+    n = billboard_noise(2.0, 1e-5, 0.2, 0.2)
+    for name in res.sites:
+        lines = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bd1.jsonl").read_text().splitlines()]
+        assert [ev["mechanism"] for ev in lines if ev.get("type") == "release"] == [
+            "gaussian-rff", "gaussian-counts", "gaussian-density"]
+    priv = res.privacy
+    assert priv["releases"] == 3 and priv["epsilon"] == pytest.approx(2.0, rel=1e-6)
+    assert priv["sigma_per_release"] == pytest.approx([n["sigma1"], n["sigma2"], n["sigma3"]])
+    dens = res.embedding["density"]
+    assert dens["counts"].shape == (6, 6) and dens["sigma_per_cell"] == pytest.approx(n["sigma3"] * math.sqrt(3))
+    # the noisy total is the number of records (360) within 6 standard deviations of the summed noise
+    assert abs(dens["counts"].sum() - 360) < 6 * dens["sigma_per_cell"] * 6
+    row = [r for r in res.inventory if "grid over the landmark map" in r["what"]]
+    assert len(row) == 1 and str(row[0]["covered_by_epsilon"]).startswith("yes")
+    assert "coordinates" not in res.embedding  # nothing per record left a site
+    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10),
+                         value_bound=8.0, coordinates="keep", density_share=0.2)
+    doc = write_run_result(str(tmp_path / "out"), res, plan)
+    assert doc["embedding"]["density"]["file"] == "density.npz" and "counts" not in doc["embedding"]["density"]
+    saved = np.load(tmp_path / "out" / "density.npz")
+    np.testing.assert_array_equal(saved["counts"], dens["counts"])
+
+
+@pytest.mark.parametrize("kw, names", [
+    (dict(density_share=0.2, value_bound=1.0), "epsilon"),                               # no DP: cells
+    (dict(density_share=0.2, epsilon=1.0, clip_norm=5.0, value_bound=1.0), "coordinates"),  # coordinates sent
+    (dict(density_share=0.9, epsilon=1.0, clip_norm=5.0, value_bound=1.0, coordinates="keep"), "count_share"),
+    (dict(density_share=-0.1, epsilon=1.0, clip_norm=5.0, value_bound=1.0, coordinates="keep"), "0.2"),
+])
+def test_plans_the_density_does_not_fit_get_a_typed_error(kw, names):
+    with pytest.raises(ConfigError, match="density_share") as e:
+        RunPlan.build("api", method="tsne", **kw)
+    assert names in str(e.value)
+
+
+def test_a_site_refuses_a_density_release_the_plan_spends_nothing_on():
+    from securefed.federation import SiteWorker
+    from securefed.federation.wire import dumps, put_array
+
+    X = np.random.default_rng(0).normal(size=(30, 4))
+    plan = {"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": 0.2,
+            "density_share": 0.0, "density_grid": 4, "noise": "local", "t": 1, "sizes": [30], "noise_seed": None}
+    w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
+    req = put_array(put_array({"op": "plain", "site": 0, "task": "billboard-density", "billboard": dumps(plan),
+                               "release": 2, "space": "raw", "out_shape": [16], "seed": 0, "weights": "uniform"},
+                              "Y", np.zeros((3, 4))), "landmark_embedding", np.zeros((3, 2)))
+    rep = w.handle(req)
+    assert rep["error"].startswith("ProtocolError") and "density_share 0" in rep["error"]
