@@ -83,6 +83,13 @@ class FederatedParams:
         ``"feddl"``: the paper's FedDL (the default of the rows mode).
     cell_floor : int, default 15
         Cells: a cell's mean is revealed only over at least this many records.
+    cell_rounds, basis_dim : int, default 12, 50
+        Cells: most rounds of cell growth; dimensions of the federated PCA basis.
+    public_basis_dim, count_share : int, float, default 64, 0.2
+        Billboard: dimensions of the public basis; share of the privacy budget (μ²) spent on the landmark counts.
+    density_share, density_grid : float, int, default 0.0, 16
+        Billboard with ``coordinates="keep"``: share of the budget spent on a noisy density of every record on the
+        map (a third release; 0: none) and the cells per side of its grid (``result_.embedding["density"]``).
     standardize : bool, default False
         Cells: scale every feature to unit variance with the federated means and variances (from the basis secure
         sum; nothing more leaves a site).
@@ -122,6 +129,12 @@ class FederatedParams:
     reconstruction: str = "auto"
     landmark_method: str = "auto"
     cell_floor: int = 15
+    cell_rounds: int = 12
+    basis_dim: int = 50
+    public_basis_dim: int = 64
+    count_share: float = 0.2
+    density_share: float = 0.0
+    density_grid: int = 16
     standardize: bool = False
     coordinates: str = "send"
     audit_holdout: float = 0.2
@@ -174,7 +187,9 @@ def plan_options(params: dict, method: str, method_options: dict, n_sites: int) 
     opts = dict(landmarks=p["n_landmarks"], rounds=p["rounds"], local_steps=p["local_steps"], rule=p["rule"], lr=p["lr"],
                 gamma=p["gamma"], weights=weights, init=p["init"], aggregation=p["aggregation"],
                 value_bound=p["value_bound"], nystrom=p["nystrom"], reconstruction=p["reconstruction"],
-                landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], standardize=bool(p["standardize"]),
+                landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], cell_rounds=p["cell_rounds"],
+                basis_dim=p["basis_dim"], public_basis_dim=p["public_basis_dim"], count_share=p["count_share"],
+                density_share=p["density_share"], density_grid=p["density_grid"], standardize=bool(p["standardize"]),
                 coordinates=p["coordinates"],
                 audit_holdout=float(p["audit_holdout"]), max_auc=p["max_auc"],
                 max_empirical_epsilon=p["max_empirical_epsilon"], allow_audit_failure=bool(p["allow_audit_failure"]),

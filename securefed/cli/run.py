@@ -186,5 +186,35 @@ def options_table() -> str:
             shown = f"{defaults[name]} (CLI: {'from the labels' if CLI_DEFAULTS[name] is None else CLI_DEFAULTS[name]})"
         flag = "—" if name in _NOT_FLAGS else f"`{option_name(name, 'cli')}`"
         key = "—" if name in _NOT_IN_RUN_CONFIG else f"`{option_name(name, 'flower')}`"
-        rows.append(f"| `{option_name(name, 'api')}` | {flag} | {key} | {shown} | {text.replace('|', chr(92) + '|')} |")
+        rows.append(f"| {_python_route(name)} | {flag} | {key} | {shown} | {text.replace('|', chr(92) + '|')} |")
     return "\n".join(rows) + "\n"
+
+
+#: plan options set through the estimators' ``privacy`` / ``rows_privacy`` objects: plan name → constructor argument
+_PRIVACY_ROUTE = {"epsilon": "epsilon", "noise_multiplier": "noise_multiplier", "delta": "delta",
+                  "accountant": "accountant", "noise": "noise", "clip_norm": "tau_x", "sample_rate": "sample_rate",
+                  "sensitivity_rule": "sensitivity_rule", "min_survivors": "min_survivors",
+                  "noise_seed_for_testing": "insecure_noise_seed_for_testing", "run_id": "ledger"}
+
+
+def _python_route(name: str) -> str:
+    """How an estimator user sets plan option ``name``: a parameter of the estimator, a key of its
+    ``aggregation_options``, an argument of its ``privacy`` object — or not at all (RunPlan.build only)."""
+    import inspect
+
+    from ..estimators import _SUM_OPTIONS, FedSpectralClustering, FedTSNE, FedUMAP
+    from ..plan import option_name
+
+    params = set().union(*(inspect.signature(c.__init__).parameters for c in (FedTSNE, FedUMAP, FedSpectralClustering)))
+    api = option_name(name, "api")
+    if api in params:
+        return f"`{api}`"
+    if name in _SUM_OPTIONS:
+        return f"`aggregation_options[\"{name}\"]`"
+    if name in _PRIVACY_ROUTE:
+        return f"`privacy=GradientPerturbation({_PRIVACY_ROUTE[name]}=…)`"
+    if name == "rows_epsilon":
+        return "`rows_privacy=DataPerturbation(epsilon=…)`"
+    special = {"seed": "`random_state`", "keep_rows": "`keep_sent`",
+               "method": "the class: `FedTSNE`, `FedUMAP`, `FedSpectralClustering`"}
+    return special.get(name, "—")
