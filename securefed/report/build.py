@@ -298,15 +298,20 @@ def _series_png(values, title, ylabel, rounds=None) -> str:
     return _png(fig)
 
 
+def _file_png(path: str) -> str | None:
+    """A PNG the run wrote (base64), or None."""
+    try:
+        with open(path, "rb") as fh:
+            return base64.b64encode(fh.read()).decode("ascii")
+    except OSError:
+        return None
+
+
 def _embedding_png(run: RunFolder, mode: dict, privacy: dict | None) -> str | None:
     """The map with class legend, site markers, quality and privacy lines (t-SNE / UMAP); spectral: the run's PNG."""
     E, _ = _read_npy(os.path.join(run.path, "embedding.npy"))
     if E is None or E.ndim != 2 or E.shape[1] < 2 or not len(E):
-        try:
-            with open(os.path.join(run.path, "embedding.png"), "rb") as fh:
-                return base64.b64encode(fh.read()).decode("ascii")
-        except OSError:
-            return None
+        return _file_png(os.path.join(run.path, "embedding.png"))
     from .plots import draw_panels, standard_panels
 
     y = None
@@ -466,6 +471,7 @@ def build_report(run_dir) -> tuple[dict, dict]:
     rec_block = _rec_block(run)
     verdict, gate = _verdict(run, budget, mia_block, rec_block)
     figures["embedding"] = _embedding_png(run, mode, privacy)
+    figures["density"] = _file_png(os.path.join(run.path, "density.png"))
     inventory = release_inventory(run, mode)
     util = utility_table(run, mode)
     warnings = run_warnings(run, mode, privacy)

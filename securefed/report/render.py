@@ -210,7 +210,11 @@ def _details(report: dict, figures: dict) -> list[str]:
     q = report["quality"]
     parts.append("<h2>The map and all quality figures</h2><div class='grid'>"
                  + _img(figures.get("embedding"), "The map", "The federated map: colour = class, marker = site (or a panel "
-                        "coloured by site), quality and privacy mode in the title.") + "</div>")
+                        "coloured by site), quality and privacy mode in the title.")
+                 + (_img(figures.get("density"), "Every record on the shared map (DP)",
+                         "The density the sites released with noise (the billboard's third release, covered by ε): "
+                         "how many records fall in each cell of a grid over the landmark map, while every record's "
+                         "own coordinate stayed on its site.") if figures.get("density") else "") + "</div>")
     fed, cen = q.get("federated") or {}, q.get("centralized") or {}
     keys = list(dict.fromkeys(list(fed) + list(cen)))
     if keys:
