@@ -471,7 +471,9 @@ def build_report(run_dir) -> tuple[dict, dict]:
     rec_block = _rec_block(run)
     verdict, gate = _verdict(run, budget, mia_block, rec_block)
     figures["embedding"] = _embedding_png(run, mode, privacy)
-    figures["density"] = _file_png(os.path.join(run.path, "density.png"))
+    density = _file_png(os.path.join(run.path, "density.png"))
+    if density:  # only runs that released the DP density (billboard release 3)
+        figures["density"] = density
     inventory = release_inventory(run, mode)
     util = utility_table(run, mode)
     warnings = run_warnings(run, mode, privacy)
