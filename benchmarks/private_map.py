@@ -172,7 +172,7 @@ def density(args, eps_list, seeds):
     of (a) the landmark-only positions it estimates and (b) the sites' refined coordinates (what pooling the kept
     coordinates would show); the map's CA-10NN with and without the density's share, same ε."""
     from securefed.accounting import GradientPerturbation
-    from securefed.embedding.placement import place_weighted
+    from securefed.embedding.placement import place_refine
     from securefed.landmarks.merf import density_counts
 
     X0, y0, bound = _data("mnist5k")
@@ -189,7 +189,9 @@ def density(args, eps_list, seeds):
                 d = est.result_.embedding["density"]
                 F = est.landmark_space_.features(X)
                 E = est.landmark_embedding_
-                exact_lm = density_counts(place_weighted(F, est.landmarks_, E, perplexity=5.0), d["lo"], d["hi"], d["grid"])
+                alone = place_refine(F, est.landmarks_, E, est.landmark_masses_, est.landmark_map_zn_, perplexity=10.0,
+                                     interact=False)
+                exact_lm = density_counts(alone, d["lo"], d["hi"], d["grid"])
                 exact_ref = density_counts(est.embedding_, d["lo"], d["hi"], d["grid"])
                 noisy = d["counts"].ravel()
                 base, _ = _fed("tsne", sites, bound, seed, privacy=priv, coordinates="keep")

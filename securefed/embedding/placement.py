@@ -171,7 +171,7 @@ def place_weighted(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, *, perplexity: f
 
 def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn: float, *, perplexity: float = 30.0,
                  n_iter: int = 150, early_iter: int = 100, exaggeration: float = 4.0, init_perplexity: float = 5.0,
-                 counted: bool = True) -> np.ndarray:
+                 counted: bool = True, interact: bool = True) -> np.ndarray:
     """A site's step: its records' t-SNE against the fixed cell map (``F`` its records in the landmarks' space).
 
     The affinities are the N-record t-SNE's restricted to this site's rows: over its own records (mass 1 each) and
@@ -182,7 +182,10 @@ def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn:
     before repulsion spreads them: +1–2 CA-10NN points on digits and MNIST-5k against none), then ``n_iter`` at
     momentum 0.8; learning rate N/12. Uses
     nothing but the broadcast (Y, Z, c, Zn) and the site's own records. ``counted=False`` places new records that
-    the masses do not include (``transform``): every cell then repels with its whole mass.
+    the masses do not include (``transform``): every cell then repels with its whole mass. ``interact=False``
+    places every record against the cells alone (no affinity to, no repulsion from the site's other records, every
+    cell with its whole mass): each coordinate is then a function of its own record and the broadcast — what the DP
+    density counts (:func:`securefed.landmarks.merf.density_counts`).
     """
     from ..kernels import sq_dists
     from ..landmarks.cells import cell_counts
@@ -190,23 +193,28 @@ def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn:
     n = len(F)
     c = np.asarray(c, dtype=np.float64)
     N = float(c.sum())
-    M = np.maximum(c - cell_counts(F, Y), 0.0) if counted else c
+    M = np.maximum(c - cell_counts(F, Y), 0.0) if counted and interact else c
     y0 = place_weighted(F, Y, Z, perplexity=init_perplexity)
-    D_ff = sq_dists(F)
-    np.fill_diagonal(D_ff, np.inf)
-    D = np.hstack([D_ff, sq_dists(F, Y)])
-    pc = conditional_affinities(D, np.concatenate([np.zeros(n), np.log(np.maximum(c, 1e-300))]),
-                                min(perplexity, (n + len(Y) - 1) / 3.0))
-    Pff = (pc[:, :n] + pc[:, :n].T) / (2 * N)
-    Pfl = pc[:, n:] / N
+    logc = np.log(np.maximum(c, 1e-300))
+    if interact:
+        D_ff = sq_dists(F)
+        np.fill_diagonal(D_ff, np.inf)
+        pc = conditional_affinities(np.hstack([D_ff, sq_dists(F, Y)]), np.concatenate([np.zeros(n), logc]),
+                                    min(perplexity, (n + len(Y) - 1) / 3.0))
+        Pff = (pc[:, :n] + pc[:, :n].T) / (2 * N)
+        Pfl = pc[:, n:] / N
+    else:  # each record against the cells alone: its row does not depend on any other record
+        Pfl = conditional_affinities(sq_dists(F, Y), logc, min(perplexity, (len(Y) - 1) / 3.0)) / N
 
     def gradient(exag: float):
         def grad(y):
+            Wl = _student(y, Z)
+            Al = exag * Pfl * Wl - M[None, :] * Wl * Wl / Zn
+            if not interact:
+                return 4 * (Al.sum(axis=1)[:, None] * y - Al @ Z)
             Wf = _student(y, y)
             np.fill_diagonal(Wf, 0.0)
-            Wl = _student(y, Z)
             Af = exag * Pff * Wf - Wf * Wf / Zn
-            Al = exag * Pfl * Wl - M[None, :] * Wl * Wl / Zn
             return 4 * ((Af.sum(axis=1) + Al.sum(axis=1))[:, None] * y - Af @ y - Al @ Z)
 
         return grad

@@ -335,7 +335,8 @@ def billboard_density(co, lm: dict, emb: dict):
     """Release 3 of the DP billboard (``density_share`` > 0, coordinates kept on the sites): one noisy secure sum of
     every record's count per cell of a public grid over the landmark map (:func:`securefed.landmarks.merf.
     density_counts`; each site adds the full σ₃ and books it first). The shared picture of all records on the map,
-    computed from each record's landmark-only position (a function of that record and the billboard). Returns
+    computed from each record's landmark-only position (placed against the landmark map alone: a function of that
+    record and the billboard). Returns
     ``{"counts": grid × grid, "lo", "hi", "grid", "sigma_per_cell"}`` (the noisy counts, not clipped)."""
     from ..landmarks.merf import density_box
 
@@ -343,9 +344,11 @@ def billboard_density(co, lm: dict, emb: dict):
     E, G = np.asarray(emb["landmark_embedding"], dtype=np.float64), int(plan.density_grid)
     sigma = float(priv.noise["sigma3"])
     n_max = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
-    task = lm["space"].put(put_array(put_array({"task": "billboard-density", "billboard": priv.wire_plan(),
-                                                "release": 2, "out_shape": [G * G]}, "Y", lm["Y"]),
-                                     "landmark_embedding", E))
+    task = {"task": "billboard-density", "billboard": priv.wire_plan(), "release": 2, "out_shape": [G * G],
+            "Zn": float(emb["Zn"]), "perplexity": float(plan.placement_perplexity)}
+    for key, value in (("Y", lm["Y"]), ("landmark_embedding", E), ("masses", emb["landmark_masses"])):
+        put_array(task, key, value)
+    task = lm["space"].put(task)
     total, a = yield from _scaled_sum(co, task, "billboard: density on the map", n_max + 12.0 * sigma,
                                       tap=lambda i, reply: priv.mirror(i, reply, 2))
     priv.check_reported(2, a.survivors)

@@ -713,14 +713,16 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
 
 
 def _site_density(fields: dict, F: np.ndarray, grid: int) -> np.ndarray:
-    """Release 3's counts: every record at its landmark-only position (the weighted mean of its nearest landmarks'
-    map positions: a function of that record and the billboard) on the public window of the landmark map."""
-    from ..embedding.placement import place_weighted
+    """Release 3's counts: every record at its landmark-only position — placed against the landmark map alone, not
+    against the site's other records (:func:`securefed.embedding.placement.place_refine` with ``interact=False``: a
+    function of that record and the broadcast) — on the public window of the landmark map."""
+    from ..embedding.placement import place_refine
     from ..landmarks.merf import density_box, density_counts
     from .wire import get_array
 
-    Y, E = get_array(fields, "Y"), get_array(fields, "landmark_embedding")
-    if E.ndim != 2 or E.shape != (len(Y), 2):
-        raise ProtocolError("the density release needs the 2-D map of the landmarks")
+    Y, E, c = get_array(fields, "Y"), get_array(fields, "landmark_embedding"), get_array(fields, "masses")
+    if E.ndim != 2 or E.shape != (len(Y), 2) or c.shape != (len(Y),) or not np.all(c > 0):
+        raise ProtocolError("the density release needs the 2-D map of the landmarks and their positive masses")
     lo, hi = density_box(E)
-    return density_counts(place_weighted(F, Y, E, perplexity=5.0), lo, hi, grid)
+    P = place_refine(F, Y, E, c, float(fields["Zn"]), perplexity=float(fields["perplexity"]), interact=False)
+    return density_counts(P, lo, hi, grid)

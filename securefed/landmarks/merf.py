@@ -16,8 +16,9 @@ identity for ≤ ``dim`` features), the scale (the public value bound), the rand
   cell_counts`); replacing one record moves one count from one landmark to another: ``Δ₂ = √2``. The total carries
   ``N(0, σ₂² I)``; the masses ``max(count, 1)`` rescaled to the public total are post-processing.
 * **Release 3** (optional, ``density_share`` > 0, coordinates kept on the sites) — each site places every record
-  at the perplexity-weighted mean of its nearest landmarks' map positions (a function of that record and the
-  billboard alone — not the refined placement, in which a site's records move each other) and counts them on a
+  against the landmark map alone (:func:`securefed.embedding.placement.place_refine` with ``interact=False``: a
+  function of that record and the billboard — not the refined placement, in which a site's records move each
+  other) and counts them on a
   public ``grid × grid`` window of the landmark map (:func:`density_counts`): ``Δ₃ = √2``, ``N(0, σ₃² I)``. The
   shared picture of all records, without any record's coordinate leaving its site.
 

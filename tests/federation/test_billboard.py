@@ -11,7 +11,7 @@ import pytest
 from securefed.federation import run_in_process
 from securefed.federation.privacy import open_server_ledger
 from securefed.landmarks.cells import cell_counts
-from securefed.embedding.placement import place_refine, place_weighted
+from securefed.embedding.placement import place_refine
 from securefed.errors import ConfigError
 from securefed.landmarks.merf import (COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, density_box, density_counts,
                                       public_basis, rff, rff_frequencies, scaled_features)
@@ -151,23 +151,30 @@ def test_sites_refuse_a_billboard_plan_with_noise_shares():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_replace_one_moves_one_count_even_when_the_refined_placement_moves_every_record(seed):
-    """The density counts each record at its landmark-only position: replacing one record changes the histogram by
-    at most √2 (one count moves), while the site's refined coordinates — where records pull on each other — move
-    for many records. That is why the density is not built from the refined placement."""
+    """The density counts each record at its landmark-only position: replacing one record moves no other record's
+    position and changes the histogram by at most √2 (one count moves), while the site's refined coordinates — where
+    records pull on each other — move for many records. That is why the density is not built from them."""
     rng = np.random.default_rng(seed)
     Y = rng.normal(size=(20, 5)) * 2
     E = rng.normal(size=(20, 2)) * 10
     c = np.full(20, 6.0)
     F = np.vstack([Y[rng.integers(0, 20, 30)] + rng.normal(size=(30, 5)) * 0.5])
     lo, hi = density_box(E)
-    h0 = density_counts(place_weighted(F, Y, E, perplexity=5.0), lo, hi, 8)
+
+    def alone(F):  # every record against the landmark map alone (what a site counts for the density)
+        return place_refine(F, Y, E, c, 1e3, perplexity=5.0, n_iter=30, early_iter=10, interact=False)
+
+    P0 = alone(F)
+    h0 = density_counts(P0, lo, hi, 8)
     assert h0.sum() == len(F)
     worst = 0.0
     for i in range(len(F)):
         for r in (np.zeros(5), np.full(5, 1e6), rng.normal(size=5) * 30, F[(i + 7) % len(F)]):
             F2 = F.copy()
             F2[i] = r
-            h = density_counts(place_weighted(F2, Y, E, perplexity=5.0), lo, hi, 8)
+            P = alone(F2)
+            np.testing.assert_array_equal(np.delete(P, i, axis=0), np.delete(P0, i, axis=0))  # nobody else moved
+            h = density_counts(P, lo, hi, 8)
             worst = max(worst, float(np.linalg.norm(h - h0)))
     assert worst <= COUNT_SENSITIVITY + 1e-12 and worst == pytest.approx(math.sqrt(2.0))
     # the refined placement is not per record: replacing record 0 moves the others too
