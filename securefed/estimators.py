@@ -85,6 +85,11 @@ class FederatedParams:
         Cells: a cell's mean is revealed only over at least this many records.
     cell_rounds, basis_dim : int, default 12, 50
         Cells: most rounds of cell growth; dimensions of the federated PCA basis.
+    cell_axes : int, default 0
+        Cells: every cell is also represented by μ ± √λ·v along this many of its principal axes (its count shared
+        among its 1 + 2·cell_axes points; the last sum pass then carries second moments); 0: the cell means only.
+        The points leak more than the means: pair them with a larger ``cell_floor`` (measured: floor 25 with one
+        axis passes the audit as floor 15 without; ``docs/what-leaves-each-site.md`` §4).
     public_basis_dim, count_share : int, float, default 64, 0.2
         Billboard: dimensions of the public basis; share of the privacy budget (μ²) spent on the landmark counts.
     density_share, density_grid : float, int, default 0.0, 16
@@ -130,6 +135,7 @@ class FederatedParams:
     landmark_method: str = "auto"
     cell_floor: int = 15
     cell_rounds: int = 12
+    cell_axes: int = 0
     basis_dim: int = 50
     public_basis_dim: int = 64
     count_share: float = 0.2
@@ -188,7 +194,7 @@ def plan_options(params: dict, method: str, method_options: dict, n_sites: int) 
                 gamma=p["gamma"], weights=weights, init=p["init"], aggregation=p["aggregation"],
                 value_bound=p["value_bound"], nystrom=p["nystrom"], reconstruction=p["reconstruction"],
                 landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], cell_rounds=p["cell_rounds"],
-                basis_dim=p["basis_dim"], public_basis_dim=p["public_basis_dim"], count_share=p["count_share"],
+                cell_axes=p["cell_axes"], basis_dim=p["basis_dim"], public_basis_dim=p["public_basis_dim"], count_share=p["count_share"],
                 density_share=p["density_share"], density_grid=p["density_grid"], standardize=bool(p["standardize"]),
                 coordinates=p["coordinates"],
                 audit_holdout=float(p["audit_holdout"]), max_auc=p["max_auc"],

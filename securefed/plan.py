@@ -75,6 +75,7 @@ class RunPlan:
     landmark_method: str = "auto"    # auto: cells (no rows, no DP), billboard (no rows, DP), feddl (the rows mode)
     cell_floor: int = 15             # cells: a cell's mean is revealed only over at least this many records
     cell_rounds: int = 12            # cells: most growth rounds
+    cell_axes: int = 0               # cells: principal axes per cell added as landmarks (μ ± √λ·v; 0: the means only)
     basis_dim: int = 50              # cells: dimensions of the federated PCA basis
     standardize: bool = False        # cells: standardise every feature by its federated mean and variance
     public_basis_dim: int = 64       # billboard: dimensions of the public basis
@@ -316,6 +317,7 @@ class _Validator:
         p = self.p
         self.int_("cell_floor", minimum=2)
         self.int_("cell_rounds", minimum=1)
+        self.int_("cell_axes", minimum=0)
         self.int_("basis_dim", minimum=1)
         self.int_("public_basis_dim", minimum=1)
         if not (isinstance(p.count_share, (int, float)) and 0 < float(p.count_share) < 1):
@@ -538,6 +540,8 @@ HELP = {
                        "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",
     "cell_rounds": "cells: most rounds of cell growth",
+    "cell_axes": "cells: each cell is also represented by 2 points per principal axis (μ ± √λ·v) for this many axes "
+                 "(0: the cell means only; they leak more than the means: pair with a larger cell-floor, e.g. 25 with 1)",
     "basis_dim": "cells: dimensions of the federated PCA basis",
     "public_basis_dim": "billboard: dimensions of the public basis (a low-pass DCT for square images, else a random projection)",
     "count_share": "billboard: share of the privacy budget (μ²) spent on the landmarks' counts",

@@ -45,7 +45,7 @@ _CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "a
             "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),
             "landmark_method": ("auto", "feddl", "cells", "billboard"), "coordinates": ("send", "keep")}
 
-_GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_rounds", "basis_dim", "standardize",
+_GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_rounds", "cell_axes", "basis_dim", "standardize",
                           "public_basis_dim",
                           "rounds", "local_steps", "rule", "lr", "gamma", "weights")),
            ("secure sum", ("aggregation", "value_bound", "modulus_bits", "fractional_bits", "degree", "threshold",

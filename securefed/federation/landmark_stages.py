@@ -211,7 +211,7 @@ def cells(co):
     learns is over at least ``cell_floor`` records (the count pass withholds smaller cells before any sum of
     features is asked for)."""
     from ..data import scale_warning
-    from ..landmarks.cells import cell_update, pca_basis, prune, split_cells
+    from ..landmarks.cells import axis_points, cell_update, pca_basis, prune, split_cells
 
     plan, s = co.plan, co.sites
     m, N = s.n_features, float(sum(s.sizes))
@@ -242,11 +242,12 @@ def cells(co):
         Y = prune(Y, counts, floor)
         k = len(Y)
         r = r_feat or 1.0  # without a public value bound (plain aggregation) the scaling is only cosmetic
-        parts = [(k * d, n_max * r), (k, n_max)] + ([(k * d * d, n_max * r * r)] if growing else [])
-        task = space.put(put_array({"task": "cell-sums", "second_moments": growing,
+        moments = growing or (polish == 0 and plan.cell_axes > 0)  # growing: the splits; last pass: the axis points
+        parts = [(k * d, n_max * r), (k, n_max)] + ([(k * d * d, n_max * r * r)] if moments else [])
+        task = space.put(put_array({"task": "cell-sums", "second_moments": moments,
                                     "out_shape": [sum(p for p, _ in parts)]}, "Y", Y))
         tot, _ = yield from _scaled_sum(co, task, f"cells {rounds}: sums", parts)
-        Y, c, cov = cell_update(tot, k, d, second_moments=growing)
+        Y, c, cov = cell_update(tot, k, d, second_moments=moments)
         co.emit("cells", round=rounds, cells=k)
         if growing:
             grown = split_cells(Y, c, cov, k_target, floor)
@@ -266,11 +267,14 @@ def cells(co):
                                     "or bring more records"))
     co.release(f"{rounds} rounds of per-cell record counts and (for cells of at least {floor} records) per-cell sums "
                "of the features and of their squares", note=f"a cell mean is revealed only over ≥ {floor} records")
-    co.release("the PCA basis, the cell landmarks and their counts", to="every site")
+    n_cells = len(Y)
+    Y, c = axis_points(Y, c, cov, plan.cell_axes) if plan.cell_axes > 0 else (Y, c)
+    co.release("the PCA basis, the cell landmarks (" + (f"each cell's mean and 2 × {min(plan.cell_axes, d)} points along "
+               "its principal axes" if plan.cell_axes > 0 else "the cell means") + ") and their counts", to="every site")
     return {"Y": Y, "space": space, "masses": c, "gamma": 1.0 / max(2.0 * trace, 1e-300), "lr": None, "history": [],
             "rng": np.random.default_rng([plan.seed, 0xCE11]),
-            "info": {"method": "cells", "rounds": rounds, "cells": len(Y), "floor": floor, "basis_dim": d,
-                     "secure_sums": 1 + 2 * rounds}}
+            "info": {"method": "cells", "rounds": rounds, "cells": n_cells, "landmarks": len(Y), "floor": floor,
+                     "axes": int(min(plan.cell_axes, d)), "basis_dim": d, "secure_sums": 1 + 2 * rounds}}
 
 
 # ------------------------------------------------------------------------------------------------ billboard

@@ -12,7 +12,14 @@ site → coordinator is one secure sum, so the coordinator sees only totals over
    least ``floor`` records** (the count pass reveals counts, never a sum of features). While growing, every cell
    with at least ``margin · floor`` records splits in two along its own first principal axis, at μ ± 0.8·√λ₁·v₁
    (the two-means split of a Gaussian: both halves survive the floor; :func:`split_cells`).
-2. the landmarks are the cell means ``Y`` with their masses ``c`` (the pooled counts).
+2. the landmarks are the cell means ``Y`` with their masses ``c`` (the pooled counts) and, with ``axes`` = R > 0,
+   each cell's **axis points** μ ± √λ_j·v_j along its top R principal axes (:func:`axis_points`; the sigma points of
+   the cell's Gaussian), the cell's mass shared equally among its 1 + 2R points. The last sum pass then carries the
+   second moments too; the points are post-processing of a cell's count, sum and second moments (over ≥ ``floor``
+   records, like every other revealed statistic). Other sites' records are then represented by the spread of
+   their cells, not only by the cells' centres. The points leak more than the means (at floor 15 the membership
+   audit fails with them: AUC 0.61–0.62); floor 25 with one axis passes as floor 15 without and maps slightly
+   better (``BENCHMARKS.md`` §9g). Off by default (``axes`` = 0).
 
 The membership audit measures what the cells still leak (a cell mean of ≥ 15 records passes the default gate on
 MNIST-5k: AUC 0.585; of ≥ 10: 0.58–0.62 depending on the split — ``BENCHMARKS.md``).
@@ -26,7 +33,7 @@ from ..errors import ConfigError, bad_value
 from ..kernels import sq_dists
 
 __all__ = ["site_moments", "pca_basis", "features", "nearest_cell", "cell_counts", "cell_sums", "prune",
-           "cell_update", "split_cells"]
+           "cell_update", "split_cells", "axis_points"]
 
 
 def site_moments(X: np.ndarray) -> np.ndarray:
@@ -143,3 +150,20 @@ def split_cells(Y: np.ndarray, c: np.ndarray, cov: np.ndarray, k_target: int, fl
             a2 = V[:, :, -2] * np.sqrt(np.maximum(w[:, -2], 0.0))[:, None] * 0.8
             out += [Y[idx] + a1 + a2, Y[idx] + a1 - a2, Y[idx] - a1 + a2, Y[idx] - a1 - a2]
     return np.vstack(out)
+
+
+def axis_points(Y: np.ndarray, c: np.ndarray, cov: np.ndarray, axes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every cell as ``1 + 2·axes`` landmarks: its mean μ and μ ± √λ_j·v_j for its top ``axes`` principal axes
+    (λ_j, v_j of the cell's covariance), each with mass ``c / (1 + 2·axes)``. Returns ``(landmarks, masses)``,
+    the points of cell L at rows ``L·(1 + 2·axes) …``; ``axes = 0`` returns the means and counts unchanged."""
+    if axes <= 0:
+        return Y, c
+    k, d = Y.shape
+    r = min(int(axes), d)
+    w, V = np.linalg.eigh(cov)  # ascending eigenvalues per cell
+    pts = [Y[:, None, :]]
+    for j in range(r):
+        a = V[:, :, -1 - j] * np.sqrt(np.maximum(w[:, -1 - j], 0.0))[:, None]
+        pts += [(Y + a)[:, None, :], (Y - a)[:, None, :]]
+    P = np.concatenate(pts, axis=1)
+    return P.reshape(k * (1 + 2 * r), d), np.repeat(np.asarray(c, dtype=np.float64) / (1 + 2 * r), 1 + 2 * r)

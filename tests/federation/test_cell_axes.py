@@ -1,0 +1,66 @@
+"""Cells with axis points (``cell_axes``): every cell also stands for μ ± √λ·v along its top principal axes —
+post-processing of the cell's count, sum and second moments, all over ≥ floor records."""
+
+import numpy as np
+import pytest
+
+from securefed.data import load_dataset, partition
+from securefed.federation import run_in_process
+from securefed.landmarks.cells import axis_points
+from securefed.plan import RunPlan
+
+
+def test_axis_points_are_the_cells_sigma_points():
+    rng = np.random.default_rng(0)
+    k, d = 4, 6
+    Y = rng.normal(size=(k, d))
+    A = rng.normal(size=(k, d, d))
+    cov = A @ np.transpose(A, (0, 2, 1))
+    c = np.array([20.0, 31.0, 17.0, 50.0])
+    P, m = axis_points(Y, c, cov, 2)
+    assert P.shape == (k * 5, d) and m.shape == (k * 5,)
+    np.testing.assert_allclose(m.reshape(k, 5).sum(axis=1), c)  # each cell's mass shared, none created
+    pts = P.reshape(k, 5, d)
+    np.testing.assert_allclose(pts.mean(axis=1), Y, atol=1e-12)  # symmetric about the mean
+    np.testing.assert_allclose(pts[:, 0], Y)
+    for L in range(k):
+        w, V = np.linalg.eigh(cov[L])
+        for j, (lam, v) in enumerate(((w[-1], V[:, -1]), (w[-2], V[:, -2]))):
+            a = pts[L, 1 + 2 * j] - Y[L]
+            np.testing.assert_allclose(np.linalg.norm(a), np.sqrt(lam), rtol=1e-10)  # √λ_j along v_j
+            assert abs(abs(a @ v) - np.sqrt(lam)) < 1e-8
+            np.testing.assert_allclose(pts[L, 2 + 2 * j] - Y[L], -a)
+    same = axis_points(Y, c, cov, 0)
+    assert same[0] is Y and same[1] is c
+    assert axis_points(Y, c, cov, 99)[0].shape == (k * (1 + 2 * d), d)  # at most d axes
+
+
+def test_a_cells_run_with_axes_uses_the_final_cells_second_moments():
+    ds = load_dataset("digits")
+    sites = [ds.X[i] for i in partition(ds.X, ds.y, 3, "iid", random_state=0)]
+    base = dict(aggregation="plain", method="none", audit_holdout=0.0, seed=0, landmark_method="cells", cell_floor=25)
+    res0 = run_in_process(RunPlan.build("api", **base), sites, site_options={"allow-plain": True})
+    res1 = run_in_process(RunPlan.build("api", cell_axes=1, **base), sites, site_options={"allow-plain": True})
+    k = res1.landmark_info["cells"]
+    assert res1.landmark_info["axes"] == 1 and len(res1.landmarks) == 3 * k
+    assert res1.masses.sum() == pytest.approx(len(ds.X))
+    means = res1.landmarks.reshape(k, 3, -1)[:, 0]
+    # the cell means are the same cells as without axes (the same rounds; only the last pass carries more)
+    np.testing.assert_allclose(means, res0.landmarks, atol=1e-6)
+    # the points lie √λ₁ from the mean, λ₁ the top variance of the cell's records — those nearest to the landmarks
+    # of the last pass, which are the means *before* that pass's update: re-assigning to the final means moves a
+    # few records, hence 5 % and not exact
+    F = res1.landmark_space.features(np.vstack(sites))
+    lab = np.argmin(((F[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
+    for L in range(min(k, 5)):
+        X = F[lab == L]
+        lam = np.linalg.eigvalsh(np.cov(X.T, bias=True))[-1]
+        assert np.linalg.norm(res1.landmarks[3 * L + 1] - means[L]) == pytest.approx(np.sqrt(lam), rel=0.05)
+    assert any("principal axes" in r["what"] for r in res1.inventory)
+
+
+def test_cell_axes_must_be_a_non_negative_integer():
+    from securefed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cell_axes"):
+        RunPlan.build("api", cell_axes=-1, value_bound=1.0)
