@@ -4,6 +4,7 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/private_map.py [--datasets digits mnist5k] [--partitions iid label]
         [--seeds 0 1 2] [--sites 10] [--parts tsne umap spectral dp large density] [--eps 0.5 1 2 4 8 inf]
+        [--cell-floor F] [--cell-axes R]
 
 For every data set, partition and seed: the default no-rows run (cell landmarks, SecAgg+ with the data set's public
 value range as bound, audit hold-out 0.2) of Fed-tSNE / Fed-UMAP / Fed-SpeClust beside the centralized method on the
@@ -95,6 +96,8 @@ def maps(args):
                 for scheme in args.partitions:
                     sites, y, X = _split(X0, y0, args.sites, scheme, seed)
                     kw = {"n_clusters": n_cl} if method == "spectral" else {}
+                    kw.update({k: v for k, v in (("cell_floor", args.cell_floor), ("cell_axes", args.cell_axes))
+                               if v is not None})
                     est, t_fed = _fed(method, sites, bound, seed, **kw)
                     out = est.labels_ if method == "spectral" else est.embedding_
                     fed = _score(method, out, X, y, seed)
@@ -211,6 +214,8 @@ def main():
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--parts", nargs="+", default=["tsne", "umap", "spectral", "dp", "large"])
     ap.add_argument("--eps", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0, 8.0, float("inf")])
+    ap.add_argument("--cell-floor", type=int, default=None, help="maps: the cells' floor (default: the product's)")
+    ap.add_argument("--cell-axes", type=int, default=None, help="maps: axis points per cell (default: the product's)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import platform
