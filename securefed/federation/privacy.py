@@ -663,8 +663,9 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     """A site's billboard release (``release`` 0: Σφ over its records; 1: its counts per landmark; 2: the density
     of all its records — ``F`` then holds every record, the hold-out too — on the landmark map) with its own noise.
 
-    The site rebuilds σ from the public plan (never the coordinator's number), checks that both releases fit what is
-    left of its budget before the first one, refuses a plan that names another record count for it, adds its noise
+    The site rebuilds σ from the public plan (never the coordinator's number), checks that all releases fit what is
+    left of its budget before the first one, refuses a plan that names another record count for it or that differs
+    from the plan of the run's earlier releases (the budget split is fixed once per run), adds its noise
     (the full σ, or a share σ/√t inside a secure sum) from the CSPRNG and writes the release to its own ledger —
     fsync'd — before returning. Returns ``(noisy vector, [ledger event as JSON])``."""
     from ..accounting.noise import secure_standard_normal, seeded_standard_normal
@@ -676,6 +677,10 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     release = int(fields["release"])
     if release not in (0, 1, 2):
         raise ProtocolError(f"unknown billboard release {release}")
+    pinned = cache.setdefault("billboard_plans", {}).setdefault(str(plan.get("run_id")), plan_digest(plan))
+    if pinned != plan_digest(plan):  # e.g. a small share of μ² claimed for each release in turn: more than ε in all
+        raise ProtocolError(f"the billboard plan of run {plan.get('run_id')} differs from the one this site started the "
+                            "run with (shares, ε, δ or sizes changed between releases); refusing")
     if release < 2 and int(plan["sizes"][site]) != int(n_records):
         raise ProtocolError(f"the billboard plan announces {plan['sizes'][site]} records for this site, which holds "
                             f"{n_records}; refusing")

@@ -248,3 +248,30 @@ def test_a_site_refuses_a_density_release_the_plan_spends_nothing_on():
                               "Y", np.zeros((3, 4))), "landmark_embedding", np.zeros((3, 2)))
     rep = w.handle(req)
     assert rep["error"].startswith("ProtocolError") and "density_share 0" in rep["error"]
+
+
+def test_a_site_refuses_a_billboard_plan_that_changes_between_releases():
+    """Attack: the coordinator announces a small share of μ² for each release in turn (count_share 0.01 for the
+    random features, 0.99 for the counts: σ₁ and σ₂ both near their minimum, μ² spent ≈ 2× the target). The site
+    pins the run's plan at its first release and refuses the second."""
+    from securefed.federation import SiteWorker
+    from securefed.federation.wire import dumps, put_array
+
+    X = np.random.default_rng(0).normal(size=(30, 4))
+    w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 50.0, "ledger-path": ":memory:"}, X)
+
+    def plan(share):
+        return dumps({"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": share,
+                      "density_share": 0.0, "density_grid": 4, "noise": "local", "t": 1, "sizes": [30],
+                      "noise_seed": None})
+
+    base = {"op": "plain", "site": 0, "space": "raw", "seed": 0, "weights": "uniform"}
+    rep = w.handle(dict(base, task="rff", billboard=plan(0.01), release=0, n_freq=10, lengthscales=[3.0],
+                        out_shape=[20]))
+    assert "error" not in rep, rep
+    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.99), release=1, out_shape=[3]),
+                             "Y", np.zeros((3, 4))))
+    assert rep["error"].startswith("ProtocolError") and "differs from the one this site started" in rep["error"]
+    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.01), release=1, out_shape=[3]),
+                             "Y", np.zeros((3, 4))))
+    assert "error" not in rep, rep  # the same plan goes on
