@@ -604,10 +604,11 @@ _BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts", "gaussian-density")
 
 
 def billboard_plan(plan, run_id: str, sizes, t: int) -> dict:
-    """The public plan of the two billboard releases (what every site rebuilds its noise from)."""
+    """The public plan of the billboard's releases (what every site rebuilds its noise from)."""
     return {"run_id": run_id, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
             "accountant": plan.accountant, "count_share": float(plan.count_share),
-            "density_share": float(plan.density_share), "density_grid": int(plan.density_grid), "noise": "local", "t": int(t),
+            "density_share": float(plan.density_share), "density_grid": int(plan.density_grid), "noise": "local",
+            "t": int(t),
             "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
 
 

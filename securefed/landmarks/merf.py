@@ -18,15 +18,14 @@ identity for ≤ ``dim`` features), the scale (the public value bound), the rand
 * **Release 3** (optional, ``density_share`` > 0, coordinates kept on the sites) — each site places every record
   against the landmark map alone (:func:`securefed.embedding.placement.place_refine` with ``interact=False``: a
   function of that record and the billboard — not the refined placement, in which a site's records move each
-  other) and counts them on a
-  public ``grid × grid`` window of the landmark map (:func:`density_counts`): ``Δ₃ = √2``, ``N(0, σ₃² I)``. The
-  shared picture of all records, without any record's coordinate leaving its site.
+  other) and counts them on a public ``grid × grid`` window of the landmark map (:func:`density_counts`):
+  ``Δ₃ = √2``, ``N(0, σ₃² I)``. The shared picture of all records, without any record's coordinate leaving its site.
 
 Accounting (:func:`billboard_noise`): with ``μ = gdp_mu(ε, δ)`` for the whole run, release 1 gets ``μ₁ = μ√(1−ρ−ρ₃)``,
 release 2 ``μ₂ = μ√ρ`` (ρ = ``count_share``) and release 3 ``μ₃ = μ√ρ₃`` (ρ₃ = ``density_share``, 0 without it), so
 ``√(μ₁² + μ₂² + μ₃²) = μ`` exactly (μ-GDP composition; Dong, Roth, Su). The landmarks, their masses and their map
-are (ε, δ)-DP for every record — a billboard: a site that places its own records from the billboard and its own data reveals about **other** sites' records only what the billboard
-does (joint DP, Hsu et al. 2014). A record's own coordinate is a function of that record: sent to the coordinator,
+are (ε, δ)-DP for every record — a billboard: a site that places its own records from the billboard and its own
+data reveals about **other** sites' records only what the billboard does (joint DP, Hsu et al. 2014). A record's own coordinate is a function of that record: sent to the coordinator,
 it is **not** covered by ε.
 """
 
