@@ -4,7 +4,7 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/private_map.py [--datasets digits mnist5k] [--partitions iid label]
         [--seeds 0 1 2] [--sites 10] [--parts tsne umap spectral dp large density] [--eps 0.5 1 2 4 8 inf]
-        [--cell-floor F] [--cell-axes R]
+        [--cell-floor F] [--cell-axes R] [--dp-noise local|distributed]
 
 For every data set, partition and seed: the default no-rows run (cell landmarks, SecAgg+ with the data set's public
 value range as bound, audit hold-out 0.2) of Fed-tSNE / Fed-UMAP / Fed-SpeClust beside the centralized method on the
@@ -147,7 +147,7 @@ def dp(args, datasets, eps_list, seeds):
                     cen_ca = _score("tsne", _central("tsne", X, seed)[0], X, y, seed)["ca"]
                 for e in eps_list:
                     eps = 1e6 if math.isinf(e) else e
-                    priv = GradientPerturbation(epsilon=eps, delta=1e-5, tau_x=tau)
+                    priv = GradientPerturbation(epsilon=eps, delta=1e-5, tau_x=tau, noise=args.dp_noise)
                     est, t_fed = _fed("tsne", sites, bound, seed, privacy=priv)
                     ca = _score("tsne", est.embedding_, X, y, seed)["ca"]
                     rows.append(dict(data=name, part=scheme, seed=seed, eps=e, ca=ca, cen=cen_ca,
@@ -214,6 +214,8 @@ def main():
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--parts", nargs="+", default=["tsne", "umap", "spectral", "dp", "large"])
     ap.add_argument("--eps", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0, 8.0, float("inf")])
+    ap.add_argument("--dp-noise", default="local", choices=["local", "distributed"],
+                    help="dp: each site adds the full σ (local, the default) or a share σ/√n inside SecAgg+")
     ap.add_argument("--cell-floor", type=int, default=None, help="maps: the cells' floor (default: the product's)")
     ap.add_argument("--cell-axes", type=int, default=None, help="maps: axis points per cell (default: the product's)")
     args = ap.parse_args()

@@ -336,10 +336,6 @@ class _Validator:
         if p.landmark_method == "billboard" and not p.dp:
             self.fail("landmark_method", "billboard", f"is the DP landmark method: give {p.name('epsilon')} (and "
                                                       f"{p.name('clip_norm')}), or use cells")
-        if p.dp and p.noise == "distributed" and p.landmark_method == "billboard":
-            self.fail("noise", "distributed", "the DP billboard adds the full σ on every site (noise local): a "
-                                              "continuous noise share would not survive the secure sum's fixed-point "
-                                              "quantisation exactly; use noise local")
         if p.dp and p.noise == "distributed" and p.landmark_method == "feddl" and p.rule == "model":
             self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
                                               f"only its noise share); use {p.name('rule')} gradient or noise local")
@@ -378,11 +374,15 @@ class _Validator:
         p = self.p
         self.choice("distributed_mechanism", DISTRIBUTED_MECHANISMS)
         applies = p.dp and p.noise == "distributed" and p.landmark_method == "feddl"
+        shares = p.dp and p.noise == "distributed" and p.landmark_method == "billboard"  # continuous σ/√t shares
         if p.distributed_mechanism == "auto":
             if applies:
                 object.__setattr__(p, "distributed_mechanism", "ddg" if (p.aggregation == "secagg" and p.epsilon is not None
                                                                          and p.rule == "gradient") else "gaussian")
-        elif not applies:
+        elif shares and p.distributed_mechanism != "gaussian":
+            self.fail("distributed_mechanism", p.distributed_mechanism,
+                      "the DP billboard's distributed noise is continuous Gaussian shares σ/√t: use gaussian or auto")
+        elif not applies and not shares:
             self.fail("distributed_mechanism", p.distributed_mechanism,
                       f"applies to FedDL's distributed noise only: give {p.name('epsilon')}, {p.name('noise')} distributed "
                       f"and {p.name('landmark_method')} feddl, or leave it auto")
@@ -574,7 +574,7 @@ HELP = {
     "noise_multiplier": "differential privacy: σ/Δ instead of a target ε",
     "delta": "differential privacy: target δ",
     "accountant": "exact (μ-GDP), prv, rdp or paper (Qiao et al. Theorem 5's formula)",
-    "noise": "local (full σ on every site) or distributed (shares under a secure sum; gradient averaging only)",
+    "noise": "local (full σ on every site) or distributed (shares σ/√t under a secure sum; FedDL: gradient averaging only)",
     "distributed_mechanism": "noise distributed (FedDL): ddg (distributed discrete Gaussian, Kairouz et al. 2021) or "
                              "skellam (Agarwal et al. 2021) — integer noise in an exact SecAgg+ sum mod 2^k, rdp "
                              "accounting — or gaussian (continuous shares through the fixed-point codec); auto: ddg "

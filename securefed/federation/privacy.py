@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 import numpy as np
@@ -603,13 +604,14 @@ def noise_share_note(plan: dict) -> str:
 _BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts", "gaussian-density")
 
 
-def billboard_plan(plan, run_id: str, sizes, t: int) -> dict:
-    """The public plan of the billboard's releases (what every site rebuilds its noise from)."""
+def billboard_plan(plan, run_id: str, sizes) -> dict:
+    """The public plan of the billboard's releases (what every site rebuilds its noise from). ``noise`` local: each
+    site adds the full σ; distributed: a share σ/√t, t = ``min_survivors`` (unset: every site)."""
+    t = int(plan.min_survivors or len(sizes)) if plan.noise == "distributed" else 1
     return {"run_id": run_id, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
             "accountant": plan.accountant, "count_share": float(plan.count_share),
-            "density_share": float(plan.density_share), "density_grid": int(plan.density_grid), "noise": "local",
-            "t": int(t),
-            "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
+            "density_share": float(plan.density_share), "density_grid": int(plan.density_grid), "noise": plan.noise,
+            "t": t, "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
 
 
 class BillboardPrivacy:
@@ -618,12 +620,17 @@ class BillboardPrivacy:
 
     def __init__(self, plan, run_id: str, sizes, noise: dict, ledger=None, *, scale: float | None = None):
         self.public = {"tau_x": plan.clip_norm, "feature_scale": scale}
-        self.plan = billboard_plan(plan, run_id, sizes, 1)
+        self.plan = billboard_plan(plan, run_id, sizes)
         self.noise = noise
         self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
         self.reported_releases: dict = {}
+        t = self.plan["t"]
         self.noise_note = ("each site added the full σ to its own upload: private on its own, whatever the coordinator "
-                           "or the other sites do (the sum carries √P·σ)")
+                           "or the other sites do (the sum carries √P·σ)" if self.plan["noise"] == "local" else
+                           f"each site added a share σ/√t (t = {t}) inside the secure sum: the revealed sum carries noise "
+                           f"of std ≥ σ while at least {t} sites' shares are in it — against the coordinator as long as "
+                           "the secure sum holds and no more sites collude with it than the sites' dp-colluders allow; "
+                           "a site's upload alone is not private")
 
     def wire_plan(self) -> str:
         return dumps(self.plan)
@@ -660,7 +667,8 @@ class BillboardPrivacy:
                              "its random features are bounded (‖φ‖ = 1): the sensitivity needs no clipping of records"}
 
 
-def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int):
+def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int,
+                           op: str = "secagg"):
     """A site's billboard release (``release`` 0: Σφ over its records; 1: its counts per landmark; 2: the density
     of all its records — ``F`` then holds every record, the hold-out too — on the landmark map) with its own noise.
 
@@ -702,10 +710,18 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         u = cell_counts(F, get_array(fields, "Y"))
     else:
         u = _site_density(fields, F, int(plan["density_grid"]))
-    if plan["noise"] != "local":  # a share σ/√t would not survive the secure sum's quantisation exactly
-        raise ProtocolError(f"the billboard plan asks for {plan['noise']!r} noise; this site adds the full σ itself "
-                            "(noise local) and refuses anything else")
-    share = sigma
+    if plan["noise"] == "local":
+        share = sigma
+    elif plan["noise"] == "distributed":
+        if op == "plain":
+            raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the billboard's noise "
+                                        "(distributed): it sends that upload only into a secure sum (secagg / ckks)"))
+        t = int(plan["t"])
+        if not 1 <= t <= len(plan["sizes"]):
+            raise ProtocolError(f"the billboard plan's t = {t} is not a number of sites (1..{len(plan['sizes'])})")
+        share = sigma / math.sqrt(t)  # the sum over ≥ t sites carries std ≥ σ (docs/maths.md §10)
+    else:
+        raise ProtocolError(f"the billboard plan asks for {plan['noise']!r} noise; expected local or distributed")
     attempt = len(ledger.releases_at(site, 0, release))
     if plan.get("noise_seed") is None:
         e = secure_standard_normal(u.shape)

@@ -251,14 +251,14 @@ class SiteWorker:
             if "dp" in fields:
                 return self._dp_upload(fields, members, g, op)
             if "billboard" in fields:
-                return self._billboard_upload(fields, members, g)
+                return self._billboard_upload(fields, members, g, op)
             self._refuse_without_dp(f"a non-private {fields.get('task')!r} upload")
             kxx = self._kxx(members, float(fields["gamma"])) if (fields.get("monitor") or fields.get("task") == "mmd") else None
             return _scale_parts(compute_upload(fields, members, g, kxx), fields), {}
         finally:
             self.save_rng(g)
 
-    def _billboard_upload(self, fields: dict, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
+    def _billboard_upload(self, fields: dict, X: np.ndarray, g, op: str) -> tuple[np.ndarray, dict]:
         """One of the DP billboard's releases (:mod:`securefed.landmarks.merf`): the site's own calibration
         and noise, its own ledger written before the reply leaves. ``X``: the landmarks' members; the density
         (release 3) counts every record of the site, the hold-out too."""
@@ -269,7 +269,7 @@ class SiteWorker:
             X = self.records()
         F = LandmarkSpace.get(fields).features(X)
         u, events = site_billboard_release(fields, F, self.options, int(fields["site"]), self._dp_cache(),
-                                           len(X))
+                                           len(X), op)
         self._save_dp_cache()
         return _scale_parts(u, fields), {"dp_events": events}
 

@@ -116,7 +116,10 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
          "server_learns": ("three" if releases == 3 else "two") + " noisy secure sums — a random-feature mean embedding of "
                           "every record and the landmarks' counts" + (" (and, after the placement, a density of every record "
                           "on the map)" if releases == 3 else "") + " — "
-                          "each site adding its full Gaussian noise and booking it in its own ledger first: " + (
+                          + ("each site adding its full Gaussian noise" if (privacy or {}).get("noise") != "distributed"
+                             else "each site adding a share σ/√t of the Gaussian noise inside the secure sum (the sum "
+                                  "carries σ while ≥ t sites survive; a site's upload alone is not private)")
+                          + " and booking it in its own ledger first: " + (
              f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record for the whole run" if isinstance(eps, (int, float))
              and isinstance(delta, (int, float)) else "(ε, δ) per record for the whole run") +
              "; the landmarks, their masses and their map are post-processing (a billboard)",

@@ -75,9 +75,10 @@ def _sites(seed=0, shift=0.0):
 
 
 def _dp_run(tmp_path, sites, run_id, **kw):
-    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10),
-                         value_bound=8.0, aggregation="plain", noise_seed_for_testing=11, audit_holdout=0.0,
-                         landmarks=40, n_iter=300, seed=5, run_id=run_id, **kw)
+    opts = dict(method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10), value_bound=8.0,
+                aggregation="plain", noise_seed_for_testing=11, audit_holdout=0.0, landmarks=40, n_iter=300, seed=5,
+                run_id=run_id)
+    plan = RunPlan.build("api", **dict(opts, **kw))
     assert plan.landmark_method == "billboard"
     folder = tmp_path / run_id
     folder.mkdir()
@@ -127,20 +128,43 @@ def test_coordinates_keep_sends_nothing_per_record(tmp_path):
     assert res.stacked("coordinates").shape == (360, 2)  # the simulation still holds each site's own result
 
 
-def test_sites_refuse_a_billboard_plan_with_noise_shares():
-    """A coordinator that announces distributed shares (σ/√t each) is refused: the site adds its full σ itself."""
+def test_noise_shares_only_inside_a_secure_sum():
+    """Distributed noise (σ/√t per site) is a plan option of the billboard with a secure sum only; a site asked for a
+    share on a plain upload (the coordinator would see it with a fraction of the noise) refuses."""
+    from securefed.errors import ConfigError
     from securefed.federation import SiteWorker
     from securefed.federation.wire import dumps
 
-    with pytest.raises(ConfigError, match="noise"):
-        RunPlan.build("api", epsilon=1.0, clip_norm=5.0, value_bound=1.0, noise="distributed", aggregation="secagg")
+    with pytest.raises(ConfigError, match="aggregation"):
+        RunPlan.build("api", epsilon=1.0, clip_norm=5.0, value_bound=1.0, noise="distributed", aggregation="plain")
+    plan = RunPlan.build("api", epsilon=1.0, clip_norm=5.0, value_bound=1.0, noise="distributed", aggregation="secagg")
+    assert plan.landmark_method == "billboard" and plan.noise == "distributed"
     X = np.random.default_rng(0).normal(size=(30, 4))
     plan = {"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": 0.2,
-            "noise": "distributed", "t": 3, "sizes": [30], "noise_seed_for_testing": None}
+            "noise": "distributed", "t": 3, "sizes": [30, 30, 30], "noise_seed_for_testing": None}
     w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
     rep = w.handle({"op": "plain", "site": 0, "task": "rff", "billboard": dumps(plan), "release": 0, "n_freq": 10,
                     "lengthscales": [3.0], "space": "raw", "out_shape": [20], "seed": 0, "weights": "uniform"})
-    assert rep["error"].startswith("ProtocolError") and "full σ" in rep["error"]
+    assert rep["error"].startswith("ConfigError") and "secure sum" in rep["error"]
+
+
+def test_distributed_shares_carry_sigma_over_t_sites(tmp_path):
+    """With noise distributed each site adds σ/√t (t = all 3 sites here) inside SecAgg+: its ledger books the pooled
+    σ and the share σ/√3, so the released sum over the 3 sites carries σ (√3·σ with noise local) and the ledger's ε
+    is the target."""
+    res, folder = _dp_run(tmp_path, _sites(), "bdist", aggregation="secagg", noise="distributed")
+    n = billboard_noise(2.0, 1e-5, 0.2)
+    assert res.privacy["noise"] == "distributed" and res.privacy["epsilon"] == pytest.approx(2.0, rel=1e-6)
+    assert "σ/√t (t = 3)" in res.privacy["noise_share"]
+    for name in res.sites:
+        rel = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bdist.jsonl").read_text().splitlines()]
+        rel = [ev for ev in rel if ev.get("type") == "release"]
+        assert [ev["noise"] for ev in rel] == ["distributed", "distributed"]
+        assert rel[0]["sigma"] == pytest.approx(n["sigma1"]) and rel[0]["noise_share"] == pytest.approx(n["sigma1"] / math.sqrt(3))
+    local, folder = _dp_run(tmp_path, _sites(), "blocal", aggregation="secagg")
+    for name in local.sites:
+        rel = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "blocal.jsonl").read_text().splitlines()]
+        assert [ev["noise_share"] for ev in rel if ev.get("type") == "release"] == pytest.approx([n["sigma1"], n["sigma2"]])
 
 
 # ------------------------------------------------------------------------------------ release 3: the density
