@@ -299,3 +299,15 @@ def test_a_site_refuses_a_billboard_plan_that_changes_between_releases():
     rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.01), release=1, out_shape=[3]),
                              "Y", np.zeros((3, 4))))
     assert "error" not in rep, rep  # the same plan goes on
+
+
+def test_distributed_billboard_shares_meet_the_sites_survivor_floor():
+    """The billboard's plan carries t into the SecAgg+ round: a site that assumes one colluder (dp-colluders = 1)
+    needs t + 1 = 4 survivors of a 3-site round and refuses before any share is computed — the run stops, nothing
+    noisy-but-thin is released."""
+    from securefed.errors import SecureFedError
+
+    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10), value_bound=8.0,
+                         aggregation="secagg", noise="distributed", audit_holdout=0.0, landmarks=40, n_iter=300, seed=5)
+    with pytest.raises(SecureFedError, match="nothing revealed"):  # every site refused to advertise its keys
+        run_in_process(plan, _sites(), site_options={"dp-colluders": 1})
