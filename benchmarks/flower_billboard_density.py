@@ -22,6 +22,7 @@ import numpy as np
 from securefed.data import load_dataset, partition
 from securefed.federation import run_in_process
 from securefed.flower import LocalDeployment
+from securefed.flower.launch import write_site_files
 from securefed.plan import RunPlan, to_run_config
 
 
@@ -45,9 +46,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         with LocalDeployment(os.path.join(tmp, "dep")) as dep:
             dep.start_superlink()
-            for i, S in enumerate(sites):
-                p = os.path.join(tmp, f"site{i}.npy")
-                np.save(p, S)
+            for i, p in enumerate(write_site_files(tmp, sites)):
                 dep.start_supernode(f"site{i}", p, node_config={"epsilon-budget": 10.0,
                                                                  "ledger-path": os.path.join(tmp, f"ledgers{i}")})
             t0 = time.perf_counter()

@@ -21,6 +21,7 @@ import numpy as np
 from securefed.data import load_dataset, partition
 from securefed.federation import run_in_process
 from securefed.flower import LocalDeployment
+from securefed.flower.launch import write_site_files
 from securefed.metrics import embedding_metrics
 from securefed.plan import RunPlan, to_run_config
 
@@ -43,11 +44,7 @@ def main():
     cfg = to_run_config(plan)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for i, S in enumerate(sites):
-            p = os.path.join(tmp, f"site{i}.npy")
-            np.save(p, S)
-            paths.append(p)
+        paths = write_site_files(tmp, sites)
         for rep in range(a.repeats):
             t0 = time.perf_counter()
             res = run_in_process(plan, sites)

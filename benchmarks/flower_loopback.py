@@ -29,6 +29,7 @@ from securefed.data import load_dataset
 from securefed.landmarks import fed_dl
 from securefed.securesum import CKKSAggregator, SecAggAggregator
 from securefed.flower import LocalDeployment
+from securefed.flower.launch import write_site_files
 
 
 def main():
@@ -49,11 +50,7 @@ def main():
     out = {"warm_worker": a.warm_worker == "true", "sites": [len(s) for s in sites], "features": X.shape[1], "landmarks": a.landmarks, "rounds": a.rounds,
            "local_steps": a.local_steps, "value_bound": bound, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for i, S in enumerate(sites):
-            p = os.path.join(tmp, f"site{i}.npy")
-            np.save(p, S)
-            paths.append(p)
+        paths = write_site_files(tmp, sites)
         for agg in a.aggregation:
             kw = dict(rounds=a.rounds, local_steps=a.local_steps, random_state=0)
             if a.epsilon > 0:

@@ -43,6 +43,7 @@ import numpy as np
 
 from securefed.data import load_dataset
 from securefed.flower import LocalDeployment
+from securefed.flower.launch import write_site_files
 from securefed.flower import worker as W
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -225,11 +226,7 @@ def main():
     bound = float(np.max(np.abs(X)))
     runs, inproc = [], {}
     with tempfile.TemporaryDirectory(prefix="sf-steps-") as tmp:
-        paths = []
-        for i, S in enumerate(sites):
-            p = os.path.join(tmp, f"site{i}.npy")
-            np.save(p, S)
-            paths.append(p)
+        paths = write_site_files(tmp, sites)
         for rep in range(a.repeats):
             for job in a.jobs:
                 inproc.setdefault(job, []).append(in_process(job, sites, bound))

@@ -38,15 +38,19 @@ class InMemoryExchange:
     after_reply : callable, optional
         ``after_reply(address, request, reply)`` before the coordinator sees the reply (tests use it to
         inspect or tamper).
+    before_request : callable, optional
+        ``before_request(address, request) -> request``: what the site receives instead of the coordinator's
+        request (a copy; tests use it to play a coordinator that lies to one site).
     """
 
     def __init__(self, workers: dict, *, silent_from: dict | None = None, late: dict | None = None,
-                 fresh_process: bool = False, after_reply=None):
+                 fresh_process: bool = False, after_reply=None, before_request=None):
         self.workers = dict(workers)
         self.silent_from = dict(silent_from or {})
         self.late = dict(late or {})
         self.fresh_process = fresh_process
         self.after_reply = after_reply
+        self.before_request = before_request
         self.dead: set = set()
         self.clock = 0.0
         self.ops: list = []
@@ -70,6 +74,8 @@ class InMemoryExchange:
         out = {}
         missing = False
         for a, fields in payloads.items():
+            if self.before_request is not None:
+                fields = self.before_request(a, dict(fields))
             self.ops.append(fields.get("op"))
             if a in self.dead or a not in self.workers or self.silent_from.get(a) == fields.get("op"):
                 self.dead.add(a)

@@ -26,7 +26,8 @@ import time
 from ..errors import ConfigError, ProtocolTimeoutError, bad_value
 from ..plan import _cast, plan_defaults, to_run_config
 
-__all__ = ["FLOWER_REQUIREMENT", "FLOWER_ENV", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment", "cast_config_value"]
+__all__ = ["FLOWER_REQUIREMENT", "FLOWER_ENV", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment", "cast_config_value",
+           "write_site_files"]
 
 FLOWER_REQUIREMENT = "flwr==1.41.0"
 
@@ -77,6 +78,19 @@ def write_app(directory: str, config: dict | None = None) -> str:
     with open(os.path.join(directory, "pyproject.toml"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
     return directory
+
+
+def write_site_files(folder: str, sites) -> list:
+    """One ``site{i}.npy`` per array of ``sites`` in ``folder`` (a SuperNode's ``data-path``); returns the paths."""
+    import numpy as np
+
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for i, X in enumerate(sites):
+        path = os.path.join(folder, f"site{i}.npy")
+        np.save(path, np.asarray(X))
+        paths.append(path)
+    return paths
 
 
 def free_port() -> int:

@@ -373,26 +373,21 @@ def test_site_refuses_a_request_that_disagrees_with_its_dp_plan(sites, tmp_path,
     """A coordinator that announces numbers in the DP plan other than those it uses would shrink the site's noise:
     the site checks and refuses before any release reaches its ledger."""
 
-    class Lying(InMemoryExchange):
-        def request(self, payloads, deadline):
-            out = {}
-            for a, f in payloads.items():
-                f = dict(f)
-                if "dp" in f and a == 1000:
-                    plan = json.loads(f["dp"])
-                    if lie == "size":
-                        plan["sizes"][0] *= 100
-                        f["dp"] = json.dumps(plan)
-                    elif lie == "gamma":
-                        f["gamma"] = float(f["gamma"]) * 10
-                    else:
-                        put_array(f, "Y", get_array(f, "Y")[:-1])
-                out[a] = f
-            return InMemoryExchange.request(self, out, deadline)
+    def lying(a, f):
+        if "dp" in f and a == 1000:
+            if lie == "size":
+                plan = json.loads(f["dp"])
+                plan["sizes"][0] *= 100
+                f["dp"] = json.dumps(plan)
+            elif lie == "gamma":
+                f["gamma"] = float(f["gamma"]) * 10
+            else:
+                put_array(f, "Y", get_array(f, "Y")[:-1])
+        return f
 
     workers = {1000 + i: SiteWorker({"site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
     res = _run(_plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, rounds=2, run_id="lie", noise_seed_for_testing=1),
-               sites, tmp_path, ex=Lying(workers, fresh_process=True))
+               sites, tmp_path, ex=InMemoryExchange(workers, fresh_process=True, before_request=lying))
     assert res.survivors == [1, 2]
     assert res.site_errors["s0"].startswith("ProtocolError") and "refusing" in res.site_errors["s0"]
     assert _site_ledger(tmp_path, 0, "lie").events("release") == []

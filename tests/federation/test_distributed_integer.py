@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from securefed.accounting.distributed import (DistributedDiscreteGaussian, DistributedSkellam, _DistributedInteger,
-                                              ddg_epsilon, integer_sensitivity, padded_dimension, skellam_epsilon)
+from securefed.accounting.distributed import (_DistributedInteger, ddg_epsilon, integer_sensitivity, padded_dimension,
+                                              skellam_epsilon)
 from securefed.errors import ConfigError, ProtocolError
 from securefed.federation import Coordinator, InMemoryExchange, SiteWorker, drive
 from securefed.federation.privacy import ServerPrivacy, open_server_ledger, site_integer_release
@@ -129,19 +129,14 @@ def test_released_epsilon_is_the_papers_bound_recomputed(sites, kind):
 
 
 def _lying_exchange(sites, change):
-    class Lying(InMemoryExchange):
-        def request(self, payloads, deadline):
-            out = {}
-            for a, f in payloads.items():
-                f = dict(f)
-                if "dp" in f and a == 1000:
-                    plan = json.loads(f["dp"])
-                    change(plan)
-                    f["dp"] = json.dumps(plan)
-                out[a] = f
-            return InMemoryExchange.request(self, out, deadline)
+    def lie(a, f):
+        if "dp" in f and a == 1000:
+            plan = json.loads(f["dp"])
+            change(plan)
+            f["dp"] = json.dumps(plan)
+        return f
 
-    return Lying(_workers(sites))
+    return InMemoryExchange(_workers(sites), before_request=lie)
 
 
 @pytest.mark.parametrize("lie,why", [("noise", "own calibration"), ("bits", "wrap-around"), ("granularity", "granularity"),

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("flwr", reason="flwr not installed: pip install 'securefed[flower]' (flwr==1.41.0)")
 
 from securefed.flower import LocalDeployment  # noqa: E402
+from securefed.flower.launch import write_site_files  # noqa: E402
 from securefed.landmarks import fed_dl  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,11 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _data(tmp_path):
     rng = np.random.default_rng(11)
     arrays = [rng.normal(size=(40, 3)) * 0.4 + 0.3 * i for i in range(3)]
-    paths = []
-    for i, X in enumerate(arrays):
-        p = tmp_path / f"site{i}.npy"
-        np.save(p, X)
-        paths.append(str(p))
+    paths = write_site_files(str(tmp_path), arrays)
     Y0 = rng.normal(size=(8, 3)) * 0.4
     np.save(tmp_path / "init.npy", Y0)
     return arrays, paths, Y0
