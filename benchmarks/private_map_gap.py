@@ -18,7 +18,7 @@ For each data set, partition and seed, CA-10NN of Fed-tSNE (10 sites, SecAgg+) w
 6. **yardstick, not private:** the billboard's pipeline with k-means landmarks (300, public basis) instead of the
    fit — what the fit costs.
 
-With ``--parts dp-landmarks`` (MNIST-5k style, under DP): how many landmarks, how accurate, does the billboard's
+With ``--parts dp-landmarks`` (under DP): how many landmarks, how accurate, does the billboard's
 pipeline need, and can a DP release deliver them at this n? For k landmarks:
 
 a. **yardstick, not private:** k-means centres (k of them, pooled, public basis) in the billboard's pipeline;
@@ -26,7 +26,7 @@ b. **optimistic bound of one DP k-means release:** the same centres' sums and co
    k-means, for free) released with Gaussian noise for (ε, δ = 1e-5) — sums clipped to the public feature norm,
    Δ = 2·norm, counts Δ = √2, μ split 0.8 / 0.2, the noise added **once** (as distributed noise would) and the
    pipeline's own releases at ε = 10⁶; a real DP k-means would also pay for its assignment rounds, so this is an
-   upper bound on what noisy k-means sums can give;
+   optimistic estimate (not a proof) of what noisy k-means sums can give;
 c. the billboard's random-feature fit (k landmarks) without noise, with its distance to the exact mean embedding
    (MMD in the random-feature space) beside that of the k-means centres: does matching the embedding make good
    landmarks?
