@@ -206,8 +206,8 @@ def density(args, eps_list, seeds):
                 d = est.result_.embedding["density"]
                 F = est.landmark_space_.features(X)
                 E = est.landmark_embedding_
-                alone = place_refine(F, est.landmarks_, E, est.landmark_masses_, est.landmark_map_zn_, perplexity=10.0,
-                                     interact=False)
+                alone = place_refine(F, est.landmarks_, E, est.landmark_masses_, est.landmark_map_zn_,
+                                     perplexity=float(est.placement_perplexity), interact=False)
                 exact_lm = density_counts(alone, d["lo"], d["hi"], d["grid"])
                 exact_ref = density_counts(est.embedding_, d["lo"], d["hi"], d["grid"])
                 noisy = d["counts"].ravel()

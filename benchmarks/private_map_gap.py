@@ -65,8 +65,9 @@ def _kmeans(F, k, floor, seed):
     return C, np.bincount(lab, minlength=len(C)).astype(np.float64)
 
 
-def _with_cells_yardstick(X, floor, seed):
-    """Swap the federated cells for k-means on the pooled records (same basis, same coordinator)."""
+def _cells_yardstick(X, floor, seed, sites, bound):
+    """Fed-tSNE without hold-out with the federated cells swapped for k-means on the pooled records (same basis,
+    same coordinator)."""
     import securefed.federation.landmark_stages as stages
 
     original = stages.cells
@@ -76,7 +77,11 @@ def _with_cells_yardstick(X, floor, seed):
         lm["Y"], lm["masses"] = _kmeans(lm["space"].features(X), 300, floor, seed)
         return lm
 
-    return original, cells
+    stages.cells = cells
+    try:
+        return _fed("tsne", sites, bound, seed, audit_holdout=0.0)[0]
+    finally:
+        stages.cells = original
 
 
 def _cases(args):
@@ -106,10 +111,10 @@ def _billboard_with(fit, sites, bound, tau, seed, **kw):
 
 def _noisy_centres(F, k, eps, seed, rng):
     """Optimistic one-release DP k-means (module docstring, b): pooled k-means assignment, noisy sums and counts."""
+    from sklearn.cluster import KMeans
+
     import securefed.landmarks.merf as merf
     from securefed.accounting.accountants import gdp_mu
-
-    from sklearn.cluster import KMeans
 
     lab = KMeans(k, n_init=1, random_state=seed).fit(F).labels_
     sums = np.array([F[lab == j].sum(axis=0) for j in range(k)])
@@ -167,7 +172,6 @@ def dp_landmarks(args):
 
 
 def run(args):
-    import securefed.federation.landmark_stages as stages
     import securefed.landmarks.merf as merf
     from securefed.accounting import GradientPerturbation
 
@@ -180,12 +184,7 @@ def run(args):
         est, _ = _fed("tsne", sites, bound, seed, audit_holdout=0.0)
         r["nohold"], r["cells_nohold"] = _score("tsne", est.embedding_, X, y, seed)["ca"], len(est.landmarks_)
         for key, floor in (("kmeans_floor", 15), ("kmeans_nofloor", 0)):
-            original, patched = _with_cells_yardstick(X, floor, seed)
-            stages.cells = patched
-            try:
-                est, _ = _fed("tsne", sites, bound, seed, audit_holdout=0.0)
-            finally:
-                stages.cells = original
+            est = _cells_yardstick(X, floor, seed, sites, bound)
             r[key], r[key + "_n"] = _score("tsne", est.embedding_, X, y, seed)["ca"], len(est.landmarks_)
         est, _ = _fed("tsne", sites, bound, seed, privacy=GradientPerturbation(epsilon=1e6, delta=1e-5, tau_x=tau))
         r["billboard_inf"] = _score("tsne", est.embedding_, X, y, seed)["ca"]
