@@ -338,7 +338,7 @@ def billboard(co):
 def billboard_density(co, lm: dict, emb: dict):
     """Release 3 of the DP billboard (``density_share`` > 0, coordinates kept on the sites): one noisy secure sum of
     every record's count per cell of a public grid over the landmark map (:func:`securefed.landmarks.merf.
-    density_counts`; each site adds the full σ₃ and books it first). The shared picture of all records on the map,
+    density_counts`; each site adds its noise — the full σ₃, or σ₃/√t with noise distributed — and books it first). The shared picture of all records on the map,
     computed from each record's landmark-only position (placed against the landmark map alone: a function of that
     record and the billboard). Returns
     ``{"counts": grid × grid, "lo", "hi", "grid", "sigma_per_cell"}`` (the noisy counts, not clipped)."""
@@ -362,4 +362,4 @@ def billboard_density(co, lm: dict, emb: dict):
                note="each record counted at its landmark-only position; no record's coordinate leaves its site")
     co.emit("density", grid=G)
     return {"counts": total.reshape(G, G), "lo": lo, "hi": hi, "grid": G,
-            "sigma_per_cell": sigma * math.sqrt(len(a.survivors)), "sites": len(a.survivors)}
+            "sigma_per_cell": sigma * math.sqrt(len(a.survivors) / priv.plan["t"]), "sites": len(a.survivors)}

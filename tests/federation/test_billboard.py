@@ -247,6 +247,19 @@ def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path):
     np.testing.assert_array_equal(saved["counts"], dens["counts"])
 
 
+def test_the_density_names_the_noise_its_sum_carries_with_distributed_shares(tmp_path):
+    """With noise distributed each of the 3 sites adds σ₃/√3, so the released grid carries σ₃ per cell (not √3·σ₃,
+    which the report would otherwise print under the density)."""
+    res, folder = _dp_run(tmp_path, _sites(), "bd2", aggregation="secagg", noise="distributed", coordinates="keep",
+                          density_share=0.2, density_grid=6)
+    n = billboard_noise(2.0, 1e-5, 0.2, 0.2)
+    assert res.embedding["density"]["sigma_per_cell"] == pytest.approx(n["sigma3"])
+    for name in res.sites:
+        rel = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bd2.jsonl").read_text().splitlines()]
+        dens = [ev for ev in rel if ev.get("mechanism") == "gaussian-density"]
+        assert len(dens) == 1 and dens[0]["noise_share"] == pytest.approx(n["sigma3"] / math.sqrt(3))
+
+
 @pytest.mark.parametrize("kw, names", [
     (dict(density_share=0.2, value_bound=1.0), "epsilon"),                               # no DP: cells
     (dict(density_share=0.2, epsilon=1.0, clip_norm=5.0, value_bound=1.0), "coordinates"),  # coordinates sent
