@@ -38,7 +38,8 @@ import numpy as np
 from ..errors import AuditFailedError, ConfigError, DataError, ProtocolAbortedError, ProtocolError, bad_value
 from .result import RunResult
 from .sums import secure_sum
-from .wire import dumps, get_array, loads, payload_size, put_array
+from . import messages as M
+from .wire import payload_size
 
 __all__ = ["Coordinator", "Request", "ListNodes", "Sites"]
 
@@ -306,7 +307,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ hello and re-admission
     def _hello_request(self) -> dict:
-        return {"op": "hello", "audit_holdout": float(self.plan.audit_holdout), "seed": int(self.plan.seed)}
+        return M.encode(M.Hello(audit_holdout=float(self.plan.audit_holdout), seed=int(self.plan.seed)))
 
     def _hello(self, addresses):
         plan = self.plan
@@ -411,10 +412,10 @@ class Coordinator:
 
         plan, s = self.plan, self.sites
         scores = ["nearest", "kde"]
-        task = lm["space"].put(put_array({"task": "audit", "gamma": float(lm["gamma"]), "scores": scores,
-                                          "out_shape": [len(scores) * (4 * GRID_SIZE + 4)]}, "Y", lm["Y"]))
+        task = M.Audit(space=lm["space"], Y=lm["Y"], gamma=float(lm["gamma"]), scores=scores)
         biggest = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
-        a = yield from secure_sum(self, task, "audit", biggest, weights="uniform")
+        a = yield from secure_sum(self, task, "audit", biggest, weights="uniform",
+                                  out_shape=[len(scores) * (4 * GRID_SIZE + 4)])
         delta = self.privacy.plan["delta"] if self.privacy is not None else 0.0
         mia = mia_from_counts(a.total, scores, n_sites=len(a.survivors), aggregation=a.protocol, delta=delta)
         claimed = float(self.privacy.ledger.spent()[0]) if self.privacy is not None else None
@@ -465,13 +466,17 @@ class Coordinator:
                      note=leak)
         return emb
 
-    def _ask_live(self, req: dict):
-        """Send ``req`` to every live site (generator); returns ``(replies, missing)``."""
+    def _ask_live(self, req):
+        """Send the typed request ``req`` to every live site, each with its own index (generator); returns
+        ``(replies, missing)``."""
+        import dataclasses
+
         s = self.sites
         live = sorted(s.live)
-        base = dict(req, seed=self.plan.seed, audit_holdout=float(self.plan.audit_holdout))
+        base = dataclasses.replace(req, seed=int(self.plan.seed), audit_holdout=float(self.plan.audit_holdout))
         before = dict(self.bytes_from)
-        replies = yield from self.ask({i: dict(base, site=i) for i in live}, self.plan.request_timeout)
+        replies = yield from self.ask({i: M.encode(dataclasses.replace(base, site=i)) for i in live},
+                                      self.plan.request_timeout)
         missing = {s.names[i]: s.silent.get(i, "no reply") for i in live if i not in replies}
         for i in live:
             if i not in replies:
@@ -495,8 +500,7 @@ class Coordinator:
         else:  # the cells count the landmarks' members only; the map holds every record (the hold-out too)
             c = lm["masses"] = np.asarray(lm["masses"], dtype=np.float64) * (N / float(np.sum(lm["masses"])))
         seed = int(lm["rng"].integers(0, 2**31 - 1))
-        req = space.put(put_array(put_array({"op": "place", "method": plan.method, "keep": plan.coordinates == "keep"},
-                                            "Y", Y), "masses", c))
+        req = {"method": plan.method, "keep": plan.coordinates == "keep", "Y": Y, "masses": c, "space": space}
         out = {"method": plan.method, "nystrom": "local", "model_seed": seed, "reconstruction": "local",
                "landmark_masses": c}
         if plan.method == "spectral":
@@ -512,18 +516,18 @@ class Coordinator:
             else:
                 E = np.asarray(umap_landmark_model(Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,
                                                    n_components=plan.n_components, seed=seed).embedding_, dtype=np.float64)
-            put_array(req, "landmark_embedding", E)
+            req["landmark_embedding"] = E
             out.update(landmark_embedding=E, sent_kind=f"final {plan.n_components}-D coordinates, one per record",
                        key="coordinates")
         self.emit("embedding", landmarks=len(Y), method=plan.method)
-        replies, missing = yield from self._ask_live(req)
+        replies, missing = yield from self._ask_live(M.Place(**req))
         key = out.pop("key")
         if plan.coordinates == "keep":
             out["kept_on_sites"] = {s.names[i]: int(r["kept"]) for i, r in sorted(replies.items())}
         elif key == "labels":
             out["labels"] = {s.names[i]: np.asarray(r["labels"], dtype=np.int64) for i, r in sorted(replies.items())}
         else:
-            out["coordinates"] = {s.names[i]: get_array(r, "embedding") for i, r in sorted(replies.items())}
+            out["coordinates"] = {s.names[i]: M.decode_reply(M.PlaceReply, r).embedding for i, r in sorted(replies.items())}
         out.update(missing=missing, bytes_from_site=self._stage_bytes)
         return out
 
@@ -536,22 +540,24 @@ class Coordinator:
         plan, s = self.plan, self.sites
         spectral = plan.method == "spectral"
         g = (plan.kernel_gamma if plan.kernel_gamma is not None else float(gamma)) if spectral else float(gamma)
-        req = put_array({"op": "rows", "kind": "kernel" if spectral else "distance", "gamma": g}, "Y", Y)
+        rows_dp = None
         if plan.rows_epsilon is not None:
-            req["rows_dp"] = dumps({"run_id": self.run_id, "epsilon": float(plan.rows_epsilon), "delta": float(plan.delta),
-                                    "accountant": plan.accountant, "tau_x": float(plan.clip_norm),
-                                    "noise_seed": plan.noise_seed_for_testing})
+            rows_dp = {"run_id": self.run_id, "epsilon": float(plan.rows_epsilon), "delta": float(plan.delta),
+                       "accountant": plan.accountant, "tau_x": float(plan.clip_norm),
+                       "noise_seed": plan.noise_seed_for_testing}
+        req = M.Rows(kind="kernel" if spectral else "distance", Y=Y, gamma=g, rows_dp=rows_dp)
         replies, missing = yield from self._ask_live(req)
         if not replies:
             raise ProtocolAbortedError(f"rows stage: no site sent its rows ({missing})")
         order = sorted(replies)
-        blocks = [get_array(replies[i], "rows") for i in order]
+        typed = {i: M.decode_reply(M.RowsReply, replies[i]) for i in order}
+        blocks = [typed[i].rows for i in order]
         rows_privacy = None
         if plan.rows_epsilon is not None:
             for i in order:
                 if self.privacy is not None:
-                    mirror_release(self.privacy.ledger, i, loads(replies[i]["rows_dp_event"], "rows ledger event"))
-            rows_privacy = loads(replies[order[0]]["rows_dp_report"], "rows DP report")
+                    mirror_release(self.privacy.ledger, i, typed[i].rows_dp_event)
+            rows_privacy = dict(typed[order[0]].rows_dp_report)
             rows_privacy["sites"] = len(order)
             rows_privacy.pop("epsilon_total_with_ledger", None)
         B = np.vstack(blocks)

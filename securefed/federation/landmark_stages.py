@@ -15,6 +15,7 @@ result. Every sum goes through :func:`securefed.federation.sums.secure_sum`.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError, ProtocolAbortedError, bad_value
 from .space import LandmarkSpace
 from .sums import secure_sum
-from .wire import dumps, put_array
+from . import messages as M
 
 __all__ = ["feddl", "cells", "billboard", "billboard_density", "MIN_CELLS"]
 
@@ -55,8 +56,8 @@ def feddl(co):
     stats = {}
     if want:
         length = (1 if "gamma" in want else 0) + (2 * m if "moments" in want else 0)
-        task = {"task": "stats", "want": want, "scale": 1.0 if B is None else float(B), "out_shape": [length]}
-        a = yield from secure_sum(co, task, "statistics", B, weights="records")
+        task = M.Stats(want=want, scale=1.0 if B is None else float(B))
+        a = yield from secure_sum(co, task, "statistics", B, weights="records", out_shape=[length])
         tot = a.total / a.weight_sum
         if "gamma" in want:
             gamma = median_gamma([tot[0] * 4.0 * m * (1.0 if B is None else B)])
@@ -130,22 +131,23 @@ def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
     integer = co.privacy.integer if co.privacy is not None else None  # ddg / skellam: integers mod 2^k
     steps = [plan.local_steps - 1] if plan.rule == "model" else list(range(plan.local_steps))
     for t in steps:
-        task = put_array({"task": plan.rule, "gamma": gamma}, "Y", Y)
+        kw = {"Y": Y, "gamma": gamma}
         if plan.rule == "model":
-            task.update(lr=lr, local_steps=plan.local_steps)
+            kw.update(lr=lr, local_steps=plan.local_steps)
         with_mmd = monitor and t == steps[0]
         if with_mmd:
-            task.update(monitor=True, clip=clip)
-        task["out_shape"] = [Y.size + 1] if with_mmd else list(Y.shape)
+            kw.update(monitor=True, clip=clip)
+        out_shape = [Y.size + 1] if with_mmd else list(Y.shape)
         if integer is not None:
-            task["out_shape"] = [integer.padded_dim]  # the rotated, padded encoding (plan: no monitor)
+            out_shape = [integer.padded_dim]  # the rotated, padded encoding (plan: no monitor)
         tap = None
         if co.privacy is not None:
-            task.update(_dp_fields(co, rnd, t))
+            kw.update(_dp_fields(co, rnd, t))
             released_steps = range(plan.local_steps) if plan.rule == "model" else [t]
             tap = _mirror(co, rnd, released_steps)
+        task = (M.Model if plan.rule == "model" else M.Gradient)(**kw)
         label = f"round {rnd + 1}" + (f" step {t + 1}" if plan.rule == "gradient" else "")
-        a = yield from secure_sum(co, task, label, clip, tap=tap,
+        a = yield from secure_sum(co, task, label, clip, tap=tap, out_shape=out_shape,
                                   integer_bits=None if integer is None else co.privacy.secagg_bits)
         if integer is not None:
             a = co.privacy.decode(a, rnd, t, Y.shape)  # un-rotate, centre mod 2^bits, × granularity (KLS / AKL)
@@ -164,7 +166,7 @@ def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
 def _dp_fields(co, rnd: int, step: int) -> dict:
     settle = co.privacy.unsettled
     co.privacy.unsettled = []
-    return {"dp": co.privacy.wire_plan(), "dp_settle": dumps(settle), "round": rnd, "step": step}
+    return {"dp": json.loads(co.privacy.wire_plan()), "dp_settle": list(settle), "round": rnd, "step": step}
 
 def _mirror(co, rnd: int, steps):
     def hook(site: int, fields: dict) -> None:
@@ -190,17 +192,16 @@ def _spread(Y: np.ndarray) -> float:
 # ------------------------------------------------------------------------------------------------ cells
 
 
-def _scaled_sum(co, task: dict, label: str, parts, weights: str = "uniform", tap=None):
+def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform", tap=None):
     """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
     ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
     (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
     range of SecAgg+ / CKKS is used well; returns the unscaled total and the AggregateResult (generator)."""
-    n = int(np.prod(task["out_shape"]))
+    n = int(np.prod(out_shape))
     parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
-    a = yield from secure_sum(co, dict(task, scale_lengths=[k for k, _ in parts], scale_bounds=[b for _, b in parts]),
-                              label, 1.0, weights=weights, tap=tap)
+    a = yield from secure_sum(co, task, label, 1.0, weights=weights, tap=tap, out_shape=out_shape, scales=parts)
     return a.total * np.concatenate([np.full(k, b) for k, b in parts]), a
 
 
@@ -217,8 +218,7 @@ def cells(co):
     m, N = s.n_features, float(sum(s.sizes))
     B = plan.sum_bound or 1.0  # public scale of the features for the secure sum (any positive number works in plain)
     n_max = float(max(s.sizes))
-    total, _ = yield from _scaled_sum(co, {"task": "moments", "scale": B, "out_shape": [1 + m + m * m]}, "basis",
-                                      n_max)  # [n_p, Σx/B, Σxxᵀ/B²]: every coordinate within ±n_p
+    total, _ = yield from _scaled_sum(co, M.Moments(scale=B), "basis", n_max, [1 + m + m * m])  # [n_p, Σx/B, Σxxᵀ/B²]: every coordinate within ±n_p
     mu, V, trace, sd = pca_basis(total, m, min(plan.basis_dim, m), standardize=plan.standardize)
     # the sum was of x / B: μ and σ scale by B; standardised features do not depend on B, the variance does
     space = LandmarkSpace("pca", mu * B, V / B if plan.standardize else V)
@@ -237,16 +237,15 @@ def cells(co):
     rounds, growing, polish, k_before = 0, True, CELL_POLISH_ROUNDS, 0.5
     while True:
         rounds += 1
-        counts, _ = yield from _scaled_sum(co, space.put(put_array({"task": "cell-counts", "out_shape": [len(Y)]},
-                                                                   "Y", Y)), f"cells {rounds}: counts", n_max)
+        counts, _ = yield from _scaled_sum(co, M.CellCounts(space=space, Y=Y), f"cells {rounds}: counts", n_max,
+                                           [len(Y)])
         Y = prune(Y, counts, floor)
         k = len(Y)
         r = r_feat or 1.0  # without a public value bound (plain aggregation) the scaling is only cosmetic
         moments = growing or (polish == 0 and plan.cell_axes > 0)  # growing: the splits; last pass: the axis points
         parts = [(k * d, n_max * r), (k, n_max)] + ([(k * d * d, n_max * r * r)] if moments else [])
-        task = space.put(put_array({"task": "cell-sums", "second_moments": moments,
-                                    "out_shape": [sum(p for p, _ in parts)]}, "Y", Y))
-        tot, _ = yield from _scaled_sum(co, task, f"cells {rounds}: sums", parts)
+        task = M.CellSums(space=space, Y=Y, second_moments=moments)
+        tot, _ = yield from _scaled_sum(co, task, f"cells {rounds}: sums", parts, [sum(p for p, _ in parts)])
         Y, c, cov = cell_update(tot, k, d, second_moments=moments)
         co.emit("cells", round=rounds, cells=k)
         if growing:
@@ -304,17 +303,16 @@ def billboard(co):
     n_max = float(max(s.sizes))
     share1, share2 = noise["sigma1"], noise["sigma2"]  # every site adds the full σ (noise local)
     W = rff_frequencies(d, DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES)
-    task = space.put({"task": "rff", "n_freq": DEFAULT_FREQUENCIES, "lengthscales": list(DEFAULT_LENGTHSCALES),
-                      "billboard": priv.wire_plan(), "release": 0, "out_shape": [2 * DEFAULT_FREQUENCIES]})
+    task = M.Rff(space=space, n_freq=DEFAULT_FREQUENCIES, lengthscales=list(DEFAULT_LENGTHSCALES),
+                 billboard=json.loads(priv.wire_plan()), release=0)
     bound = n_max / math.sqrt(DEFAULT_FREQUENCIES) + 12.0 * share1  # |noise share| > 12σ: probability < 1e-32
-    total, a = yield from _scaled_sum(co, task, "billboard: random-feature sums", bound,
+    total, a = yield from _scaled_sum(co, task, "billboard: random-feature sums", bound, [2 * DEFAULT_FREQUENCIES],
                                       tap=lambda i, reply: priv.mirror(i, reply, 0))
     priv.check_reported(0, a.survivors)
     rng = np.random.default_rng([plan.seed, 0xB1B])
     Y = fit_to_embedding(total / N, W, plan.landmarks, rng)
-    task = space.put(put_array({"task": "billboard-counts", "billboard": priv.wire_plan(), "release": 1,
-                                "out_shape": [len(Y)]}, "Y", Y))
-    counts, a = yield from _scaled_sum(co, task, "billboard: landmark counts", n_max + 12.0 * share2,
+    task = M.BillboardCounts(space=space, billboard=json.loads(priv.wire_plan()), release=1, Y=Y)
+    counts, a = yield from _scaled_sum(co, task, "billboard: landmark counts", n_max + 12.0 * share2, [len(Y)],
                                        tap=lambda i, reply: priv.mirror(i, reply, 1))
     priv.check_reported(1, a.survivors)
     c = np.maximum(counts, 1.0)
@@ -348,12 +346,10 @@ def billboard_density(co, lm: dict, emb: dict):
     E, G = np.asarray(emb["landmark_embedding"], dtype=np.float64), int(plan.density_grid)
     sigma = float(priv.noise["sigma3"])
     n_max = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
-    task = {"task": "billboard-density", "billboard": priv.wire_plan(), "release": 2, "out_shape": [G * G],
-            "Zn": float(emb["Zn"]), "perplexity": float(plan.placement_perplexity)}
-    for key, value in (("Y", lm["Y"]), ("landmark_embedding", E), ("masses", emb["landmark_masses"])):
-        put_array(task, key, value)
-    task = lm["space"].put(task)
-    total, a = yield from _scaled_sum(co, task, "billboard: density on the map", n_max + 12.0 * sigma,
+    task = M.BillboardDensity(space=lm["space"], billboard=json.loads(priv.wire_plan()), release=2, Y=lm["Y"],
+                              landmark_embedding=E, masses=np.asarray(emb["landmark_masses"], dtype=np.float64),
+                              Zn=float(emb["Zn"]), perplexity=float(plan.placement_perplexity))
+    total, a = yield from _scaled_sum(co, task, "billboard: density on the map", n_max + 12.0 * sigma, [G * G],
                                       tap=lambda i, reply: priv.mirror(i, reply, 2))
     priv.check_reported(2, a.survivors)
     lo, hi = density_box(E)

@@ -40,12 +40,11 @@ import numpy as np
 
 from ..errors import ConfigError, DecodeError, ProtocolError, SecureFedError, bad_value
 from ..securesum import crypto
-from .wire import dumps, get_array, loads, put_array
+from . import messages as M
 
 __all__ = ["SiteWorker", "TASKS", "compute_upload", "monitor_scale"]
 
-TASKS = ("stats", "model", "gradient", "audit", "mmd", "moments", "cell-counts", "cell-sums", "rff",
-         "billboard-counts", "billboard-density")
+TASKS = tuple(M.TASKS)
 
 
 def _truthy(v) -> bool:
@@ -57,42 +56,44 @@ def monitor_scale(clip: float | None) -> float:
     return 1.0 if clip is None else float(clip) / 2.0
 
 
-def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: float | None = None) -> np.ndarray:
-    """The non-private upload ``task`` asks for, from the site's FedDL members ``X`` (one vector).
+def compute_upload(task, X: np.ndarray, rng: np.random.Generator, kxx: float | None = None) -> np.ndarray:
+    """The non-private upload a task asks for, from the site's FedDL members ``X`` (one vector).
 
-    * ``stats``: ``[median_p(‖x−x'‖²)/(4mB), mean_p(x), mean_p(x²)/B]`` (the parts asked in ``want``) — the
+    ``task`` is one of :data:`securefed.federation.messages.TASKS` (or the flat dict of one):
+
+    * ``Stats``: ``[median_p(‖x−x'‖²)/(4mB), mean_p(x), mean_p(x²)/B]`` (the parts asked in ``want``) — the
       median heuristic's statistic and the feature moments, one secure sum (``B`` = ``scale``);
-    * ``model``: ``Y_p`` after ``Q`` local steps from the broadcast ``Y`` (Qiao et al. Algorithm 1 lines 5–10);
-    * ``gradient``: ``∇f_p(Y)`` (Eq. 13);
-    * ``mmd``: ``[MMD(X_p, Y)]`` (Eq. 10);
-    * ``moments``: ``[n_p, Σx/B, Σxxᵀ/B²]`` (the PCA basis of the cell landmarks);
-    * ``cell-counts`` / ``cell-sums``: the count pass and the sum pass of :mod:`securefed.landmarks.cells`, in the
+    * ``Model``: ``Y_p`` after ``Q`` local steps from the broadcast ``Y`` (Qiao et al. Algorithm 1 lines 5–10);
+    * ``Gradient``: ``∇f_p(Y)`` (Eq. 13);
+    * ``Mmd``: ``[MMD(X_p, Y)]`` (Eq. 10);
+    * ``Moments``: ``[n_p, Σx/B, Σxxᵀ/B²]`` (the PCA basis of the cell landmarks);
+    * ``CellCounts`` / ``CellSums``: the count pass and the sum pass of :mod:`securefed.landmarks.cells`, in the
       broadcast landmark space;
 
     and, with ``monitor``, ``MMD(X_p, Y)`` (of the broadcast Y) appended, scaled by :func:`monitor_scale`.
     """
     from ..kernels import local_median_sq_dist
     from ..landmarks.feddl import client_update, mmd, mmd_grad
+    from . import messages as M
 
-    kind = task.get("task")
-    if kind == "moments":
+    task = as_task(task)
+    if isinstance(task, M.Moments):
         from ..landmarks.cells import site_moments
 
-        return site_moments(np.asarray(X) / float(task["scale"]))
-    if kind in ("cell-counts", "cell-sums"):
+        return site_moments(np.asarray(X) / float(task.scale))
+    if isinstance(task, (M.CellCounts, M.CellSums)):
         from ..landmarks.cells import cell_counts, cell_sums
-        from .space import LandmarkSpace
 
-        F = LandmarkSpace.get(task).features(X)
-        Y = get_array(task, "Y")
+        F = task.space.features(X)
+        Y = task.Y
         if Y.ndim != 2 or Y.shape[1] != F.shape[1]:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"the landmark space has {F.shape[1]} dimensions"))
-        return cell_counts(F, Y) if kind == "cell-counts" else cell_sums(F, Y, bool(task.get("second_moments")))
-    if kind == "stats":
-        B = float(task["scale"])
+        return cell_counts(F, Y) if isinstance(task, M.CellCounts) else cell_sums(F, Y, task.second_moments)
+    if isinstance(task, M.Stats):
+        B = float(task.scale)
         m = X.shape[1]
         parts = []
-        for want in task["want"]:
+        for want in task.want:
             if want == "gamma":
                 parts.append(np.array([local_median_sq_dist(X, random_state=rng) / (4.0 * m * B)]))
             elif want == "moments":
@@ -100,21 +101,35 @@ def compute_upload(task: dict, X: np.ndarray, rng: np.random.Generator, kxx: flo
             else:
                 raise ProtocolError(f"unknown statistic {want!r}")
         return np.concatenate(parts)
-    Y = get_array(task, "Y")
+    if not isinstance(task, (M.Model, M.Gradient, M.Mmd)):
+        raise ProtocolError(f"task {task.NAME!r} is not a non-private upload of this site")
+    Y = task.Y
     if Y.ndim != 2 or Y.shape[1] != X.shape[1]:
         raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
-    gamma = float(task.get("gamma", 1.0))
-    if kind == "model":
-        u = client_update(X, Y, gamma, float(task["lr"]), int(task["local_steps"]))
-    elif kind == "gradient":
+    gamma = float(task.gamma)
+    if isinstance(task, M.Model):
+        u = client_update(X, Y, gamma, float(task.lr), int(task.local_steps))
+    elif isinstance(task, M.Gradient):
         u = mmd_grad(X, Y, gamma)
-    elif kind == "mmd":
-        u = np.array([mmd(X, Y, gamma, kxx_term=kxx)])
     else:
-        raise ProtocolError(f"unknown task {kind!r}; expected one of {TASKS}")
-    if task.get("monitor"):
-        u = np.append(np.ravel(u), mmd(X, Y, gamma, kxx_term=kxx) * monitor_scale(task.get("clip")))
+        return np.array([mmd(X, Y, gamma, kxx_term=kxx)])
+    if task.monitor:
+        u = np.append(np.ravel(u), mmd(X, Y, gamma, kxx_term=kxx) * monitor_scale(task.clip))
     return u
+
+
+def as_task(task):
+    """A typed task (:data:`securefed.federation.messages.TASKS`) from a task or the flat dict of one."""
+    from . import messages as M
+
+    if isinstance(task, M.Task):
+        return task
+    if not isinstance(task, dict):
+        raise DecodeError(f"a task must be a task message or a dict, not {type(task).__name__}")
+    cls = M.TASKS.get(task.get("task"))
+    if cls is None:
+        raise ProtocolError(f"unknown task {task.get('task')!r}; expected one of {TASKS}")
+    return M._decode_fields(cls, task, set(), what=f"{cls.NAME} task")
 
 
 class SiteWorker:
@@ -172,8 +187,9 @@ class SiteWorker:
             self._live[key] = (X[np.sort(perm[n_out:])], X[np.sort(perm[:n_out])])
         return self._live[key]
 
-    def members(self, fields: dict) -> np.ndarray:
-        return self.split(float(fields.get("audit_holdout", 0.0) or 0.0), int(fields.get("seed", 0)))[0]
+    def members(self, req) -> np.ndarray:
+        """The FedDL members of a request (``req``: any request with ``audit_holdout`` and ``seed``)."""
+        return self.split(float(req.audit_holdout or 0.0), int(req.seed))[0]
 
     # ------------------------------------------------------------------------------ state
     def fingerprint(self) -> str:
@@ -223,55 +239,49 @@ class SiteWorker:
         return self._live[key]
 
     # ------------------------------------------------------------------------------ uploads
-    def weight(self, fields: dict) -> float:
+    def weight(self, req: M.SumRequest) -> float:
         """This site's weight in a sum, by the rule in the request — never a number the server chose."""
-        rule = fields.get("weights", "records")
-        if rule == "records":
-            return float(len(self.members(fields)))
-        if rule in ("uniform", "count"):
-            return 1.0
-        raise ProtocolError(f"unknown weight rule {rule!r}; expected 'records' or 'uniform'")
+        return float(len(self.members(req))) if req.weights == "records" else 1.0
 
-    def upload(self, fields: dict, op: str) -> tuple[np.ndarray, dict]:
+    def upload(self, req: M.SumRequest) -> tuple[np.ndarray, dict]:
         """The vector this site contributes to a sum, plus reply extras (its DP ledger events)."""
-        members, holdout = self.split(float(fields.get("audit_holdout", 0.0) or 0.0), int(fields.get("seed", 0)))
-        g = self.rng(int(fields.get("seed", 0)), int(fields["site"]))
+        members, holdout = self.split(float(req.audit_holdout or 0.0), int(req.seed))
+        g = self.rng(int(req.seed), int(req.site))
+        task = req.task
         try:
-            if fields.get("task") == "audit":
+            if isinstance(task, M.Audit):
                 from ..audits.mia import site_roc_counts
 
                 if holdout is None:
                     raise ConfigError(bad_value("audit-holdout", 0, "the audit needs held-out records; set audit-holdout > 0"))
-                from .space import LandmarkSpace
-
-                space = LandmarkSpace.get(fields)
-                u = site_roc_counts(space.features(members), space.features(holdout), get_array(fields, "Y"),
-                                    float(fields["gamma"]), scores=tuple(fields.get("scores", ["nearest", "kde"])), rng=g)
+                u = site_roc_counts(task.space.features(members), task.space.features(holdout), task.Y,
+                                    float(task.gamma), scores=tuple(task.scores), rng=g)
                 return u, {}
-            if "dp" in fields:
-                return self._dp_upload(fields, members, g, op)
-            if "billboard" in fields:
-                return self._billboard_upload(fields, members, g, op)
-            self._refuse_without_dp(f"a non-private {fields.get('task')!r} upload")
-            kxx = self._kxx(members, float(fields["gamma"])) if (fields.get("monitor") or fields.get("task") == "mmd") else None
-            return _scale_parts(compute_upload(fields, members, g, kxx), fields), {}
+            if isinstance(task, (M.Model, M.Gradient)) and task.dp is not None:
+                return self._dp_upload(req, members, g)
+            if isinstance(task, (M.Rff, M.BillboardCounts, M.BillboardDensity)):
+                return self._billboard_upload(req, members)
+            self._refuse_without_dp(f"a non-private {task.NAME!r} upload")
+            kxx = self._kxx(members, float(task.gamma)) if (isinstance(task, M.Mmd) or getattr(task, "monitor", False)) \
+                else None
+            return _scale_parts(compute_upload(task, members, g, kxx), req), {}
         finally:
             self.save_rng(g)
 
-    def _billboard_upload(self, fields: dict, X: np.ndarray, g, op: str) -> tuple[np.ndarray, dict]:
+    def _billboard_upload(self, req: M.SumRequest, X: np.ndarray) -> tuple[np.ndarray, dict]:
         """One of the DP billboard's releases (:mod:`securefed.landmarks.merf`): the site's own calibration
         and noise, its own ledger written before the reply leaves. ``X``: the landmarks' members; the density
         (release 3) counts every record of the site, the hold-out too."""
         from .privacy import site_billboard_release
-        from .space import LandmarkSpace
 
-        if str(fields.get("release")) == "2":
+        task = req.task
+        if task.release == 2:
             X = self.records()
-        F = LandmarkSpace.get(fields).features(X)
-        u, events = site_billboard_release(fields, F, self.options, int(fields["site"]), self._dp_cache(),
-                                           len(X), op)
+        F = task.space.features(X)
+        u, events = site_billboard_release(M.encode_task(task), F, self.options, int(req.site), self._dp_cache(),
+                                           len(X), req.op)
         self._save_dp_cache()
-        return _scale_parts(u, fields), {"dp_events": events}
+        return _scale_parts(u, req), {"dp_events": events}
 
     def _refuse_without_dp(self, what: str) -> None:
         """A site whose operator set ``require-dp = true`` releases nothing about its records without DP."""
@@ -279,43 +289,41 @@ class SiteWorker:
             raise ConfigError(bad_value("differential privacy", "off", f"this site requires DP (site option require-dp) "
                                         f"and refuses {what}; run with epsilon and clip-norm (and rows-epsilon for rows)"))
 
-    def _dp_upload(self, fields: dict, X: np.ndarray, g, op: str) -> tuple[np.ndarray, dict]:
+    def _dp_upload(self, req: M.SumRequest, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
         """A differentially private upload: the site's own mechanism, clipped records, noise, ledger first."""
         from ..accounting import clip_records
         from ..landmarks.feddl import client_update, mmd_grad
         from .privacy import release_events, site_mechanism, site_settle
 
-        plan = loads(fields["dp"], "DP plan")
-        site = int(fields["site"])
-        if plan["noise"] == "distributed" and op == "plain":
+        task = req.task
+        plan = task.dp
+        site = int(req.site)
+        if plan["noise"] == "distributed" and req.op == "plain":
             raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the noise (distributed): "
                                         "it sends that upload only into a secure sum (secagg / ckks)"))
-        kind = fields.get("task")
-        if kind not in ("model", "gradient"):
-            raise ProtocolError(f"under differential privacy this site releases only noisy landmark updates, not {kind!r}")
         gp = site_mechanism(plan, self.options, site, self._dp_cache())
         self._save_dp_cache()
         if plan.get("distributed_mechanism"):
-            return self._integer_upload(fields, plan, gp, X, g, op)
-        site_settle(gp, site, loads(fields.get("dp_settle") or "[]", "settlements"))
+            return self._integer_upload(req, plan, gp, X, g)
+        site_settle(gp, site, task.dp_settle or [])
         Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site (a count of its records)
-        Y = get_array(fields, "Y")
+        Y = task.Y
         if Y.shape[1] != X.shape[1]:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
-        _check_request_against_plan(fields, plan, gp, site, len(X), Y, kind)
-        rnd = int(fields["round"])
-        if kind == "model":
-            u = client_update(Xc, Y, gp.gamma, float(fields["lr"]), gp.local_steps, privacy=gp, site=site, round=rnd, rng=g)
+        _check_request_against_plan(task, plan, gp, site, len(X), Y)
+        rnd = int(task.round)
+        if isinstance(task, M.Model):
+            u = client_update(Xc, Y, gp.gamma, float(task.lr), gp.local_steps, privacy=gp, site=site, round=rnd, rng=g)
             steps = range(gp.local_steps)
         else:
-            t = int(fields["step"])
+            t = int(task.step)
             Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
             u = gp.perturb(mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, round=rnd, step=t)
             steps = [t]
         # the ledger events are on disk (fsync'd) before this returns, i.e. before the reply leaves
         return u, {"dp_events": release_events(gp, site, rnd, steps)}
 
-    def _integer_upload(self, fields: dict, plan: dict, gp, X: np.ndarray, g, op: str) -> tuple[np.ndarray, dict]:
+    def _integer_upload(self, req: M.SumRequest, plan: dict, gp, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
         """The distributed discrete Gaussian / Skellam release of one FedDL gradient step: the site's own mechanism
         (checked against the coordinator's claims), its weighted gradient encoded to integers mod ``2^bits`` with its
         own integer noise, the ledger written first (:func:`~.privacy.site_integer_release`)."""
@@ -324,20 +332,21 @@ class SiteWorker:
         from ..securesum.secagg import decode_spec
         from .privacy import INTEGER_MECHANISMS, release_events, site_integer_mechanism, site_integer_release
 
-        site = int(fields["site"])
+        task = req.task
+        site = int(req.site)
         if plan["distributed_mechanism"] not in INTEGER_MECHANISMS or plan["noise"] != "distributed":
             raise ProtocolError(f"unknown distributed mechanism {plan['distributed_mechanism']!r} in the DP plan")
-        if op != "secagg-start":
-            raise ConfigError(bad_value("aggregation", op.split("-")[0], f"this site's {plan['distributed_mechanism']} "
+        if req.op != "secagg-start":
+            raise ConfigError(bad_value("aggregation", req.op.split("-")[0], f"this site's {plan['distributed_mechanism']} "
                                         "upload is a vector of integers mod 2^k: it goes only into a SecAgg+ sum (secagg)"))
         Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site
-        Y = get_array(fields, "Y")
+        Y = task.Y
         if Y.shape[1] != X.shape[1]:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
-        _check_request_against_plan(fields, plan, gp, site, len(X), Y, fields.get("task"))
+        _check_request_against_plan(task, plan, gp, site, len(X), Y)
         mech = site_integer_mechanism(plan, gp, site, X.shape[1])
-        spec = decode_spec(fields["spec"])
-        rnd, t = int(fields["round"]), int(fields["step"])
+        spec = decode_spec(req.spec)
+        rnd, t = int(task.round), int(task.step or 0)
         Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
         words = site_integer_release(gp, mech, plan, mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, rnd=rnd,
                                      step=t, spec=spec)
@@ -345,69 +354,81 @@ class SiteWorker:
 
     # ------------------------------------------------------------------------------ dispatch
     def handle(self, fields: dict) -> dict:
-        """Answer one request; a securefed error comes back as ``{"error": ...}`` (the machine aborted)."""
-        op = fields.get("op")
+        """Answer one request (a flat dict, :mod:`.messages`); a securefed error comes back as ``{"error": ...}``."""
+        op = fields.get("op") if isinstance(fields, dict) else None
         try:
-            handler = {"hello": self._hello, "plain": self._plain, "secagg-start": self._secagg_start,
-                       "secagg": self._secagg, "ckks-start": self._ckks, "ckks-msgs": self._ckks, "ckks-end": self._ckks,
-                       "rows": self._rows, "place": self._place}.get(op)
-            if handler is None:
-                raise ProtocolError(f"unknown operation {op!r}")
-            return handler(fields)
+            if op in M.SumRequest.OPS and isinstance(fields, dict):
+                from .sums import refuse_server_weight
+
+                refuse_server_weight(fields)  # named before the strict decoder refuses the unknown field
+            req = M.decode_request(fields)
+            handler = {M.Hello: self._hello, M.SumRequest: self._sum, M.ProtocolMessages: self._protocol,
+                       M.CkksEnd: self._ckks_end, M.Rows: self._rows, M.Place: self._place}[type(req)]
+            return handler(req)
         except SecureFedError as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         except (KeyError, TypeError, ValueError) as exc:  # a malformed request is the sender's fault: refuse it
             return {"error": f"DecodeError: malformed {op!r} request: {type(exc).__name__}: {exc}"}
 
-    def _hello(self, fields: dict) -> dict:
+    def _hello(self, req: M.Hello) -> dict:
         X = self.records()
-        members, holdout = self.split(float(fields.get("audit_holdout", 0.0) or 0.0), int(fields.get("seed", 0)))
-        return {"site_name": self.name, "n_records": int(len(members)),
-                "n_holdout": 0 if holdout is None else int(len(holdout)), "n_features": int(X.shape[1]),
-                "identity": crypto.ed25519_public_bytes(self.identity())}
+        members, holdout = self.split(float(req.audit_holdout or 0.0), int(req.seed))
+        return M.encode(M.HelloReply(self.name, int(len(members)), 0 if holdout is None else int(len(holdout)),
+                                     int(X.shape[1]), crypto.ed25519_public_bytes(self.identity())))
 
-    def _plain(self, fields: dict) -> dict:
+    def _sum(self, req: M.SumRequest) -> dict:
+        if req.op == "plain":
+            return self._plain(req)
+        if req.op == "secagg-start":
+            return self._secagg_start(req)
+        return self._ckks(req)
+
+    def _plain(self, req: M.SumRequest) -> dict:
         if not _truthy(self.options.get("allow-plain", False)):
             raise ConfigError(bad_value("aggregation", "plain", "this site sends its uploads only into a secure sum "
                                         "(secagg or ckks): with plain aggregation the coordinator would see each one. "
                                         "Its operator can allow it with the site option allow-plain=true"))
-        u, extra = self.upload(fields, "plain")
-        return {**put_array({}, "update", u), "weight": self.weight(fields), **extra}
+        u, extra = self.upload(req)
+        return M.encode(M.UploadReply(u, self.weight(req), extra.get("dp_events")))
 
-    def _secagg_start(self, fields: dict) -> dict:
+    def _secagg_start(self, req: M.SumRequest) -> dict:
         """Check the announced SecAgg+ round against this site's floors (:mod:`securefed.securesum.threat`) —
         before anything is computed — then compute the upload with the site's own weight and start the client."""
         from ..securesum.secagg import decode_spec
         from ..securesum.secagg_client import SecAggClient
         from ..securesum.secagg_codec import dump_client
         from ..securesum.threat import check_secagg_spec, int_option
-        from .sums import dp_min_survivors, refuse_server_weight, request_dp_plan
+        from .sums import dp_min_survivors, request_dp_plan
 
-        refuse_server_weight(fields)
-        spec = decode_spec(fields["spec"])
-        site = int(fields["site"])
-        weight = self.weight(fields)
-        dp = request_dp_plan(fields) or {}
-        dp = loads(dp, "DP plan") if isinstance(dp, (str, bytes, bytearray)) else dp
+        if req.spec is None:
+            raise DecodeError("malformed 'secagg-start' message: missing field 'spec'")
+        spec = decode_spec(req.spec)
+        site = int(req.site)
+        weight = self.weight(req)
+        dp = request_dp_plan(req.task) or {}
         integer_plan = bool(dp.get("distributed_mechanism"))
         if spec.integer != integer_plan:  # before anything is computed or booked
             raise ProtocolError(f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
                                 f"the request's upload is {'an integer encoding' if integer_plan else 'real-valued'}; refusing")
         if spec.integer:
             weight = 1.0  # integer inputs come weighted by their encoder (its own weight, from the public plan it checked)
-        floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(request_dp_plan(fields)))
-        u, extra = self.upload(fields, "secagg-start")
-        g = self.rng(int(fields.get("seed", 0)), site)
-        dp_floor = _dp_min_survivors(fields, spec.n_clients, int_option(self.options, "dp-colluders", 0))
+        floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(dp or None))
+        u, extra = self.upload(req)
+        g = self.rng(int(req.seed), site)
+        dp_floor = _dp_min_survivors(req.task, spec.n_clients, int_option(self.options, "dp-colluders", 0))
         client = SecAggClient(spec, site, self.identity(), np.ravel(u), weight, g,
                               min_survivors=min(max(floors.min_survivors, dp_floor), spec.n_clients),
                               colluders=floors.colluders)
         msgs = client.start()
-        self.state.update(spec=bytes(fields["spec"]), client=dump_client(client))
+        self.state.update(spec=bytes(req.spec), client=dump_client(client))
         self.save_rng(client._rng)
-        return {"msgs": msgs, **extra}
+        return M.encode(M.ProtocolReply(msgs, dp_events=extra.get("dp_events")))
 
-    def _secagg(self, fields: dict) -> dict:
+    def _protocol(self, req: M.ProtocolMessages) -> dict:
+        if req.op == "ckks-msgs":
+            from .sums import site_handle_ckks
+
+            return site_handle_ckks(req, self, None)
         from ..securesum.secagg import decode_spec
         from ..securesum.secagg_codec import dump_client, load_client
 
@@ -417,7 +438,7 @@ class SiteWorker:
         client = load_client(self.state["client"], spec, self.identity())
         out: list = []
         try:
-            for data in fields.get("msgs", []):
+            for data in req.msgs:
                 out += client.receive(bytes(data))
         finally:
             self.state["client"] = dump_client(client)
@@ -426,88 +447,92 @@ class SiteWorker:
                 self.state.pop("client", None)
                 self.state.pop("spec", None)
         if spec.integer:
-            return {"msgs": out}  # an integer round clips nothing after the noise: there is no count to send
-        return {"msgs": out, "secagg_clipped": int(client.clipped)}
+            return M.encode(M.ProtocolReply(out))  # an integer round clips nothing after the noise: no count to send
+        return M.encode(M.ProtocolReply(out, secagg_clipped=int(client.clipped)))
 
-    def _ckks(self, fields: dict) -> dict:
+    def _ckks(self, req: M.SumRequest) -> dict:
         from .sums import site_handle_ckks
 
         extras: dict = {}
 
-        def upload(f):
-            u, extra = self.upload(f, f["op"])
+        def upload(r):
+            u, extra = self.upload(r)
             extras.update(extra)
-            return u, self.weight(f)
+            return u, self.weight(r)
 
-        reply = site_handle_ckks(fields, self, upload)
+        reply = site_handle_ckks(req, self, upload)
         return {**reply, **extras} if "error" not in reply else reply
 
-    def _rows(self, fields: dict) -> dict:
+    def _ckks_end(self, req: M.CkksEnd) -> dict:
+        from .sums import site_handle_ckks
+
+        return site_handle_ckks(req, self, None)
+
+    def _rows(self, req: M.Rows) -> dict:
         """The paper's rows: one row per record (all records, file order) — ``D²(X, Y)`` or ``K(X, Y)``; with
         ``rows_dp`` from the records clipped to τ_X plus Gaussian noise (Qiao et al. §5.1), ledger first."""
         from ..kernels import gaussian_kernel, sq_dists
 
         X = self.records()
-        site = int(fields["site"])
-        Y = get_array(fields, "Y")
-        if Y.shape[1] != X.shape[1]:
+        site = int(req.site)
+        Y = req.Y
+        if Y.ndim != 2 or Y.shape[1] != X.shape[1]:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
-        extra: dict = {}
-        if not fields.get("rows_dp"):
+        if req.kind not in ("distance", "kernel"):
+            raise ProtocolError(f"unknown rows kind {req.kind!r}; expected 'distance' or 'kernel'")
+        event = report = None
+        if req.rows_dp is None:
             self._refuse_without_dp("rows from raw records")
         else:
             from ..accounting import DataPerturbation
             from .privacy import open_site_ledger
 
-            rp = loads(fields["rows_dp"], "rows DP plan")
+            rp = req.rows_dp
             ledger = open_site_ledger(rp, self.options, self._dp_cache())
             self._save_dp_cache()
             seed = rp.get("noise_seed")
             dp = DataPerturbation(rp["epsilon"], delta=rp["delta"], tau_x=rp["tau_x"], ledger=ledger,
                                   insecure_noise_seed_for_testing=None if seed is None else int(seed) + site)
             X = dp.perturb_site(X, site=site)
-            extra = {"rows_dp_event": dumps(ledger.releases_at(site, None, None)[-1]), "rows_dp_report": dumps(dp.report())}
-        if fields.get("kind") == "kernel":
-            R = gaussian_kernel(X, Y, float(fields["gamma"]))
-        elif fields.get("kind") == "distance":
-            R = sq_dists(X, Y)
-        else:
-            raise ProtocolError(f"unknown rows kind {fields.get('kind')!r}; expected 'distance' or 'kernel'")
-        return {**put_array({}, "rows", R), **extra}
+            event, report = ledger.releases_at(site, None, None)[-1], dp.report()
+        R = gaussian_kernel(X, Y, float(req.gamma)) if req.kind == "kernel" else sq_dists(X, Y)
+        return M.encode(M.RowsReply(R, event, report))
 
-    def _place(self, fields: dict) -> dict:
+    def _place(self, req: M.Place) -> dict:
         """No-rows mode: place this site's records (all of them, file order) against the coordinator's landmark map,
         using nothing but that broadcast and its own records; return the coordinates / labels, or keep them."""
         from ..embedding import placement
-        from .space import LandmarkSpace
 
-        F = LandmarkSpace.get(fields).features(self.records())
-        Y = get_array(fields, "Y")
+        F = req.space.features(self.records())
+        Y = req.Y
         if Y.ndim != 2 or Y.shape[1] != F.shape[1]:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"the landmark space has {F.shape[1]} dimensions"))
-        method = fields.get("method")
-        if method == "spectral":
+        if req.method == "spectral":
             from ..embedding.stages import spectral_assign
 
-            lab_y = np.asarray(fields["landmark_labels"], dtype=np.int64)
-            k = int(fields["n_clusters"])
+            if req.landmark_labels is None or req.n_clusters is None or req.kernel_gamma is None:
+                raise DecodeError("malformed 'place' message: spectral placement needs landmark_labels, n_clusters and "
+                                  "kernel_gamma")
+            lab_y = np.asarray(req.landmark_labels, dtype=np.int64)
+            k = int(req.n_clusters)
             if lab_y.shape != (len(Y),) or lab_y.min(initial=0) < 0 or lab_y.max(initial=0) >= k:
                 raise ProtocolError("landmark labels do not match the landmarks / n_clusters")
-            out = spectral_assign(F, Y, float(fields["kernel_gamma"]), lab_y, k)
-            reply = {"labels": [int(v) for v in out]}
+            out = spectral_assign(F, Y, float(req.kernel_gamma), lab_y, k)
+            reply = M.PlaceReply(labels=[int(v) for v in out])
         else:
-            E = get_array(fields, "landmark_embedding")
-            if E.shape[0] != len(Y):
+            E = req.landmark_embedding
+            if E is None or E.shape[0] != len(Y):
                 raise ProtocolError("the landmark map does not match the landmarks")
-            if method == "tsne":
-                out = placement.place_refine(F, Y, E, get_array(fields, "masses"), float(fields["Zn"]),
-                                             perplexity=float(fields["perplexity"]))
-            elif method == "umap":
+            if req.method == "tsne":
+                if req.masses is None or req.Zn is None or req.perplexity is None:
+                    raise DecodeError("malformed 'place' message: t-SNE placement needs masses, Zn and perplexity")
+                out = placement.place_refine(F, Y, E, req.masses, float(req.Zn), perplexity=float(req.perplexity))
+            elif req.method == "umap":
                 out = placement.place_weighted(F, Y, E, perplexity=2.0)
             else:
-                raise ProtocolError(f"unknown placement method {method!r}; expected 'tsne', 'umap' or 'spectral'")
-            reply = put_array({}, "embedding", out)
-        if fields.get("keep"):
+                raise ProtocolError(f"unknown placement method {req.method!r}; expected 'tsne', 'umap' or 'spectral'")
+            reply = M.PlaceReply(embedding=out)
+        if req.keep:
             self.kept = np.asarray(out)  # the site's own result: it stays here (coordinates keep)
             path = self.options.get("output-path")
             if path:
@@ -515,20 +540,20 @@ class SiteWorker:
 
                 os.makedirs(str(path), exist_ok=True)
                 np.save(os.path.join(str(path), f"{self.name}-embedding.npy"), self.kept)
-            return {"kept": int(len(out))}
-        return reply
+            return M.encode(M.PlaceReply(kept=int(len(out))))
+        return M.encode(reply)
 
 
-def _scale_parts(u: np.ndarray, fields: dict) -> np.ndarray:
+def _scale_parts(u: np.ndarray, req: M.SumRequest) -> np.ndarray:
     """Divide each consecutive part of an upload by its public bound (``scale_lengths[i]`` coordinates bounded by
     ``scale_bounds[i]``), so the secure sum's fixed-point range is used well; the coordinator multiplies back."""
-    lengths, bounds = fields.get("scale_lengths"), fields.get("scale_bounds")
+    lengths, bounds = req.scale_lengths, req.scale_bounds
     if not lengths and not bounds:
         return u
     u = np.ravel(np.asarray(u, dtype=np.float64))
     try:
-        if len(lengths) != len(bounds):
-            raise ValueError(f"{len(lengths)} lengths for {len(bounds)} bounds")
+        if lengths is None or bounds is None or len(lengths) != len(bounds):
+            raise ValueError(f"{len(lengths or [])} lengths for {len(bounds or [])} bounds")
         scale = np.concatenate([np.full(int(k), float(b)) for k, b in zip(lengths, bounds)])
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"malformed scale_lengths / scale_bounds: {exc}") from None
@@ -538,7 +563,7 @@ def _scale_parts(u: np.ndarray, fields: dict) -> np.ndarray:
     return u / scale
 
 
-def _dp_min_survivors(fields: dict, n_clients: int, colluders: int = 0) -> int:
+def _dp_min_survivors(task, n_clients: int, colluders: int = 0) -> int:
     """Under distributed noise a site helps unmask only sums over at least the plan's t sites (else 1).
 
     With ``colluders`` = c (site option ``dp-colluders``) the floor is t + c: colluding survivors can leave
@@ -547,13 +572,13 @@ def _dp_min_survivors(fields: dict, n_clients: int, colluders: int = 0) -> int:
     """
     from .sums import dp_min_survivors, request_dp_plan
 
-    t = dp_min_survivors(request_dp_plan(fields))
+    t = dp_min_survivors(request_dp_plan(task))
     if not t:
         return 1
     return min(t, int(n_clients)) if not colluders else t + int(colluders)
 
 
-def _check_request_against_plan(fields: dict, plan: dict, gp, site: int, n_records: int, Y: np.ndarray, kind: str) -> None:
+def _check_request_against_plan(task, plan: dict, gp, site: int, n_records: int, Y: np.ndarray) -> None:
     """Refuse a DP request whose numbers disagree with what the site's noise was calibrated for.
 
     The site's σ comes from the public plan (its record count, γ, n_y, S, Q, the rule); a server that
@@ -561,22 +586,24 @@ def _check_request_against_plan(fields: dict, plan: dict, gp, site: int, n_recor
     or a small γ in the plan and a large one in the request — would shrink the site's noise below what its
     data needs. So the site checks its own record count, and computes with the plan's γ and Q itself.
     """
+    from . import messages as M
+
     if int(plan["sizes"][site]) != int(n_records):
         raise ProtocolError(f"the DP plan announces {plan['sizes'][site]} records for this site, which holds {n_records} "
                             "(its noise would be calibrated for the wrong count); refusing")
-    if not np.isclose(float(fields["gamma"]), gp.gamma, rtol=1e-12, atol=0.0):
-        raise ProtocolError(f"the request's gamma={fields['gamma']} differs from the DP plan's {gp.gamma}; refusing")
+    if not np.isclose(float(task.gamma), gp.gamma, rtol=1e-12, atol=0.0):
+        raise ProtocolError(f"the request's gamma={task.gamma} differs from the DP plan's {gp.gamma}; refusing")
     if Y.shape[0] != gp.n_landmarks:
         raise ProtocolError(f"the request carries {Y.shape[0]} landmarks, the DP plan {gp.n_landmarks}; refusing")
-    if kind != gp.rule:
-        raise ProtocolError(f"the request asks for a {kind!r} upload, the DP plan for rule {gp.rule!r}; refusing")
-    if kind == "model" and int(fields["local_steps"]) != gp.local_steps:
-        raise ProtocolError(f"the request asks for {fields['local_steps']} local steps, the DP plan for {gp.local_steps}; "
+    if task.NAME != gp.rule:
+        raise ProtocolError(f"the request asks for a {task.NAME!r} upload, the DP plan for rule {gp.rule!r}; refusing")
+    if isinstance(task, M.Model) and int(task.local_steps) != gp.local_steps:
+        raise ProtocolError(f"the request asks for {task.local_steps} local steps, the DP plan for {gp.local_steps}; "
                             "refusing")
-    rnd = int(fields["round"])
-    step = int(fields.get("step", 0))
+    if task.round is None:
+        raise DecodeError("malformed DP upload request: missing field 'round'")
+    rnd = int(task.round)
+    step = int(task.step or 0)
     if not (0 <= rnd < gp.rounds and 0 <= step < gp.local_steps):
         raise ProtocolError(f"release (round {rnd}, step {step}) is outside the DP plan's {gp.rounds} rounds × "
                             f"{gp.local_steps} steps; refusing")
-
-

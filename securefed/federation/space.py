@@ -16,19 +16,40 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DecodeError
-from .wire import get_array, put_array
+from .wire import Array
 
 __all__ = ["LandmarkSpace"]
 
 
 @dataclass(frozen=True)
 class LandmarkSpace:
+    """The space of a request's landmarks; a message field of :mod:`.messages` (wire: ``space`` = the kind,
+    ``space_mu`` / ``space_V`` for ``pca``, ``space_dim`` / ``space_scale`` / ``space_seed`` for ``public``)."""
+
     kind: str = "raw"
-    mu: np.ndarray | None = None
-    V: np.ndarray | None = None
-    dim: int = 0
-    scale: float = 1.0
-    seed: int = 0
+    mu: Array | None = None
+    V: Array | None = None
+    dim: int | None = None
+    scale: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("raw", "pca", "public"):
+            raise DecodeError(f"unknown landmark space {self.kind!r}")
+        if self.kind == "pca" and (self.mu is None or self.V is None):
+            raise DecodeError("malformed pca landmark space: it needs space_mu and space_V")
+        if self.kind == "public":
+            if self.dim is None or self.scale is None or self.seed is None:
+                raise DecodeError("malformed public landmark space: it needs space_dim, space_scale and space_seed")
+            object.__setattr__(self, "dim", int(self.dim))
+            object.__setattr__(self, "scale", float(self.scale))
+            object.__setattr__(self, "seed", int(self.seed))
+        elif self.kind == "raw" and any(v is not None for v in (self.mu, self.V, self.dim, self.scale, self.seed)):
+            raise DecodeError("a raw landmark space carries no parameters")
+
+    @staticmethod
+    def present(fields: dict, prefix: str) -> bool:
+        return prefix in fields
 
     def features(self, X: np.ndarray) -> np.ndarray:
         """A site's records in this space."""
@@ -61,25 +82,17 @@ class LandmarkSpace:
         return (np.asarray(Y) @ self.basis(m).T) * self.scale
 
     def put(self, fields: dict) -> dict:
-        fields["space"] = self.kind
-        if self.kind == "pca":
-            put_array(fields, "space_mu", self.mu)
-            put_array(fields, "space_V", self.V)
-        elif self.kind == "public":
-            fields.update(space_dim=int(self.dim), space_scale=float(self.scale), space_seed=int(self.seed))
+        """``fields`` with this space's wire fields added (returns ``fields``)."""
+        from .messages import _encode_fields
+
+        fields.update(_encode_fields(self, prefix="space"))
         return fields
 
     @classmethod
     def get(cls, fields: dict) -> "LandmarkSpace":
-        kind = fields.get("space", "raw")
-        if kind == "raw":
+        """The space a flat request dict carries (``raw`` when it names none)."""
+        from .messages import _decode_fields
+
+        if "space" not in fields:
             return cls()
-        if kind == "pca":
-            return cls("pca", get_array(fields, "space_mu"), get_array(fields, "space_V"))
-        if kind == "public":
-            try:
-                return cls("public", dim=int(fields["space_dim"]), scale=float(fields["space_scale"]),
-                           seed=int(fields["space_seed"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise DecodeError(f"malformed public landmark space: {exc}") from None
-        raise DecodeError(f"unknown landmark space {kind!r}")
+        return _decode_fields(cls, fields, set(), prefix="space", what="landmark space")

@@ -40,7 +40,7 @@ from ..errors import ConfigError, DecodeError, ProtocolAbortedError, ProtocolErr
 from ..securesum.base import AggregateResult
 from ..securesum.messages import sender_of
 from ..securesum.quantize import dequantize, plan_fixed_point, warn_clipped
-from .wire import get_array
+from .messages import CkksEnd, ProtocolMessages, ProtocolReply, SumRequest, UploadReply, decode_reply, encode
 
 __all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site_handle_ckks", "refuse_server_weight",
            "CKKS_END_WAIT"]
@@ -49,39 +49,47 @@ __all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site
 CKKS_END_WAIT = 10.0
 
 
-def secure_sum(co, task: dict, label: str, clip: float | None, weights: str | None = None, tap=None,
-               integer_bits: int | None = None):
-    """One federated weighted sum of the live sites' ``task`` uploads (generator; returns AggregateResult).
+def secure_sum(co, task, label: str, clip: float | None, weights: str | None = None, tap=None,
+               integer_bits: int | None = None, *, out_shape, scales=None):
+    """One federated weighted sum of the live sites' uploads for ``task`` (generator; returns AggregateResult).
 
-    ``task`` holds the request fields and ``out_shape``; ``weights`` is the public weight rule (default: the
-    plan's ``weights``); ``clip`` the public bound on |coordinate| (SecAgg+ / CKKS quantise into it);
-    ``tap(site, reply)`` sees each site's reply to the request that carried its upload (DP ledger mirror).
-    ``integer_bits``: the uploads are already integers mod ``2^integer_bits`` (weighted by their encoder): a SecAgg+
-    round with integer input, whose ``total`` is the sum's raw words mod ``2^integer_bits`` (SecAgg+ only).
+    ``task`` is the typed task (:data:`securefed.federation.messages.TASKS`) and ``out_shape`` the shape of the
+    upload; ``weights`` is the public weight rule (default: the plan's ``weights``); ``clip`` the public bound on
+    |coordinate| (SecAgg+ / CKKS quantise into it); ``scales = [(length, bound), …]`` the upload's parts, each
+    divided by its public bound on the site (``scale_lengths`` / ``scale_bounds``); ``tap(site, reply)`` sees each
+    site's reply to the request that carried its upload (DP ledger mirror). ``integer_bits``: the uploads are
+    already integers mod ``2^integer_bits`` (weighted by their encoder): a SecAgg+ round with integer input, whose
+    ``total`` is the sum's raw words mod ``2^integer_bits`` (SecAgg+ only).
     """
     t0 = time.perf_counter()
     rule = weights or co.plan.weights
     live = sorted(co.sites.live)
-    base = dict(task, seed=co.plan.seed, audit_holdout=float(co.plan.audit_holdout), weights=rule)
+    head = {"weights": rule, "seed": int(co.plan.seed), "audit_holdout": float(co.plan.audit_holdout)}
+    if scales is not None:
+        head.update(scale_lengths=[int(k) for k, _ in scales], scale_bounds=[float(b) for _, b in scales])
+
+    def request(op: str, site: int, spec: bytes | None = None) -> dict:
+        return encode(SumRequest(op=op, site=int(site), task=task, spec=spec, **head))
+
+    shape = tuple(int(v) for v in out_shape)
     co.emit("aggregate", label=label, protocol=co.plan.aggregation, live=live)
     before = co.traffic()
     if co.plan.aggregation == "plain":
-        agg = yield from _plain(co, base, rule, label, tap)
+        agg = yield from _plain(co, request, shape, rule, label, tap)
     elif co.plan.aggregation == "secagg":
-        agg = yield from _secagg(co, base, rule, label, clip, tap, integer_bits)
+        agg = yield from _secagg(co, request, shape, rule, label, clip, tap, integer_bits)
     elif integer_bits is not None:
         raise ConfigError(bad_value(co.plan.name("aggregation"), co.plan.aggregation, "integer uploads need an exact "
                                     "modular sum: use secagg"))
     else:
-        agg = yield from _ckks(co, base, rule, label, clip, tap)
+        agg = yield from _ckks(co, request, shape, rule, label, clip, tap)
     co.record_sum(label, agg, before, time.perf_counter() - t0)
     return agg
 
 
-def _plain(co, base: dict, rule: str, label: str, tap):
-    shape = tuple(base.pop("out_shape"))
+def _plain(co, request, shape: tuple, rule: str, label: str, tap):
     live = sorted(co.sites.live)
-    replies = yield from co.ask({i: dict(base, op="plain", site=i) for i in live}, co.plan.request_timeout, tap=tap)
+    replies = yield from co.ask({i: request("plain", i) for i in live}, co.plan.request_timeout, tap=tap)
     surv = [i for i in live if i in replies]
     for i in live:
         if i not in surv:
@@ -90,19 +98,19 @@ def _plain(co, base: dict, rule: str, label: str, tap):
         raise ProtocolAbortedError(f"{label}: no site returned its update ({co.sites.silent})")
     total = np.zeros(shape)
     for i in surv:
-        u = get_array(replies[i], "update")
-        if u.shape != shape:
-            raise DecodeError(f"{label}: site {co.sites.names[i]} sent an update of shape {u.shape}, expected {shape}")
-        total += float(replies[i]["weight"]) * u
+        rep = decode_reply(UploadReply, replies[i])
+        if rep.update.shape != shape:
+            raise DecodeError(f"{label}: site {co.sites.names[i]} sent an update of shape {rep.update.shape}, "
+                              f"expected {shape}")
+        total += float(rep.weight) * rep.update
     return AggregateResult(total, tuple(surv), co.sites.weight_total(surv, rule), "plain")
 
 
-def _secagg(co, base: dict, rule: str, label: str, clip, tap, integer_bits: int | None = None):
+def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer_bits: int | None = None):
     from ..securesum.quantize import integer_plan
     from ..securesum.secagg import RoundSpec, encode_spec
     from ..securesum.secagg_server import SecAggServer
 
-    shape = tuple(int(s) for s in base.pop("out_shape"))
     n = len(co.sites.names)
     sec = co.secagg_session()
     gp = sec.graph_parameters(n)
@@ -117,7 +125,7 @@ def _secagg(co, base: dict, rule: str, label: str, clip, tap, integer_bits: int 
     sec._counter[0] += 1
     server = SecAggServer(spec, co.now)
     sb = encode_spec(spec)
-    payloads = {i: dict(base, op="secagg-start", site=i, spec=sb) for i in sorted(co.sites.live)}
+    payloads = {i: request("secagg-start", i, sb) for i in sorted(co.sites.live)}
     rejected: list = []
     clipped: dict = {}
     yield from relay(co, server, payloads, "secagg", label, rejected, clipped, "secagg_clipped", tap)
@@ -183,21 +191,20 @@ def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipp
         by_site: dict = {}
         for rid, data in outgoing:
             by_site.setdefault(rid, []).append(data)
-        payloads = {rid: {"op": msg_op, "msgs": msgs} for rid, msgs in by_site.items()}
+        payloads = {rid: encode(ProtocolMessages(msg_op, msgs)) for rid, msgs in by_site.items()}
         if not payloads:
             raise ProtocolAbortedError(f"{op}: stage {server.stage!r} has nobody to ask")
 
 
-def _ckks(co, base: dict, rule: str, label: str, clip, tap):
+def _ckks(co, request, shape: tuple, rule: str, label: str, clip, tap):
     from ..securesum.ckks import CKKSServer, encode_ckks_spec
 
-    shape = tuple(int(s) for s in base.pop("out_shape"))
     w = co.sites.weights(rule)
     spec = ckks_round_spec(co, w, int(np.prod(shape)), clip)
     server = CKKSServer(spec, co.now)
     sb = encode_ckks_spec(spec)
     started = sorted(co.sites.live)
-    payloads = {i: dict(base, op="ckks-start", site=i, spec=sb) for i in started}
+    payloads = {i: request("ckks-start", i, sb) for i in started}
     rejected: list = []
     clipped: dict = {}
     try:
@@ -205,7 +212,7 @@ def _ckks(co, base: dict, rule: str, label: str, clip, tap):
     finally:
         # done or aborted: every started site drops the round's state (the key holder and the fallback
         # decryptors hold the secret context, the others a public one) — survivor or not, answering or silent.
-        yield from co.ask({i: {"op": "ckks-end"} for i in started}, min(spec.timeout("advertise"), CKKS_END_WAIT),
+        yield from co.ask({i: encode(CkksEnd()) for i in started}, min(spec.timeout("advertise"), CKKS_END_WAIT),
                           record_silence=False)
     for i in range(len(co.sites.names)):
         if i not in server.survivors:
@@ -272,9 +279,12 @@ def ckks_round_spec(co, w, length: int, clip):
 # ============================================================================================ site half
 
 
-def request_dp_plan(fields: dict):
-    """The public DP plan a request carries (FedDL's ``dp`` or the billboard's ``billboard``), or None."""
-    return fields.get("dp") or fields.get("billboard")
+def request_dp_plan(task):
+    """The public DP plan a task carries (FedDL's ``dp`` or the billboard's ``billboard``), or None (``task``: a typed
+    task or the flat dict of one)."""
+    if isinstance(task, dict):
+        return task.get("dp") or task.get("billboard")
+    return getattr(task, "dp", None) or getattr(task, "billboard", None)
 
 
 def dp_min_survivors(plan) -> int:
@@ -339,8 +349,9 @@ def refuse_server_weight(fields: dict) -> None:
                             "refusing")
 
 
-def site_handle_ckks(fields: dict, worker, upload) -> dict:
-    """Site side of a CKKS sum: ops ``ckks-start``, ``ckks-msgs`` and ``ckks-end``; returns the reply fields.
+def site_handle_ckks(req, worker, upload) -> dict:
+    """Site side of a CKKS sum: a ``ckks-start`` :class:`~.messages.SumRequest`, ``ckks-msgs``
+    (:class:`~.messages.ProtocolMessages`) or ``ckks-end`` (:class:`~.messages.CkksEnd`); returns the reply fields.
 
     On ``ckks-start`` the announced spec is checked first against the site's floors (:func:`check_spec_floors`
     with the site's options, the request's DP plan and the site's own weight); a weaker spec, or a request that
@@ -350,24 +361,24 @@ def site_handle_ckks(fields: dict, worker, upload) -> dict:
     ``ckks_clipped``, the number of coordinates its client clipped to ``[−clip, clip]``.
 
     ``worker`` is the :class:`~.site.SiteWorker` (its ``state`` dict keeps the client machine between messages,
-    removed when the machine is done or aborted, or on ``ckks-end``; its ``weight(fields)`` is the site's own
-    weight); ``upload(fields)`` returns the site's ``(update, weight)``. Errors propagate to the worker, which
+    removed when the machine is done or aborted, or on ``ckks-end``; its ``weight(req)`` is the site's own
+    weight); ``upload(req)`` returns the site's ``(update, weight)``. Errors propagate to the worker, which
     returns them as ``{"error": ...}``.
     """
     from ..securesum.ckks import CKKSClient, decode_ckks_spec
 
-    op = fields.get("op")
     state = worker.state
-    if op == "ckks-start":
-        refuse_server_weight(fields)
-        spec = decode_ckks_spec(fields["spec"])
-        check_spec_floors(spec, worker.options, request_dp_plan(fields), worker.weight(fields))
-        u, weight = upload(fields)
-        client = CKKSClient(spec, int(fields["site"]), worker.identity(), np.ravel(u), float(weight))
+    if isinstance(req, SumRequest):
+        if req.spec is None:
+            raise DecodeError("malformed 'ckks-start' message: missing field 'spec'")
+        spec = decode_ckks_spec(req.spec)
+        check_spec_floors(spec, worker.options, request_dp_plan(req.task), worker.weight(req))
+        u, weight = upload(req)
+        client = CKKSClient(spec, int(req.site), worker.identity(), np.ravel(u), float(weight))
         msgs = client.start()
-        state.update(ckks_spec=bytes(fields["spec"]), ckks_client=client.dump())
-        return {"msgs": msgs}
-    if op == "ckks-msgs":
+        state.update(ckks_spec=bytes(req.spec), ckks_client=client.dump())
+        return encode(ProtocolReply(msgs))
+    if isinstance(req, ProtocolMessages):
         if "ckks_client" not in state:
             raise ProtocolError("no CKKS round in progress on this site (restarted?)")
         spec = decode_ckks_spec(state["ckks_spec"])
@@ -375,7 +386,7 @@ def site_handle_ckks(fields: dict, worker, upload) -> dict:
         out: list = []
         before = client.state
         try:
-            for data in fields.get("msgs", []):
+            for data in req.msgs:
                 out += client.receive(bytes(data))
         finally:
             if client.state in ("done", "aborted"):
@@ -384,9 +395,9 @@ def site_handle_ckks(fields: dict, worker, upload) -> dict:
             else:
                 state["ckks_client"] = client.dump()
         if before in ("advertised", "keyed") and client.state in ("uploaded", "confirmed", "done"):
-            return {"msgs": out, "ckks_clipped": int(client.clipped)}  # this reply carries the upload
-        return {"msgs": out}
+            return encode(ProtocolReply(out, ckks_clipped=int(client.clipped)))  # this reply carries the upload
+        return encode(ProtocolReply(out))
     # ckks-end: the round is over: forget the machine and the secret context it holds
     state.pop("ckks_client", None)
     state.pop("ckks_spec", None)
-    return {"ended": True}
+    return encode(ProtocolReply(ended=True))

@@ -9,13 +9,14 @@ codec (:mod:`securefed.securesum.messages`).
 from __future__ import annotations
 
 import json
+from typing import Annotated, Any
 
 import numpy as np
 
 from ..errors import DecodeError
 
 __all__ = ["array_to_bytes", "array_from_bytes", "put_array", "get_array", "payload_size", "dumps", "loads",
-           "check_fields"]
+           "check_fields", "Array", "Json"]
 
 
 def array_to_bytes(a) -> bytes:
@@ -34,6 +35,12 @@ def array_from_bytes(data: bytes, shape) -> np.ndarray:
                           f"expected {8 * int(np.prod(shape))} for shape {shape}")
     return np.frombuffer(bytes(data), dtype="<f8").reshape(shape).copy()
 
+
+#: a message field holding a float64 array (travels as ``name`` = bytes and ``name_shape`` = shape;
+#: :mod:`.messages`)
+Array = Annotated[np.ndarray, "array"]
+#: a message field holding a structured value (travels as canonical JSON text; :mod:`.messages`)
+Json = Annotated[Any, "json"]
 
 _SCALARS = (bool, int, float, str, bytes)
 

@@ -144,7 +144,7 @@ def test_noise_shares_only_inside_a_secure_sum():
             "noise": "distributed", "t": 3, "sizes": [30, 30, 30], "noise_seed_for_testing": None}
     w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
     rep = w.handle({"op": "plain", "site": 0, "task": "rff", "billboard": dumps(plan), "release": 0, "n_freq": 10,
-                    "lengthscales": [3.0], "space": "raw", "out_shape": [20], "seed": 0, "weights": "uniform"})
+                    "lengthscales": [3.0], "space": "raw", "seed": 0, "weights": "uniform"})
     assert rep["error"].startswith("ConfigError") and "secure sum" in rep["error"]
 
 
@@ -281,7 +281,7 @@ def test_a_site_refuses_a_density_release_the_plan_spends_nothing_on():
             "density_share": 0.0, "density_grid": 4, "noise": "local", "t": 1, "sizes": [30], "noise_seed": None}
     w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
     req = put_array(put_array({"op": "plain", "site": 0, "task": "billboard-density", "billboard": dumps(plan),
-                               "release": 2, "space": "raw", "out_shape": [16], "seed": 0, "weights": "uniform"},
+                               "release": 2, "space": "raw", "seed": 0, "weights": "uniform"},
                               "Y", np.zeros((3, 4))), "landmark_embedding", np.zeros((3, 2)))
     rep = w.handle(req)
     assert rep["error"].startswith("ProtocolError") and "density_share 0" in rep["error"]
@@ -304,12 +304,12 @@ def test_a_site_refuses_a_billboard_plan_that_changes_between_releases():
 
     base = {"op": "plain", "site": 0, "space": "raw", "seed": 0, "weights": "uniform"}
     rep = w.handle(dict(base, task="rff", billboard=plan(0.01), release=0, n_freq=10, lengthscales=[3.0],
-                        out_shape=[20]))
+                        ))
     assert "error" not in rep, rep
-    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.99), release=1, out_shape=[3]),
+    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.99), release=1),
                              "Y", np.zeros((3, 4))))
     assert rep["error"].startswith("ProtocolError") and "differs from the one this site started" in rep["error"]
-    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.01), release=1, out_shape=[3]),
+    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.01), release=1),
                              "Y", np.zeros((3, 4))))
     assert "error" not in rep, rep  # the same plan goes on
 

@@ -13,13 +13,15 @@ import pytest
 from securefed.errors import ConfigError, ProtocolAbortedError
 from securefed.federation import Coordinator, InMemoryExchange, SiteWorker
 from securefed.federation.coordinator import Sites
-from securefed.federation.site import compute_upload
+from securefed.federation.wire import put_array
+from securefed.federation.site import as_task, compute_upload
 from securefed.federation.sums import check_spec_floors, ckks_round_spec, dp_min_survivors, secure_sum
 from securefed.plan import RunPlan
 from securefed.securesum import crypto
 from securefed.securesum.ckks import release_error_bound
 
-TASK = {"task": "stats", "want": ["moments"], "scale": 2.0, "out_shape": [6]}
+TASK = {"task": "stats", "want": ["moments"], "scale": 2.0}
+OUT_SHAPE = [6]
 
 
 class FaultyExchange(InMemoryExchange):
@@ -67,7 +69,7 @@ def _setup(arrays, options=None, **plan_kw):
 
 
 def _sum(co, ex, clip=1.0, weights="uniform"):
-    gen = secure_sum(co, dict(TASK), "moments", clip, weights=weights)
+    gen = secure_sum(co, as_task(TASK), "moments", clip, weights=weights, out_shape=OUT_SHAPE)
     step = next(gen)
     while True:
         reply = ex.request(step.payloads, step.deadline)
@@ -242,7 +244,8 @@ def test_site_refuses_a_spec_below_its_floors_and_accepts_with_the_allow_key(arr
 def test_site_floor_from_distributed_dp_noise_and_bad_options(arrays):
     _, workers = _setup(arrays)
     plan = {"noise": "distributed", "min_survivors": None, "sizes": [30, 35, 40]}  # t = all 3 sites
-    f = dict(_start_fields(workers, min_survivors=2), dp=json.dumps(plan))
+    f = {k: v for k, v in _start_fields(workers, min_survivors=2).items() if k not in TASK}  # a DP gradient upload
+    f = put_array(dict(f, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
     rep = SiteWorker({"site-name": "s1"}, arrays[1], state=dict(workers[1].state)).handle(f)
     assert rep["error"].startswith("ProtocolError") and "t = 3" in rep["error"] and "ckks-min-survivors >= 3" in rep["error"]
     rep = SiteWorker({"site-name": "s1", "ckks-min-survivors": 1}, arrays[1], state=dict(workers[1].state)).handle(f)

@@ -209,7 +209,7 @@ def test_no_rows_tsne_embedding_is_the_sites_own_placement(sites):
 
 def test_site_refuses_a_landmark_map_that_does_not_match_the_landmarks(sites):
     Y = np.random.default_rng(0).normal(size=(6, 3))
-    req = put_array(put_array(put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "Zn": 1.0}, "Y", Y),
+    req = put_array(put_array(put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "Zn": 1.0, "space": "raw"}, "Y", Y),
                               "landmark_embedding", np.zeros((5, 2))), "masses", np.ones(6))
     rep = SiteWorker({"site-name": "s0"}, sites[0]).handle(req)
     assert rep["error"].startswith("ProtocolError") and "does not match" in rep["error"]

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from securefed.federation.wire import put_array
 from securefed.accounting.distributed import (_DistributedInteger, ddg_epsilon, integer_sensitivity, padded_dimension,
                                               skellam_epsilon)
 from securefed.errors import ConfigError, ProtocolError
@@ -233,8 +234,8 @@ def test_site_refuses_a_round_whose_input_kind_does_not_match_its_plan(sites, ki
     keys = tuple(crypto.ed25519_public_bytes(crypto.ed25519_keypair()[0]) for _ in range(N_SITES))
     spec = RoundSpec(sid, 0, N_SITES, N_SITES - 1, 2, sid, N_Y * M, fp, keys, tuple(DEFAULT_TIMEOUTS.items()), 0, integer)
     worker = SiteWorker({"site-name": "s0", **_options()}, sites[0])
-    rep = worker.handle({"op": "secagg-start", "site": 0, "spec": encode_spec(spec), "dp": sp.wire_plan(),
-                         "task": "gradient", "weights": "records"})
+    rep = worker.handle(put_array({"op": "secagg-start", "site": 0, "spec": encode_spec(spec), "dp": sp.wire_plan(),
+                                   "task": "gradient", "weights": "records", "gamma": 0.25}, "Y", np.zeros((N_Y, M))))
     assert rep["error"].startswith("ProtocolError") and "refusing" in rep["error"]
     assert "the request's upload is" in rep["error"], rep["error"]
 

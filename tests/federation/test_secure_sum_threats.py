@@ -19,8 +19,9 @@ import pytest
 from securefed.errors import ConfigError
 from securefed.federation import Coordinator, InMemoryExchange, SiteWorker
 from securefed.federation.coordinator import Sites
-from securefed.federation.site import compute_upload
+from securefed.federation.site import as_task, compute_upload
 from securefed.federation.sums import secure_sum
+from securefed.federation.wire import put_array
 from securefed.plan import RunPlan
 from securefed.securesum.graph import choose_parameters
 from securefed.securesum.messages import MaskedInput, decode, encode, peek_header
@@ -185,7 +186,8 @@ def test_distributed_dp_floor_counts_the_colluders():
     _, workers, keys = _sites(n)
     plan = {"noise": "distributed", "min_survivors": 3, "sizes": [20, 23, 26, 29]}
     spec = _spec(n, keys)
-    fields = dict(_start(spec, 1), dp=json.dumps(plan))
+    fields = {k: v for k, v in _start(spec, 1).items() if k not in TASK}  # a gradient upload carrying the DP plan
+    fields = put_array(dict(fields, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
     w = SiteWorker({"site-name": "h1", "dp-colluders": 2}, workers[1]._records, state=dict(workers[1].state))
     err = w.handle(fields)["error"]
     assert "t = 3 and dp-colluders = 2" in err and "needs 5 survivors" in err and "client" not in w.state
@@ -214,7 +216,7 @@ def test_relay_drops_a_message_whose_sender_is_another_site():
     co = Coordinator(plan)
     co.sites = Sites([f"h{i}" for i in range(n)], [len(X) for X in arrays], [0] * n, 2, list(keys), list(range(n)),
                      set(range(n)))
-    gen = secure_sum(co, dict(TASK, out_shape=[4]), "moments", 8.0, weights="uniform")
+    gen = secure_sum(co, as_task(TASK), "moments", 8.0, weights="uniform", out_shape=[4])
     step = next(gen)
     try:
         while True:

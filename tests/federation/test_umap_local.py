@@ -27,7 +27,6 @@ def test_umap_local_equals_the_estimator_and_sends_only_coordinates():
     np.testing.assert_array_equal(res.stacked("coordinates"), est.embedding_)
     for i, X in enumerate(arrays):
         assert emb["bytes_from_site"][f"s{i}"] < 8 * 2 * len(X) + 200  # n_p × 2 coordinates, nothing else
-    req = put_array(put_array({"op": "place", "method": "umap", "n_neighbors": 5, "min_dist": 0.1,
-                               "model_seed": emb["model_seed"]}, "Y", res.landmarks), "landmark_embedding", np.zeros((7, 2)))
+    req = put_array(put_array({"op": "place", "method": "umap", "space": "raw"}, "Y", res.landmarks), "landmark_embedding", np.zeros((7, 2)))
     rep = SiteWorker({"site-name": "s0"}, arrays[0]).handle(req)  # a map of 7 points for 8 landmarks: refused
     assert rep["error"].startswith("ProtocolError") and "does not match" in rep["error"]
