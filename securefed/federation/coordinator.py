@@ -127,6 +127,7 @@ class Coordinator:
         self.bytes_to: dict = {}
         self.bytes_from: dict = {}
         self._sec = None
+        self._audit_relay: dict = {}
         self._gen = None
         self._started = False
         self._t0 = time.perf_counter()
@@ -282,11 +283,11 @@ class Coordinator:
         s = self.sites
         self.emit("done", seconds=time.perf_counter() - self._t0, round_trips=self.round_trips)
         return RunResult(
-            landmarks=lm["Y"], landmark_space=lm["space"], masses=lm["masses"], gamma=lm["gamma"], lr=lm["lr"], rule=plan.rule, rounds_done=plan.rounds,
-            mmd_history=lm["history"], run_id=self.run_id, sites=list(s.names), site_sizes=list(s.sizes),
+            landmarks=lm.Y, landmark_space=lm.space, masses=lm.masses, gamma=lm.gamma, lr=lm.lr, rule=plan.rule, rounds_done=plan.rounds,
+            mmd_history=lm.history, run_id=self.run_id, sites=list(s.names), site_sizes=list(s.sizes),
             holdouts=list(s.holdouts), n_features=s.n_features, released=[r["what"] for r in self.inventory],
             inventory=list(self.inventory), warnings=warnings, privacy=privacy,
-            audit=audit, landmark_info=lm["info"], embedding=embedding, survivors=sorted(s.live), steps=self.steps,
+            audit=audit, landmark_info=lm.info, embedding=embedding, survivors=sorted(s.live), steps=self.steps,
             readmitted=list(s.readmitted),
             site_errors={s.names[i]: str(e) for i, e in s.silent.items() if 0 <= i < len(s.names)},
             seconds=time.perf_counter() - self._t0, round_trips=self.round_trips, messages=self.messages,
@@ -397,7 +398,7 @@ class Coordinator:
         return (yield from method(self))
 
     # ------------------------------------------------------------------------------ stage 2: the audit gate
-    def _audit(self, lm: dict):
+    def _audit(self, lm):
         """The membership-audit gate, after the landmarks and before anything per record leaves a site.
 
         Each live site scores its FedDL members and its held-out records against ``Y`` and uploads only
@@ -412,7 +413,9 @@ class Coordinator:
 
         plan, s = self.plan, self.sites
         scores = ["nearest", "kde"]
-        task = M.Audit(space=lm["space"], Y=lm["Y"], gamma=float(lm["gamma"]), scores=scores)
+        task = M.Audit(space=lm.space, Y=lm.Y, gamma=float(lm.gamma), scores=scores, **lm.relay)
+        if lm.relay:
+            lm.relay = {"cells": lm.relay["cells"], "previous": None}  # the sites finish their trees with this request
         biggest = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
         a = yield from secure_sum(self, task, "audit", biggest, weights="uniform",
                                   out_shape=[len(scores) * (4 * GRID_SIZE + 4)])
@@ -425,6 +428,7 @@ class Coordinator:
         out["mia"] = {k: v for k, v in mia.to_dict().items() if k != "per_score"}
         out["mia"]["n_sites"] = len(a.survivors)
         out["mia_result"] = mia
+        self._audit_relay = {"audit_total": a.total, "audit_scores": list(scores)}  # each site applies the gate itself
         self.release("the sum over sites of the membership-audit ROC counts (members vs held-out records)",
                      note="aggregate counts on public score grids")
         self.emit("audit", auc=mia.auc, empirical_epsilon=mia.empirical_epsilon, verdict=out["verdict"])
@@ -434,14 +438,14 @@ class Coordinator:
             self.partial["audit"] = out
             remedy = {"cells": f"a larger {plan.name('cell_floor')} (now {plan.cell_floor})",
                       "billboard": f"a smaller {plan.name('epsilon')}"}.get(
-                lm["info"]["method"], f"noise ({plan.name('epsilon')}) or fewer {plan.name('landmarks')}")
+                lm.info["method"], f"noise ({plan.name('epsilon')}) or fewer {plan.name('landmarks')}")
             raise AuditFailedError("landmark membership audit failed: " + "; ".join(str(f) for f in dec.failures)
                                    + f" — nothing per record left the sites; rerun with {remedy}, or with "
                                      f"{plan.name('allow_audit_failure')} to proceed (recorded)")
         return out
 
     # ------------------------------------------------------------------------------ stage 3: the embedding
-    def _embed(self, lm: dict, warnings: list):
+    def _embed(self, lm, warnings: list):
         plan = self.plan
         if plan.nystrom == "local":
             emb = yield from self._embed_local(lm)
@@ -456,7 +460,7 @@ class Coordinator:
                                     "raw records, they are not covered by the differential-privacy accounting "
                                     "(run with coordinates keep to leave them on the sites)")
             return emb
-        emb = yield from self._embed_rows(lm["Y"], lm["gamma"], lm["rng"])
+        emb = yield from self._embed_rows(lm.Y, lm.gamma, lm.rng)
         m = self.sites.n_features
         leak = ("these rows give every record back (n_y > m: trilateration)" if plan.landmarks > m else
                 "these rows give back each record's projection onto the landmarks' span (all of it once n_y > m)")
@@ -484,7 +488,7 @@ class Coordinator:
         self._stage_bytes = {s.names[i]: self.bytes_from.get(i, 0) - before.get(i, 0) for i in live}
         return replies, missing
 
-    def _embed_local(self, lm: dict):
+    def _embed_local(self, lm):
         """No rows leave a site: the coordinator maps the landmarks (with their masses), each site places its own
         records against that map (:func:`securefed.embedding.placement.place_refine` for t-SNE, the weighted mean of
         the nearest landmarks' positions for UMAP, the cluster of highest kernel affinity for spectral clustering)
@@ -493,18 +497,19 @@ class Coordinator:
         from ..embedding.stages import spectral_landmark_labels, umap_landmark_model
 
         plan, s = self.plan, self.sites
-        Y, space = lm["Y"], lm["space"]
+        Y, space = lm.Y, lm.space
         N = float(sum(s.sizes) + sum(s.holdouts))
-        if lm["masses"] is None:
+        if lm.masses is None:
             c = np.full(len(Y), N / len(Y))
         else:  # the cells count the landmarks' members only; the map holds every record (the hold-out too)
-            c = lm["masses"] = np.asarray(lm["masses"], dtype=np.float64) * (N / float(np.sum(lm["masses"])))
-        seed = int(lm["rng"].integers(0, 2**31 - 1))
-        req = {"method": plan.method, "keep": plan.coordinates == "keep", "Y": Y, "masses": c, "space": space}
+            c = lm.masses = np.asarray(lm.masses, dtype=np.float64) * (N / float(np.sum(lm.masses)))
+        seed = int(lm.rng.integers(0, 2**31 - 1))
+        req = {"method": plan.method, "keep": plan.coordinates == "keep", "Y": Y, "masses": c, "space": space,
+               **lm.relay, **(self._audit_relay if lm.relay else {})}
         out = {"method": plan.method, "nystrom": "local", "model_seed": seed, "reconstruction": "local",
                "landmark_masses": c}
         if plan.method == "spectral":
-            g = plan.kernel_gamma if plan.kernel_gamma is not None else float(lm["gamma"])
+            g = plan.kernel_gamma if plan.kernel_gamma is not None else float(lm.gamma)
             lab_y = np.asarray(spectral_landmark_labels(Y, g, n_clusters=plan.n_clusters, seed=seed, masses=c))
             req.update(kernel_gamma=g, n_clusters=plan.n_clusters, landmark_labels=[int(v) for v in lab_y])
             out.update(landmark_labels=lab_y, kernel_gamma=g, sent_kind="one cluster label per record", key="labels")

@@ -138,6 +138,12 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
         o = {"site-name": name, **opts}
         if plan.aggregation == "plain":
             o.setdefault("allow-plain", True)  # the user of this simulation chose plain aggregation for every site
+        # the user of this simulation is every site's operator: the sites' own conditions follow the plan
+        o.setdefault("cell-floor", int(plan.cell_floor))
+        o.setdefault("require-audit", plan.audit_holdout > 0)
+        o.setdefault("max-auc", float(plan.max_auc))
+        o.setdefault("max-empirical-epsilon", float(plan.max_empirical_epsilon))
+        o.setdefault("allow-audit-failure", bool(plan.allow_audit_failure))
         if plan.dp:
             budget = float(plan.epsilon or 0.0) + float(plan.rows_epsilon or 0.0)
             o.setdefault("epsilon-budget", budget if plan.epsilon is not None else 1e12)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,13 +26,29 @@ from .space import LandmarkSpace
 from .sums import secure_sum
 from . import messages as M
 
-__all__ = ["feddl", "cells", "billboard", "billboard_density", "MIN_CELLS"]
+__all__ = ["LandmarkResult", "feddl", "cells", "cells_plan", "billboard", "billboard_density"]
 
-#: fewest cells a map is drawn from (the landmark t-SNE needs a perplexity (k − 1)/3 above 1)
-MIN_CELLS = 5
-#: cells: k-means (Lloyd) update rounds after the growth, and the growth factor below which a round counts as stalled
-CELL_POLISH_ROUNDS = 1
-CELL_STALL = 1.05
+
+@dataclass
+class LandmarkResult:
+    """What a landmark stage gives the later stages.
+
+    ``Y`` the landmarks (rows) in ``space``; ``masses`` records per landmark (None: uniform); ``gamma`` the kernel
+    bandwidth the audit and the map use; ``lr`` and ``history`` FedDL's step size and MMD history; ``rng`` the
+    coordinator's statistical Generator for the later stages; ``info`` figures for the result. ``relay``: what the
+    next request must carry for the sites to check these landmarks themselves (cells: the pinned plan and the total
+    of the last cells sum, which no site has seen yet).
+    """
+
+    Y: np.ndarray
+    space: LandmarkSpace
+    masses: np.ndarray | None
+    gamma: float
+    lr: float | None
+    history: list
+    rng: np.random.Generator
+    info: dict
+    relay: dict = field(default_factory=dict)
 
 
 def feddl(co):
@@ -93,8 +110,7 @@ def feddl(co):
         co.emit("checkpoint", state={"round": rnd + 1, "Y": Y, "gamma": gamma, "lr": lr, "history": history,
                                        "rng": rng.bit_generator.state, "mmd_pending": mmd0 is not None})
     _inventory_rounds(co)
-    return {"Y": Y, "space": LandmarkSpace(), "masses": None, "gamma": gamma, "lr": lr, "history": history, "rng": rng,
-            "info": {"method": "feddl", "rounds": plan.rounds}}
+    return LandmarkResult(Y, LandmarkSpace(), None, gamma, lr, history, rng, {"method": "feddl", "rounds": plan.rounds})
 
 def _inventory_rounds(co) -> None:
     plan = co.plan
@@ -192,7 +208,7 @@ def _spread(Y: np.ndarray) -> float:
 # ------------------------------------------------------------------------------------------------ cells
 
 
-def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform", tap=None):
+def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform", tap=None, site_scaled: bool = False):
     """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
     ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
     (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
@@ -201,79 +217,82 @@ def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform"
     parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
-    a = yield from secure_sum(co, task, label, 1.0, weights=weights, tap=tap, out_shape=out_shape, scales=parts)
+    a = yield from secure_sum(co, task, label, 1.0, weights=weights, tap=tap, out_shape=out_shape,
+                              scales=None if site_scaled else parts)  # site_scaled: the site derives the parts itself
     return a.total * np.concatenate([np.full(k, b) for k, b in parts]), a
 
 
-def cells(co):
-    """Federated k-means cells with a minimum cell size in a federated PCA basis (:mod:`securefed.landmarks.cells`).
-
-    One secure sum for the basis, then rounds of a count pass and a sum pass; every cell mean the coordinator
-    learns is over at least ``cell_floor`` records (the count pass withholds smaller cells before any sum of
-    features is asked for)."""
-    from ..data import scale_warning
-    from ..landmarks.cells import axis_points, cell_update, pca_basis, prune, split_cells
+def cells_plan(co):
+    """The run's public cells plan (:class:`securefed.landmarks.celltree.CellsPlan`), from the run plan and the sizes
+    announced at ``hello``: every site pins it at its first cells sum and checks it against its own floor."""
+    from ..landmarks.celltree import CellsPlan
 
     plan, s = co.plan, co.sites
-    m, N = s.n_features, float(sum(s.sizes))
-    B = plan.sum_bound or 1.0  # public scale of the features for the secure sum (any positive number works in plain)
-    n_max = float(max(s.sizes))
-    total, _ = yield from _scaled_sum(co, M.Moments(scale=B), "basis", n_max, [1 + m + m * m])  # [n_p, Σx/B, Σxxᵀ/B²]: every coordinate within ±n_p
-    mu, V, trace, sd = pca_basis(total, m, min(plan.basis_dim, m), standardize=plan.standardize)
-    # the sum was of x / B: μ and σ scale by B; standardised features do not depend on B, the variance does
-    space = LandmarkSpace("pca", mu * B, V / B if plan.standardize else V)
-    trace *= 1.0 if plan.standardize else B * B
-    if not plan.standardize:
-        warn = scale_warning(sd, flag=plan.name("standardize"))
-        if warn:
-            co.warnings.append(warn)
-    co.release("the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis"
-               + (" and the standardisation)" if plan.standardize else ")"))
-    d = V.shape[1]
-    r_feat = 2.0 * B * math.sqrt(m) if plan.sum_bound else None  # public bound on |feature| (|x_j| ≤ B)
-    floor = plan.cell_floor
-    k_target = max(2, min(int(plan.landmarks), int(N / floor)))  # N/floor cells at most, capped by landmarks
-    Y = np.zeros((1, d))
-    rounds, growing, polish, k_before = 0, True, CELL_POLISH_ROUNDS, 0.5
-    while True:
-        rounds += 1
-        counts, _ = yield from _scaled_sum(co, M.CellCounts(space=space, Y=Y), f"cells {rounds}: counts", n_max,
-                                           [len(Y)])
-        Y = prune(Y, counts, floor)
-        k = len(Y)
-        r = r_feat or 1.0  # without a public value bound (plain aggregation) the scaling is only cosmetic
-        moments = growing or (polish == 0 and plan.cell_axes > 0)  # growing: the splits; last pass: the axis points
-        parts = [(k * d, n_max * r), (k, n_max)] + ([(k * d * d, n_max * r * r)] if moments else [])
-        task = M.CellSums(space=space, Y=Y, second_moments=moments)
-        tot, _ = yield from _scaled_sum(co, task, f"cells {rounds}: sums", parts, [sum(p for p, _ in parts)])
-        Y, c, cov = cell_update(tot, k, d, second_moments=moments)
-        co.emit("cells", round=rounds, cells=k)
-        if growing:
-            grown = split_cells(Y, c, cov, k_target, floor)
-            stalled = k < CELL_STALL * k_before  # the last splits were mostly pruned: the floor, not the rounds, binds
-            k_before = k
-            if len(grown) > k and rounds < plan.cell_rounds and not stalled:
-                Y = grown
-                continue
-            growing = False
-        polish -= 1
-        if polish < 0:
-            break
-    if len(Y) < MIN_CELLS:
-        raise ConfigError(bad_value(plan.name("cell_floor"), floor, f"only {len(Y)} cells of at least {floor} records "
-                                    f"formed from {int(N)} records; a map needs at least {MIN_CELLS}: lower "
-                                    f"{plan.name('cell_floor')} (the membership audit measures what smaller cells leak) "
-                                    "or bring more records"))
-    co.release(f"{rounds} rounds of per-cell record counts and (for cells of at least {floor} records) per-cell sums "
-               "of the features and of their squares", note=f"a cell mean is revealed only over ≥ {floor} records")
-    n_cells = len(Y)
-    Y, c = axis_points(Y, c, cov, plan.cell_axes) if plan.cell_axes > 0 else (Y, c)
-    co.release("the PCA basis, the cell landmarks (" + (f"each cell's mean and 2 × {min(plan.cell_axes, d)} points along "
-               "its principal axes" if plan.cell_axes > 0 else "the cell means") + ") and their counts", to="every site")
-    return {"Y": Y, "space": space, "masses": c, "gamma": 1.0 / max(2.0 * trace, 1e-300), "lr": None, "history": [],
-            "rng": np.random.default_rng([plan.seed, 0xCE11]),
-            "info": {"method": "cells", "rounds": rounds, "cells": n_cells, "landmarks": len(Y), "floor": floor,
-                     "axes": int(min(plan.cell_axes, d)), "basis_dim": d, "secure_sums": 1 + 2 * rounds}}
+    N = int(sum(s.sizes))
+    return CellsPlan(floor=int(plan.cell_floor), basis_dim=int(plan.basis_dim),
+                     max_cells=max(2, min(int(plan.landmarks), N // int(plan.cell_floor))),
+                     max_levels=int(plan.cell_rounds), scale=float(plan.sum_bound or 1.0), n_max=int(max(s.sizes)),
+                     standardize=bool(plan.standardize), axes=int(plan.cell_axes))
+
+
+def cells(co):
+    """The cell tree (:mod:`securefed.landmarks.celltree`): one secure sum for the basis, then per level a count pass
+    and a sum pass — each sum's query recomputed by every site from the pinned plan and the totals so far, so the
+    coordinator only relays: it asks for step k with the total of step k − 1 and aggregates (generator)."""
+    from ..data import scale_warning
+    from ..landmarks.celltree import MIN_CELLS, CellTree
+
+    plan, s = co.plan, co.sites
+    N = float(sum(s.sizes))
+    cp = cells_plan(co)
+    tree = CellTree(cp, s.n_features)
+    survivors, previous = None, None
+    labels = {"basis": "basis", "counts": "cells {level}: counts", "sums": "cells {level}: sums"}
+    while (q := tree.next_query()) is not None:
+        task = M.Cells(cells=cp.to_json(), step=q.step, previous=previous)
+        total, a = yield from _scaled_sum(co, task, labels[q.kind].format(level=tree.level + 1), list(q.parts),
+                                          [q.length], site_scaled=True)
+        if survivors is None:
+            survivors = tuple(a.survivors)
+        elif tuple(a.survivors) != survivors:
+            raise ProtocolAbortedError(f"cells: the sum '{q.kind}' of step {q.step} has survivors {list(a.survivors)}, the "
+                                       f"cells began with {list(survivors)}: every site must answer every cells sum (a "
+                                       "sum over fewer sites would isolate the missing site's records in its cells); "
+                                       "rerun with the sites that are up")
+        tree.absorb(q, total)
+        previous = total
+        if q.kind == "basis":
+            co.release("the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis"
+                       + (" and the standardisation)" if plan.standardize else ")"))
+            if not plan.standardize:
+                warn = scale_warning(tree.sd, flag=plan.name("standardize"))
+                if warn:
+                    co.warnings.append(warn)
+        else:
+            co.emit("cells", round=tree.level + (1 if q.kind == "counts" else 0), cells=len(tree.leaves()))
+    n_leaves = len(tree.leaves())
+    Y, c = tree.landmarks(seed=plan.seed)
+    if tree.root.count < cp.floor or len(Y) < MIN_CELLS:
+        raise ConfigError(bad_value(plan.name("cell_floor"), cp.floor, f"{n_leaves} cell(s) of at least {cp.floor} records "
+                                    f"formed from {int(N)} records, {len(Y)} landmarks; a map needs at least {MIN_CELLS}: "
+                                    f"lower {plan.name('cell_floor')} (the membership audit measures what smaller cells "
+                                    "leak) or bring more records"))
+    sums = len(tree.history)
+    co.release(f"{tree.level} levels of a cell tree: per level the record count of each candidate child cell, then the "
+               f"sums of the features (and of their products) of each child of an accepted split — every split "
+               f"accepted only when each child holds ≥ {cp.floor} records, each query recomputed by every site",
+               note=f"the released cells are nested (a laminar family): no set of fewer than {cp.floor} records is a "
+                    "combination of the released sums, checked by every site before it answers")
+    space = LandmarkSpace("pca", tree.mu, tree.V)
+    co.release("the PCA basis, the cell landmarks (" + (f"each cell's mean and 2 × {min(plan.cell_axes, tree.d)} "
+               "points along its principal axes" if plan.cell_axes > 0 else "the cell means") + ") and their counts",
+               to="every site")
+    return LandmarkResult(Y, space, c, 1.0 / max(2.0 * tree.trace, 1e-300), None, [],
+                          np.random.default_rng([plan.seed, 0xCE11]),
+                          {"method": "cells", "rounds": tree.level, "levels": tree.level, "cells": n_leaves,
+                           "landmarks": len(Y), "floor": cp.floor, "axes": int(min(plan.cell_axes, tree.d)),
+                           "basis_dim": tree.d, "secure_sums": sums},
+                          relay={"cells": cp.to_json(), "previous": previous})
 
 
 # ------------------------------------------------------------------------------------------------ billboard
@@ -327,10 +346,9 @@ def billboard(co):
 
     D2 = sq_dists(Y)
     gamma = 1.0 / max(float(np.median(D2[np.triu_indices(len(Y), 1)])), 1e-300)
-    return {"Y": Y, "space": space, "masses": c, "gamma": gamma, "lr": None, "history": [],
-            "rng": np.random.default_rng([plan.seed, 0xB1C]),
-            "info": {"method": "billboard", "landmarks": len(Y), "basis": space.basis_name(m), "releases": 2,
-                     "sigma1": noise["sigma1"], "sigma2": noise["sigma2"], "noise": priv.noise_note}}
+    return LandmarkResult(Y, space, c, gamma, None, [], np.random.default_rng([plan.seed, 0xB1C]),
+                          {"method": "billboard", "landmarks": len(Y), "basis": space.basis_name(m), "releases": 2,
+                           "sigma1": noise["sigma1"], "sigma2": noise["sigma2"], "noise": priv.noise_note})
 
 
 def billboard_density(co, lm: dict, emb: dict):
@@ -346,7 +364,7 @@ def billboard_density(co, lm: dict, emb: dict):
     E, G = np.asarray(emb["landmark_embedding"], dtype=np.float64), int(plan.density_grid)
     sigma = float(priv.noise["sigma3"])
     n_max = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
-    task = M.BillboardDensity(space=lm["space"], billboard=json.loads(priv.wire_plan()), release=2, Y=lm["Y"],
+    task = M.BillboardDensity(space=lm.space, billboard=json.loads(priv.wire_plan()), release=2, Y=lm.Y,
                               landmark_embedding=E, masses=np.asarray(emb["landmark_masses"], dtype=np.float64),
                               Zn=float(emb["Zn"]), perplexity=float(plan.placement_perplexity))
     total, a = yield from _scaled_sum(co, task, "billboard: density on the map", n_max + 12.0 * sigma, [G * G],

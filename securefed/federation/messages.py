@@ -43,7 +43,7 @@ from .wire import Array, Json, array_from_bytes, array_to_bytes, check_fields, d
 __all__ = ["Array", "Json", "Space", "Hello", "HelloReply", "SumRequest", "ProtocolMessages", "CkksEnd", "Rows",
            "Place", "UploadReply", "ProtocolReply", "RowsReply", "PlaceReply", "Task", "TASKS", "REQUESTS", "encode",
            "decode", "decode_request", "decode_reply", "upload_digest", "canonical_bytes", "encode_task",
-           "Stats", "Model", "Gradient", "Mmd", "Moments", "CellCounts", "CellSums", "Audit", "Rff",
+           "Stats", "Model", "Gradient", "Mmd", "Cells", "Audit", "Rff",
            "BillboardCounts", "BillboardDensity"]
 
 
@@ -302,30 +302,15 @@ class Mmd(Task):
 
 
 @dataclass(frozen=True)
-class Moments(Task):
-    """``[n_p, Σx/B, Σxxᵀ/B²]`` (the cells' PCA basis; B = ``scale``)."""
+class Cells(Task):
+    """One sum of the cell tree (:mod:`securefed.landmarks.celltree`): the site recomputes the query of step ``step``
+    itself from the pinned plan ``cells`` and the totals of the earlier steps — ``previous`` is the total of step
+    ``step − 1`` as the coordinator relays it (unscaled; the site checks it) — and uploads its part of it."""
 
-    NAME: ClassVar[str] = "moments"
-    scale: float
-
-
-@dataclass(frozen=True)
-class CellCounts(Task):
-    """Count pass of the cells: records nearest to each landmark, in the broadcast space."""
-
-    NAME: ClassVar[str] = "cell-counts"
-    space: Space
-    Y: Array
-
-
-@dataclass(frozen=True)
-class CellSums(Task):
-    """Sum pass of the cells: per landmark Σx, the count and (``second_moments``) Σxxᵀ."""
-
-    NAME: ClassVar[str] = "cell-sums"
-    space: Space
-    Y: Array
-    second_moments: bool = False
+    NAME: ClassVar[str] = "cells"
+    cells: Json
+    step: int
+    previous: Array | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +322,8 @@ class Audit(Task):
     Y: Array
     gamma: float
     scores: list[str] = dataclasses.field(default_factory=lambda: ["nearest", "kde"])
+    cells: Json | None = None          # cells runs: the pinned plan, and the total of the last cells step …
+    previous: Array | None = None      # … so that the site finishes its own tree and checks Y, the space and γ
 
 
 @dataclass(frozen=True)
@@ -376,8 +363,8 @@ class BillboardDensity(_Billboard):
 
 
 #: every task, by its wire name
-TASKS: dict[str, type] = {c.NAME: c for c in (Stats, Model, Gradient, Mmd, Moments, CellCounts, CellSums, Audit, Rff,
-                                              BillboardCounts, BillboardDensity)}
+TASKS: dict[str, type] = {c.NAME: c for c in (Stats, Model, Gradient, Mmd, Cells, Audit, Rff, BillboardCounts,
+                                              BillboardDensity)}
 
 
 # ================================================================================== requests
@@ -468,6 +455,10 @@ class Place:
     landmark_labels: list[int] | None = None
     seed: int = 0
     audit_holdout: float = 0.0
+    cells: Json | None = None          # cells runs: the pinned plan and the last cells total (when no audit ran) …
+    previous: Array | None = None
+    audit_total: Array | None = None   # … and the total of the audit sum: the site applies the audit gate itself
+    audit_scores: list[str] | None = None
 
 
 #: every request class by its operation (a sum request answers three)

@@ -66,9 +66,6 @@ def compute_upload(task, X: np.ndarray, rng: np.random.Generator, kxx: float | N
     * ``Model``: ``Y_p`` after ``Q`` local steps from the broadcast ``Y`` (Qiao et al. Algorithm 1 lines 5–10);
     * ``Gradient``: ``∇f_p(Y)`` (Eq. 13);
     * ``Mmd``: ``[MMD(X_p, Y)]`` (Eq. 10);
-    * ``Moments``: ``[n_p, Σx/B, Σxxᵀ/B²]`` (the PCA basis of the cell landmarks);
-    * ``CellCounts`` / ``CellSums``: the count pass and the sum pass of :mod:`securefed.landmarks.cells`, in the
-      broadcast landmark space;
 
     and, with ``monitor``, ``MMD(X_p, Y)`` (of the broadcast Y) appended, scaled by :func:`monitor_scale`.
     """
@@ -77,18 +74,6 @@ def compute_upload(task, X: np.ndarray, rng: np.random.Generator, kxx: float | N
     from . import messages as M
 
     task = as_task(task)
-    if isinstance(task, M.Moments):
-        from ..landmarks.cells import site_moments
-
-        return site_moments(np.asarray(X) / float(task.scale))
-    if isinstance(task, (M.CellCounts, M.CellSums)):
-        from ..landmarks.cells import cell_counts, cell_sums
-
-        F = task.space.features(X)
-        Y = task.Y
-        if Y.ndim != 2 or Y.shape[1] != F.shape[1]:
-            raise ConfigError(bad_value("landmarks.shape", Y.shape, f"the landmark space has {F.shape[1]} dimensions"))
-        return cell_counts(F, Y) if isinstance(task, M.CellCounts) else cell_sums(F, Y, task.second_moments)
     if isinstance(task, M.Stats):
         B = float(task.scale)
         m = X.shape[1]
@@ -187,6 +172,19 @@ class SiteWorker:
             self._live[key] = (X[np.sort(perm[n_out:])], X[np.sort(perm[:n_out])])
         return self._live[key]
 
+    def _pin_seed(self, seed: int) -> None:
+        """The run's public seed (hold-out split, landmark post-processing) is pinned at its first use: a request
+        that carries another seed later in the run is refused (it would move the hold-out)."""
+        pinned = self.state.get("seed")
+        if pinned is None:
+            self.state["seed"] = int(seed)
+        elif int(pinned) != int(seed):
+            raise ProtocolError(f"the request's seed {seed} differs from the run's seed {pinned} this site pinned; refusing")
+
+    @property
+    def _run_seed(self) -> int:
+        return int(self.state.get("seed", 0))
+
     def members(self, req) -> np.ndarray:
         """The FedDL members of a request (``req``: any request with ``audit_holdout`` and ``seed``)."""
         return self.split(float(req.audit_holdout or 0.0), int(req.seed))[0]
@@ -245,6 +243,7 @@ class SiteWorker:
 
     def upload(self, req: M.SumRequest) -> tuple[np.ndarray, dict]:
         """The vector this site contributes to a sum, plus reply extras (its DP ledger events)."""
+        self._pin_seed(req.seed)
         members, holdout = self.split(float(req.audit_holdout or 0.0), int(req.seed))
         g = self.rng(int(req.seed), int(req.site))
         task = req.task
@@ -254,6 +253,11 @@ class SiteWorker:
 
                 if holdout is None:
                     raise ConfigError(bad_value("audit-holdout", 0, "the audit needs held-out records; set audit-holdout > 0"))
+                if self.state.get("audit_answered"):
+                    raise ProtocolError("this site has answered the membership audit of this run already (once per "
+                                        "run: audit counts at other landmarks would locate records); refusing")
+                self._check_landmarks(task.cells, task.previous, task.Y, task.space, members, gamma=task.gamma)
+                self.state["audit_answered"] = True
                 u = site_roc_counts(task.space.features(members), task.space.features(holdout), task.Y,
                                     float(task.gamma), scores=tuple(task.scores), rng=g)
                 return u, {}
@@ -261,12 +265,148 @@ class SiteWorker:
                 return self._dp_upload(req, members, g)
             if isinstance(task, (M.Rff, M.BillboardCounts, M.BillboardDensity)):
                 return self._billboard_upload(req, members)
+            if isinstance(task, M.Cells):
+                self._refuse_without_dp("the cells' non-private sums")
+                return self._cells_upload(req, members), {}
             self._refuse_without_dp(f"a non-private {task.NAME!r} upload")
             kxx = self._kxx(members, float(task.gamma)) if (isinstance(task, M.Mmd) or getattr(task, "monitor", False)) \
                 else None
             return _scale_parts(compute_upload(task, members, g, kxx), req), {}
         finally:
             self.save_rng(g)
+
+    # ------------------------------------------------------------------------------ the cell tree
+    def cell_tree(self, task: M.Cells, members: np.ndarray):
+        """This site's own copy of the run's cell tree (:mod:`securefed.landmarks.celltree`), advanced to
+        ``task.step`` with the totals relayed so far — each checked against this site's own records first.
+
+        The plan is pinned at the first cells request of the run and must meet the site's own floor (site option
+        ``cell-floor``, default 15); every later request must carry the same plan and the next step."""
+        from ..landmarks.celltree import CellsPlan, CellTree
+        from ..securesum.threat import int_option
+
+        plan = CellsPlan.from_json(task.cells)
+        own_floor = int_option(self.options, "cell-floor", 15)
+        if plan.floor < own_floor:
+            raise ConfigError(bad_value("cell-floor", plan.floor, f"this site reveals a sum of features only over at "
+                                        f"least {own_floor} records (its site option cell-floor); refusing the plan"))
+        if plan.n_max < len(members):
+            raise ProtocolError(f"the cells plan bounds a site's records by n_max = {plan.n_max}, this site holds "
+                                f"{len(members)}; refusing")
+        pinned = self.state.get("cells_plan")
+        if pinned is None:
+            if task.step != 0:
+                raise ProtocolError(f"cells step {task.step} asked of a site that has not answered step 0; refusing")
+            self.state["cells_plan"] = plan.digest()
+            self.state["cells_totals"] = []
+        elif pinned != plan.digest():
+            raise ProtocolError("the cells plan differs from the one this site pinned at the first cells sum of the run "
+                                "(floor, basis, levels and bounds are fixed once per run); refusing")
+        totals = list(self.state.get("cells_totals", []))
+        expected = int(self.state.get("cells_next", 0))
+        if task.step != expected or (task.step > 0) != (task.previous is not None):
+            raise ProtocolError(f"cells step {task.step} asked; this site answers each step of the run once and in "
+                                f"order, and expects step {expected} (with the total of step {expected - 1}); refusing")
+        tree = self._replayed_tree(plan, members.shape[1])
+        if task.previous is not None:
+            q = tree.next_query()
+            total = np.asarray(task.previous, dtype=np.float64).ravel()
+            _check_total_against_own(q, tree, total, members)
+            tree.absorb(q, total)
+            totals.append(np.ascontiguousarray(total, dtype="<f8").tobytes())
+            self.state["cells_totals"] = totals
+        self._live["cell_tree"] = tree
+        return tree
+
+    def _replayed_tree(self, plan, m: int):
+        """The tree as the checked totals this site stored left it (a fresh process replays them)."""
+        from ..landmarks.celltree import CellTree
+
+        totals = list(self.state.get("cells_totals", []))
+        tree = self._live.get("cell_tree")
+        if tree is None or tree.step != len(totals):
+            tree = CellTree(plan, m)
+            for raw in totals:
+                tree.absorb(tree.next_query(), np.frombuffer(bytes(raw), dtype="<f8"))
+        self._live["cell_tree"] = tree
+        return tree
+
+    def _check_landmarks(self, cells, previous, Y, space, members: np.ndarray, gamma: float | None = None) -> None:
+        """In a cells run, the landmarks, space and γ of an audit or placement request must be the ones this site
+        computes itself from its tree (finished here with the relayed last total when it is not yet); a site that
+        answered cells sums refuses a request that omits them. Outside cells runs (``cells`` None and no pinned
+        plan) nothing is checked here."""
+        from ..landmarks.celltree import CellsPlan
+
+        pinned = self.state.get("cells_plan")
+        if pinned is None:
+            if cells is not None:
+                raise ProtocolError("the request names a cells plan but this site answered no cells sum in this run; "
+                                    "refusing")
+            return
+        if cells is None or CellsPlan.from_json(cells).digest() != pinned:
+            raise ProtocolError("this site answered the cells sums of this run: an audit or placement request must carry "
+                                "the pinned cells plan (the site checks the landmarks against its own); refusing")
+        if previous is not None:
+            step = int(self.state.get("cells_next", 0))
+            tree = self.cell_tree(M.Cells(cells=cells, step=step, previous=previous), members)
+            self.state["cells_next"] = step + 1  # the tree is finished: no further cells sum
+        else:
+            tree = self._replayed_tree(CellsPlan.from_json(cells), members.shape[1])
+        if tree.next_query() is not None:
+            raise ProtocolError("the cell tree is not complete: the coordinator skipped cells sums; refusing")
+        own_Y, _ = tree.landmarks(seed=int(self._run_seed))
+        scale = float(np.max(np.abs(own_Y))) if own_Y.size else 1.0
+        if Y.shape != own_Y.shape or not np.allclose(Y, own_Y, rtol=1e-9, atol=1e-12 * max(scale, 1e-300)):
+            raise ProtocolError("the request's landmarks are not the cell landmarks this site computes from the released "
+                                "sums; refusing")
+        if space.kind != "pca" or not (np.array_equal(space.mu, tree.mu) and np.array_equal(space.V, tree.V)):
+            raise ProtocolError("the request's landmark space is not the basis this site derived; refusing")
+        if gamma is not None and not np.isclose(gamma, 1.0 / max(2.0 * tree.trace, 1e-300), rtol=1e-9):
+            raise ProtocolError(f"the request's gamma={gamma} is not the one the cells give; refusing")
+
+    def _cells_upload(self, req: M.SumRequest, members: np.ndarray) -> np.ndarray:
+        """This site's part of the cell tree's next sum: the query recomputed here (nothing the coordinator chose),
+        the disclosure check on this site's records before any sum of features, the upload scaled by the query's
+        own public bounds."""
+        from ..audits.disclosure import check_tree
+
+        if req.scale_lengths or req.scale_bounds:
+            raise ProtocolError("a cells request carries scales: this site derives them from the cells plan itself; "
+                                "refusing")
+        tree = self.cell_tree(req.task, members)
+        q = tree.next_query()
+        if q is None:
+            raise ProtocolError("the cell tree is complete: there is no further cells sum to answer; refusing")
+        if q.kind == "sums":
+            check_tree(tree.family(tree.features(members), q), tree.plan.floor)
+        u = tree.upload(q, members)
+        self.state["cells_next"] = int(q.step) + 1  # answered: never again in this run
+        scale = np.concatenate([np.full(int(k), float(b)) for k, b in q.parts])
+        return u / scale
+
+    def _site_audit_gate(self, req: M.Place) -> None:
+        """Before anything per record leaves a cells run, the site applies the membership-audit gate itself to the
+        audit's total (relayed with the placement request), with its own limits: site options ``max-auc`` (0.6) and
+        ``max-empirical-epsilon`` (1.0); ``require-audit`` (true) refuses a placement without an audit and
+        ``allow-audit-failure`` (false) lets its operator override a failing one."""
+        from ..audits import AuditPolicy, audit_gate, mia_from_counts
+
+        if req.audit_total is None:
+            if _truthy(self.options.get("require-audit", True)):
+                raise ConfigError(bad_value("audit", "none", "this site places its records only after a membership "
+                                            "audit of the landmarks passes (site option require-audit); run with an "
+                                            "audit hold-out (audit-holdout > 0)"))
+            return
+        scores = tuple(req.audit_scores or ("nearest", "kde"))
+        mia = mia_from_counts(req.audit_total, scores, n_sites=1, aggregation="secagg")
+        policy = AuditPolicy(max_auc=float(self.options.get("max-auc", 0.6)),
+                             max_empirical_epsilon=float(self.options.get("max-empirical-epsilon", 1.0)))
+        dec = audit_gate(mia, policy, allow_failure=True)
+        if not dec.passed and not _truthy(self.options.get("allow-audit-failure", False)):
+            raise ConfigError(bad_value("the membership audit", f"AUC {mia.auc:.3f}", "this site's own audit gate failed ("
+                                        + "; ".join(str(f) for f in dec.failures) + "): it sends nothing per record; "
+                                        "its operator may override with the site option allow-audit-failure"))
 
     def _billboard_upload(self, req: M.SumRequest, X: np.ndarray) -> tuple[np.ndarray, dict]:
         """One of the DP billboard's releases (:mod:`securefed.landmarks.merf`): the site's own calibration
@@ -503,6 +643,15 @@ class SiteWorker:
         using nothing but that broadcast and its own records; return the coordinates / labels, or keep them."""
         from ..embedding import placement
 
+        self._pin_seed(req.seed)
+        if self.state.get("placed"):
+            raise ProtocolError("this site has placed its records in this run already (once per run: placements "
+                                "against other maps would reveal more of each record); refusing")
+        members = self.members(req)
+        self._check_landmarks(req.cells, req.previous, req.Y, req.space, members)
+        if self.state.get("cells_plan") is not None:
+            self._site_audit_gate(req)
+        self.state["placed"] = True
         F = req.space.features(self.records())
         Y = req.Y
         if Y.ndim != 2 or Y.shape[1] != F.shape[1]:
@@ -542,6 +691,19 @@ class SiteWorker:
                 np.save(os.path.join(str(path), f"{self.name}-embedding.npy"), self.kept)
             return M.encode(M.PlaceReply(kept=int(len(out))))
         return M.encode(reply)
+
+
+def _check_total_against_own(q, tree, total: np.ndarray, members: np.ndarray) -> None:
+    """What a site can check of a relayed cells total on its own: the record count of the basis sum and every
+    count of a count pass cover at least its own records (the tree itself checks that children add up to their
+    parent). A forged total that passes these is caught by the proof of the secure sum where there is one."""
+    own = tree.upload(q, members)
+    if q.kind == "basis":
+        if total[0] + 0.5 < own[0] * 1.0:  # the upload is [n_p, Σx/B, …] before scaling: n_p ≤ n
+            raise ProtocolError(f"the relayed basis sum counts {total[0]:.0f} records; this site alone holds "
+                                f"{own[0]:.0f}; refusing")
+    elif q.kind == "counts" and np.any(total + 0.5 < own):
+        raise ProtocolError("a relayed cell count is below this site's own records in that cell; refusing")
 
 
 def _scale_parts(u: np.ndarray, req: M.SumRequest) -> np.ndarray:

@@ -35,27 +35,35 @@ def test_axis_points_are_the_cells_sigma_points():
     assert axis_points(Y, c, cov, 99)[0].shape == (k * (1 + 2 * d), d)  # at most d axes
 
 
-def test_a_cells_run_with_axes_uses_the_final_cells_second_moments():
+def test_a_cells_run_with_axes_uses_the_leaves_second_moments():
+    """With axes, the landmarks are the cell tree's leaves — their means and μ ± √λ₁·v₁ — checked against the leaves
+    recomputed from the records (the same tree built on the pooled records: its queries are a function of the sums)."""
+    from securefed.landmarks.celltree import CellsPlan, CellTree
+
     ds = load_dataset("digits")
     sites = [ds.X[i] for i in partition(ds.X, ds.y, 3, "iid", random_state=0)]
     base = dict(aggregation="plain", method="none", audit_holdout=0.0, seed=0, landmark_method="cells", cell_floor=25)
-    res0 = run_in_process(RunPlan.build("api", **base), sites, site_options={"allow-plain": True})
     res1 = run_in_process(RunPlan.build("api", cell_axes=1, **base), sites, site_options={"allow-plain": True})
     k = res1.landmark_info["cells"]
     assert res1.landmark_info["axes"] == 1 and len(res1.landmarks) == 3 * k
     assert res1.masses.sum() == pytest.approx(len(ds.X))
     means = res1.landmarks.reshape(k, 3, -1)[:, 0]
-    # the cell means are the same cells as without axes (the same rounds; only the last pass carries more)
-    np.testing.assert_allclose(means, res0.landmarks, atol=1e-6)
-    # the points lie √λ₁ from the mean, λ₁ the top variance of the cell's records — those nearest to the landmarks
-    # of the last pass, which are the means *before* that pass's update: re-assigning to the final means moves a
-    # few records, hence 5 % and not exact
-    F = res1.landmark_space.features(np.vstack(sites))
-    lab = np.argmin(((F[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
-    for L in range(min(k, 5)):
-        X = F[lab == L]
-        lam = np.linalg.eigvalsh(np.cov(X.T, bias=True))[-1]
-        assert np.linalg.norm(res1.landmarks[3 * L + 1] - means[L]) == pytest.approx(np.sqrt(lam), rel=0.05)
+    X = np.vstack(sites)
+    plan = CellsPlan(floor=25, basis_dim=50, max_cells=min(300, len(X) // 25), max_levels=12, scale=1.0,
+                     n_max=max(len(s) for s in sites), axes=1)
+    tree = CellTree(plan, X.shape[1])
+    while (q := tree.next_query()) is not None:
+        tree.absorb(q, sum(tree.upload(q, S) for S in sites))
+    F = tree.features(X)
+    members = tree.assign(F)
+    leaves = tree.leaves()
+    assert len(leaves) == k
+    for L, leaf in enumerate(leaves):
+        R = F[members[leaf.path]]
+        assert len(R) == pytest.approx(leaf.count) and len(R) >= 25  # every leaf over at least the floor
+        np.testing.assert_allclose(means[L], R.mean(axis=0), atol=1e-6)
+        lam = np.linalg.eigvalsh(np.cov(R.T, bias=True))[-1]
+        assert np.linalg.norm(res1.landmarks[3 * L + 1] - means[L]) == pytest.approx(np.sqrt(lam), rel=1e-6)
     assert any("principal axes" in r["what"] for r in res1.inventory)
 
 

@@ -42,7 +42,8 @@ def _dp_options(tmp_path, budget=5.0, n=3, **extra):
 
 
 def _exchange(arrays, options=None, **kw):
-    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True, **(options or {}).get(i, {})}, X)
+    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True, "require-audit": False,
+                                    **(options or {}).get(i, {})}, X)
                for i, X in enumerate(arrays)}
     return InMemoryExchange(workers, fresh_process=True, **kw)
 

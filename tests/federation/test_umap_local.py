@@ -17,7 +17,8 @@ def test_umap_local_equals_the_estimator_and_sends_only_coordinates():
     arrays = [rng.normal(size=(30 + 5 * i, 3)) * 0.4 + 0.3 * i for i in range(3)]
     plan = RunPlan.build("flower", method="umap", nystrom="local", landmarks=8, rounds=2, local_steps=2,
                          aggregation="plain", min_sites=3, seed=3, n_neighbors=5, cell_floor=5, audit_holdout=0.0)
-    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": f"s{i}", "allow-plain": True}, X) for i, X in enumerate(arrays)},
+    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": f"s{i}", "allow-plain": True, "cell-floor": 5,
+                                                 "require-audit": False}, X) for i, X in enumerate(arrays)},
                           fresh_process=True)
     res = drive(Coordinator(plan), ex)
     est = FedUMAP(n_neighbors=5, n_landmarks=8, rounds=2, local_steps=2, nystrom="local", random_state=3,

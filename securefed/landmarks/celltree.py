@@ -1,0 +1,572 @@
+"""The cell tree: the default landmarks, a deterministic function of a pinned plan and of verified sums.
+
+Every quantity the tree needs is one secure sum over the sites, and every *next* sum is a function of the plan and
+of the sums released so far — nothing else. So the coordinator and **every site** run this same code
+(:class:`CellTree`): each site recomputes the next query itself and computes its upload from it; nobody chooses
+centres, splits, cells, the space or the floor (``docs/threat-model.md`` §2).
+
+The queries, in order (one secure sum each):
+
+0. **basis** — ``[n_p, Σx/B, Σxxᵀ/B²]`` over every site's members (:func:`~.cells.site_moments`): the global mean μ and
+   the top principal axes V (:func:`~.cells.pca_basis`), rounded to float32 (:func:`public_round`) so that every party
+   derives the same numbers; a record's features are ``f = (x − μ)V``. The root cell (all members) gets its count,
+   sum (0) and second moments from the same sum.
+1. **counts of level L** — for every cell of the frontier, how many records fall in each of its children: the cell
+   splits through its mean along its top principal axis (2 children) or its top two axes (4 children: the quadrants),
+   the axes from the cell's own released second moments (:func:`split_axes`). Each record of the cell goes to the
+   child on its side of each hyperplane (:func:`child_index`).
+2. **sums of level L** — for every split that is *accepted*, each child's ``Σf`` (and, where the child may split again
+   or axis points are asked for, its ``Σffᵀ``, upper triangle).
+
+A split is accepted only when **every** child holds at least ``floor`` records (a 4-way split that fails falls back
+to the 2-way split along the first axis, whose counts are sums of the quadrants' counts); otherwise the cell stays a
+leaf. Children partition their parent, so the released cells form a **laminar family** and the smallest sets of
+records any combination of released sums isolates are its *atoms* — a released cell minus its released children —
+which are empty (an accepted split) or a leaf holding ≥ ``floor`` records. This is the property each site checks on
+its own records before it answers (:mod:`securefed.audits.disclosure`). (Unlike k-means, whose cells move between
+rounds, so that two successive sums can differ by a single record.)
+
+The landmarks are the leaves' means (their masses the leaves' counts) and, with ``axes`` = R > 0, each leaf's axis
+points μ ± √λ_j·v_j (:func:`~.cells.axis_points`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError, DecodeError, ProtocolError, bad_value
+from .cells import axis_points, pca_basis
+
+__all__ = ["CellsPlan", "CellTree", "Query", "public_round", "split_axes", "best_cut", "bin_edges", "tri_len"]
+
+#: fewest cells a map is drawn from (the landmark t-SNE needs a perplexity (k − 1)/3 above 1)
+MIN_CELLS = 5
+
+
+def public_round(a) -> np.ndarray:
+    """Round a derived public number to float32 (and back to float64): parties whose linear algebra differs in the
+    last bits (thread counts, BLAS builds) still derive the same splits, so their queries — and digests — agree."""
+    return np.asarray(np.asarray(a, dtype=np.float64).astype(np.float32), dtype=np.float64)
+
+
+def tri_len(d: int) -> int:
+    return d * (d + 1) // 2
+
+
+def _tri(Q: np.ndarray) -> np.ndarray:
+    """Upper triangle (row-major) of a symmetric d × d matrix, or of a stack of them."""
+    d = Q.shape[-1]
+    iu = np.triu_indices(d)
+    return Q[..., iu[0], iu[1]]
+
+
+def _untri(t: np.ndarray, d: int) -> np.ndarray:
+    iu = np.triu_indices(d)
+    Q = np.zeros(t.shape[:-1] + (d, d))
+    Q[..., iu[0], iu[1]] = t
+    Q[..., iu[1], iu[0]] = t
+    return Q
+
+
+def split_axes(mean: np.ndarray, second: np.ndarray, count: float, n_axes: int) -> np.ndarray:
+    """The top ``n_axes`` principal axes of a cell (rows), from its released mean and second moments Σffᵀ / count.
+
+    Each axis is normalised in sign (its largest-magnitude coordinate positive) and rounded (:func:`public_round`),
+    so every party derives the same hyperplanes."""
+    cov = second / max(float(count), 1.0) - np.outer(mean, mean)
+    cov = (cov + cov.T) / 2.0
+    w, V = np.linalg.eigh(cov)
+    A = V[:, np.argsort(w)[::-1][:n_axes]].T.copy()
+    for a in A:
+        if a[np.argmax(np.abs(a))] < 0:
+            a *= -1.0
+    return public_round(A)
+
+
+#: histogram bins per axis in a count pass (the outer two are open-ended)
+BINS = 12
+#: the inner bin edges span ±EDGE standard deviations of the cell along the axis
+EDGE = 2.5
+
+
+def bin_edges(second_along: float, count: float) -> np.ndarray:
+    """The public inner bin edges along one axis of a cell (BINS − 1 edges, ±EDGE·σ around the cell's centre), from
+    the cell's released variance along the axis; rounded like every derived public number."""
+    sd = math.sqrt(max(float(second_along), 0.0))
+    return public_round(np.linspace(-EDGE * sd, EDGE * sd, BINS - 1))
+
+
+def projections(F: np.ndarray, centre: np.ndarray, axes: np.ndarray) -> np.ndarray:
+    return (np.asarray(F) - centre) @ axes.T
+
+
+def histogram_index(P: np.ndarray, edges: list) -> np.ndarray:
+    """Flat bin index of each record's projections (one column per axis) on the cell's public grid."""
+    idx = np.zeros(len(P), dtype=np.int64)
+    for j, e in enumerate(edges):
+        idx = idx * BINS + np.searchsorted(e, P[:, j], side="right")
+    return idx
+
+
+def best_cut(hist: np.ndarray, floor: int) -> int | None:
+    """The cut of a 1-D histogram (records in bins < cut go left) that maximises the between-side variance of the
+    bin positions (Otsu's criterion: the 1-D two-means split), among the cuts that leave ≥ ``floor`` records on each
+    side; None when there is none. Ties go to the cut nearest the middle, then the lower one."""
+    h = np.asarray(hist, dtype=np.float64)
+    x = np.arange(len(h), dtype=np.float64)
+    n = h.sum()
+    best, best_score = None, -1.0
+    for c in range(1, len(h)):
+        n0, n1 = h[:c].sum(), h[c:].sum()
+        if n0 < floor or n1 < floor:
+            continue
+        m0, m1 = (h[:c] * x[:c]).sum() / n0, (h[c:] * x[c:]).sum() / n1
+        score = round(n0 * n1 / (n * n) * (m1 - m0) ** 2, 9)
+        if score > best_score or (score == best_score and abs(c - len(h) / 2) < abs(best - len(h) / 2)):
+            best, best_score = c, score
+    return best
+
+
+@dataclass(frozen=True)
+class CellsPlan:
+    """The public, pinned parameters of the cell tree (every site refuses a run whose plan changes)."""
+
+    floor: int
+    basis_dim: int
+    max_cells: int
+    max_levels: int
+    scale: float
+    n_max: int
+    standardize: bool = False
+    axes: int = 0
+    margin: float = 2.0
+    version: int = 1
+
+    def __post_init__(self):
+        if int(self.floor) < 2:
+            raise ConfigError(bad_value("cell-floor", self.floor, "use at least 2"))
+        if int(self.basis_dim) < 1 or int(self.max_cells) < 1 or int(self.max_levels) < 1:
+            raise ConfigError(bad_value("cells plan", asdict(self), "basis_dim, max_cells and max_levels must be ≥ 1"))
+        if not (math.isfinite(float(self.scale)) and float(self.scale) > 0):
+            raise ConfigError(bad_value("value-bound", self.scale, "give a positive public bound"))
+        if self.version != 1:
+            raise DecodeError(f"cells plan version {self.version} is not 1")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc) -> "CellsPlan":
+        if not isinstance(doc, dict):
+            raise DecodeError("malformed cells plan: not a JSON object")
+        try:
+            if set(doc) != {f for f in cls.__dataclass_fields__}:
+                raise KeyError(f"fields {sorted(doc)}")
+            return cls(int(doc["floor"]), int(doc["basis_dim"]), int(doc["max_cells"]), int(doc["max_levels"]),
+                       float(doc["scale"]), int(doc["n_max"]), bool(doc["standardize"]), int(doc["axes"]),
+                       float(doc["margin"]), int(doc["version"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DecodeError(f"malformed cells plan: {exc}") from None
+
+    def digest(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+
+@dataclass
+class _Node:
+    path: tuple            # () root; (2, 1): child 1 of child 2 of the root
+    count: float
+    mean: np.ndarray       # in the basis (f coordinates)
+    second: np.ndarray | None = None   # Σffᵀ (d × d) when released
+    centre: np.ndarray | None = None   # the split's origin and axes (when this cell is on the frontier)
+    axes: np.ndarray | None = None
+    edges: list | None = None          # the public bin edges along each axis (count pass)
+    cut: int | None = None             # accepted split: records in bins < cut along axis 1 go to the first half …
+    cuts2: tuple | None = None         # … and each half splits again along axis 2 at its own cut (or not: None)
+    children: list = field(default_factory=list)
+    leaf: bool = False
+    released: bool = False   # its feature sums were released (the root: by the basis sum)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One sum of the tree: ``kind`` basis / counts / sums; what each site uploads is :meth:`CellTree.upload`."""
+
+    step: int
+    kind: str
+    length: int
+    parts: tuple           # ((length, public bound per coordinate), …) for the secure sum's scaling
+    description: dict      # everything that shapes the upload (centres, axes, which children, which moments)
+
+    def digest_doc(self) -> dict:
+        return {"step": self.step, "kind": self.kind, "length": self.length, "parts": [list(p) for p in self.parts],
+                **self.description}
+
+
+class CellTree:
+    """The cell tree of one run (module docstring): the same object on the coordinator and on every site.
+
+    Drive it with ``q = tree.next_query()`` (None when the tree is complete), each site's ``tree.upload(q, X)``, and
+    ``tree.absorb(q, total)`` with the *verified* total of that sum; then ``tree.landmarks()``.
+
+    The plan's ``n_max`` is the largest site's member count (public, from ``hello``): it bounds every coordinate of
+    an upload.
+    """
+
+    def __init__(self, plan: CellsPlan, n_features: int):
+        self.plan = plan
+        self.m = int(n_features)
+        self.n_max = float(plan.n_max)
+        self.d = min(int(plan.basis_dim), self.m)
+        self.step = 0
+        self.level = 0
+        self.mu: np.ndarray | None = None
+        self.V: np.ndarray | None = None
+        self.trace = 0.0
+        self.sd: np.ndarray | None = None
+        self.root: _Node | None = None
+        self.frontier: list = []   # cells whose children's counts the next query asks
+        self.accepted: list = []   # (cell, n_children) whose children's sums the next query asks
+        self.done = False
+        self.history: list = []    # (query kind, counts) for the result
+
+    # ------------------------------------------------------------------------------ queries
+    def next_query(self) -> Query | None:
+        """The next sum, a function of the plan and of what was absorbed (None when the tree is complete)."""
+        if self.done:
+            return None
+        B, n = float(self.plan.scale), self.n_max
+        if self.root is None:
+            m = self.m
+            return Query(self.step, "basis", 1 + m + m * m, ((1 + m + m * m, n),), {"scale": B})
+        if self.accepted:
+            parts, desc = [], []
+            r = self._feature_bound()
+            for cell, k in self.accepted:
+                with_second = self._wants_second(cell, k)
+                parts += [(k * self.d, n * r)] + ([(k * tri_len(self.d), n * r * r)] if with_second else [])
+                desc.append({"cell": list(cell.path), "children": k, "second": with_second, "cut": cell.cut,
+                             "cuts2": list(cell.cuts2), "centre": cell.centre.tolist(), "axes": cell.axes.tolist(),
+                             "edges": [e.tolist() for e in cell.edges]})
+            return Query(self.step, "sums", sum(p for p, _ in parts), tuple(parts), {"cells": desc, **self._space_doc()})
+        k = sum(BINS ** len(c.axes) for c in self.frontier)
+        desc = [{"cell": list(c.path), "centre": c.centre.tolist(), "axes": c.axes.tolist(),
+                 "edges": [e.tolist() for e in c.edges]} for c in self.frontier]
+        return Query(self.step, "counts", k, ((k, n),), {"cells": desc, **self._space_doc()})
+
+    def _space_doc(self) -> dict:
+        return {"mu": self.mu.tolist(), "V": self.V.tolist()}
+
+    def _feature_bound(self) -> float:
+        """A public bound on |f_j| for a record with |x_i| ≤ B: ‖x − μ‖ ≤ 2B√m and ‖v‖ = 1 (standardised: ×1/σ_min)."""
+        B = float(self.plan.scale)
+        r = 2.0 * B * math.sqrt(self.m)
+        if self.plan.standardize:
+            r *= float(np.max(np.abs(self.V))) * math.sqrt(self.m)  # |f_j| ≤ ‖x − μ‖·‖V_j‖ with V = diag(1/σ)·U
+        return r
+
+    def _wants_second(self, cell: _Node, k: int) -> bool:
+        """Every child of an accepted split releases its second moments: a child splits along its own principal axes,
+        and a leaf's covariance shapes the landmarks (:func:`mixture_landmarks`). Same sets as the sums: the family
+        stays laminar."""
+        return True
+
+    # ------------------------------------------------------------------------------ a site's upload
+    def features(self, X: np.ndarray) -> np.ndarray:
+        return (np.asarray(X, dtype=np.float64) - self.mu) @ self.V
+
+    def route(self, cell: _Node, F: np.ndarray) -> np.ndarray:
+        """Which child of an accepted split each of the cell's records goes to (by its bins on the cell's grid)."""
+        P = projections(F, cell.centre, cell.axes)
+        b1 = np.searchsorted(cell.edges[0], P[:, 0], side="right")
+        side = (b1 >= cell.cut).astype(np.int64)
+        out = np.zeros(len(F), dtype=np.int64)
+        nxt = 0
+        for h in (0, 1):
+            c2 = cell.cuts2[h]
+            mine = side == h
+            if c2 is None:
+                out[mine] = nxt
+                nxt += 1
+            else:
+                b2 = np.searchsorted(cell.edges[1], P[mine, 1], side="right")
+                out[mine] = nxt + (b2 >= c2)
+                nxt += 2
+        return out
+
+    def assign(self, F: np.ndarray) -> dict:
+        """For every cell of the tree with children: the indices of the records inside each (a dict by path)."""
+        out = {(): np.arange(len(F))}
+        stack = [self.root]
+        while stack:
+            cell = stack.pop()
+            idx = out[cell.path]
+            if not cell.children:
+                continue
+            ci = self.route(cell, F[idx])
+            for j, child in enumerate(cell.children):
+                out[child.path] = idx[ci == j]
+                stack.append(child)
+        return out
+
+    def upload(self, q: Query, X: np.ndarray) -> np.ndarray:
+        """This site's vector for query ``q`` from its members ``X`` (before the per-part scaling)."""
+        from .cells import site_moments
+
+        if q.kind == "basis":
+            return site_moments(np.asarray(X, dtype=np.float64) / float(self.plan.scale))
+        F = self.features(X)
+        members = self.assign(F)
+        out = []
+        if q.kind == "counts":
+            for cell in self.frontier:
+                idx = members[cell.path]
+                hi = histogram_index(projections(F[idx], cell.centre, cell.axes), cell.edges)
+                out.append(np.bincount(hi, minlength=BINS ** len(cell.axes)).astype(np.float64))
+            return np.concatenate(out)
+        for cell, k in self.accepted:
+            idx = members[cell.path]
+            ci = self.route(cell, F[idx])
+            S = np.zeros((k, self.d))
+            np.add.at(S, ci, F[idx])
+            out.append(S.ravel())
+            if self._wants_second(cell, k):
+                Q = np.zeros((k, self.d, self.d))
+                np.add.at(Q, ci, F[idx][:, :, None] * F[idx][:, None, :])
+                out.append(_tri(Q).ravel())
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def family(self, F: np.ndarray, q: Query | None = None) -> list:
+        """The laminar family of cells whose feature sums are released — the root (the basis sum) and every child of
+        an accepted split — plus, with ``q`` a sums query, the children it is about to release:
+        ``[(path, parent path or None, indices of this site's records in the cell, the cell's global count)]`` for
+        :func:`securefed.audits.disclosure.check_tree` (the counts came from verified sums)."""
+        members = self.assign(F)
+        pending = {id(c) for c, _ in self.accepted} if q is not None and q.kind == "sums" else set()
+        out, stack = [], [(self.root, None)]
+        while stack:
+            cell, parent = stack.pop()
+            out.append((cell.path, parent, members[cell.path], cell.count))
+            if cell.children and (cell.children[0].released or id(cell) in pending):
+                stack += [(c, cell.path) for c in cell.children]
+        return out
+
+    # ------------------------------------------------------------------------------ absorbing verified sums
+    def absorb(self, q: Query, total: np.ndarray) -> None:
+        """Take the verified (unscaled) total of query ``q``; advances the tree (:class:`ProtocolError` on a total of
+        the wrong shape or one no sum of honest uploads can give)."""
+        total = np.asarray(total, dtype=np.float64).ravel()
+        if q.step != self.step or total.shape != (q.length,) or not np.all(np.isfinite(total)):
+            raise ProtocolError(f"cells: a total of shape {total.shape} for step {q.step} (expected {q.length} values "
+                                f"for step {self.step})")
+        self.history.append(q.kind)
+        self.step += 1
+        if q.kind == "basis":
+            self._absorb_basis(total)
+        elif q.kind == "counts":
+            self._absorb_counts(total)
+        else:
+            self._absorb_sums(total)
+
+    def _absorb_basis(self, total: np.ndarray) -> None:
+        m, B = self.m, float(self.plan.scale)
+        n = float(round(total[0]))
+        mu, V, trace, sd = pca_basis(total, m, self.d, standardize=self.plan.standardize)
+        self.mu = public_round(mu * B)
+        self.V = public_round(V / B if self.plan.standardize else V)
+        self.trace = float(trace) * (1.0 if self.plan.standardize else B * B)
+        self.sd = sd * B
+        # the root's second moments in the basis: Vᵀ(Σxxᵀ − n μμᵀ)V (from the same sum)
+        Sxx = total[1 + m:].reshape(m, m) * B * B
+        Sx = total[1:1 + m] * B
+        C = Sxx - np.outer(Sx, self.mu) - np.outer(self.mu, Sx) + n * np.outer(self.mu, self.mu)
+        second = self.V.T @ C @ self.V
+        mean = (Sx - n * self.mu) @ self.V / max(n, 1.0)
+        self.root = _Node((), n, mean, (second + second.T) / 2.0, released=True)
+        self._set_frontier([self.root])
+
+    def _set_frontier(self, cells: list) -> None:
+        p = self.plan
+        room = int(p.max_cells) - self._n_leaves()
+        front = []
+        if self.level < p.max_levels:
+            for cell in sorted(cells, key=lambda c: (-c.count, c.path)):
+                if cell.second is None or cell.count < p.margin * p.floor or room < 1:
+                    cell.leaf = True
+                    continue
+                n_axes = 2 if (cell.count >= 2 * p.margin * p.floor and self.d >= 2 and room >= 3) else 1
+                cell.centre = public_round(cell.mean)
+                cell.axes = split_axes(cell.mean, cell.second, cell.count, n_axes)
+                cov = cell.second / max(cell.count, 1.0) - np.outer(cell.mean, cell.mean)
+                cell.edges = [bin_edges(float(a @ cov @ a), cell.count) for a in cell.axes]
+                room -= (1 << n_axes) - 1
+                front.append(cell)
+        else:
+            for cell in cells:
+                cell.leaf = True
+        self.frontier = front
+        if not front:
+            self.done = True
+
+    def _n_leaves(self) -> int:
+        def count(c):
+            return 1 if not c.children else sum(count(x) for x in c.children)
+        return count(self.root) if self.root is not None else 0
+
+    def _absorb_counts(self, total: np.ndarray) -> None:
+        """Choose each frontier cell's split from its verified histogram: the best cut along axis 1 with ≥ floor records
+        on each side (:func:`best_cut`), then — on the 2-axis grid — each half's best cut along axis 2, kept only when
+        both its quarters hold ≥ floor; a cell with no admissible cut stays a leaf. Deterministic: every party makes
+        the same choice from the same counts."""
+        p, pos, accepted = self.plan, 0, []
+        room = int(p.max_cells) - self._n_leaves()
+        for cell in self.frontier:
+            k = BINS ** len(cell.axes)
+            h = np.round(total[pos:pos + k])
+            pos += k
+            if abs(h.sum() - cell.count) > 0.5 or np.any(h < -0.5):
+                raise ProtocolError(f"cells: the histogram of cell {list(cell.path)} holds {h.sum():.0f} records, the "
+                                    f"cell {cell.count:.0f}; the counts are not a sum of honest uploads")
+            grid = h.reshape((BINS,) * len(cell.axes))
+            marg = grid if grid.ndim == 1 else grid.sum(axis=1)
+            cut = best_cut(marg, p.floor) if room >= 1 else None
+            if cut is None:
+                cell.leaf, cell.axes, cell.centre, cell.edges = True, None, None, None
+                continue
+            room -= 1
+            halves = [grid[:cut], grid[cut:]]
+            cuts2, kids = [], []
+            for half in halves:
+                c2 = best_cut(half.sum(axis=0), p.floor) if grid.ndim == 2 and room >= 1 else None
+                if c2 is None:
+                    cuts2.append(None)
+                    kids.append(half.sum())
+                else:
+                    room -= 1
+                    cuts2.append(int(c2))
+                    kids += [half[:, :c2].sum(), half[:, c2:].sum()]
+            cell.cut, cell.cuts2 = int(cut), tuple(cuts2)
+            cell.children = [_Node(cell.path + (j,), float(v), np.zeros(self.d)) for j, v in enumerate(kids)]
+            accepted.append((cell, len(kids)))
+        self.frontier = []
+        self.accepted = accepted
+        if not accepted:
+            self.done = True
+
+    def _absorb_sums(self, total: np.ndarray) -> None:
+        pos, new = 0, []
+        for cell, k in self.accepted:
+            S = total[pos:pos + k * self.d].reshape(k, self.d)
+            pos += k * self.d
+            Q = None
+            if self._wants_second(cell, k):
+                Q = _untri(total[pos:pos + k * tri_len(self.d)].reshape(k, tri_len(self.d)), self.d)
+                pos += k * tri_len(self.d)
+            for j, child in enumerate(cell.children):
+                child.mean = S[j] / max(child.count, 1.0)
+                child.second = None if Q is None else Q[j]
+                child.released = True
+                new.append(child)
+        self.accepted = []
+        self.level += 1
+        self._set_frontier(new)
+
+    # ------------------------------------------------------------------------------ the result
+    def leaves(self) -> list:
+        out, stack = [], [self.root]
+        while stack:
+            c = stack.pop()
+            if c.children:
+                stack += c.children[::-1]
+            else:
+                out.append(c)
+        return sorted(out, key=lambda c: c.path)
+
+    def landmarks(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(landmarks, masses)``: with ``axes`` = 0 (default) the centres of a k-means on a public, seeded sample of the
+        leaves' Gaussian mixture (:func:`mixture_landmarks`: post-processing of the released means and second
+        moments, one landmark per leaf); with ``axes`` = R > 0 the leaves' means and their axis points
+        (:func:`~.cells.axis_points`). Masses sum to the members' count."""
+        L = self.leaves()
+        Y = np.array([c.mean for c in L])
+        c = np.array([c.count for c in L])
+        cov = np.array([x.second / max(x.count, 1.0) - np.outer(x.mean, x.mean) for x in L])
+        if self.plan.axes > 0:
+            return axis_points(Y, c, cov, self.plan.axes)
+        import hashlib
+
+        key = hashlib.sha256(b"".join(np.ascontiguousarray(a, dtype="<f8").tobytes() for a in (Y, cov, c))
+                             + str(int(seed)).encode()).hexdigest()
+        if key not in _LANDMARKS:  # a pure function of public numbers: computed once per process
+            if len(_LANDMARKS) > 16:
+                _LANDMARKS.clear()
+            _LANDMARKS[key] = mixture_landmarks(Y, cov, c, max(len(L), MIN_CELLS), seed)
+        Yk, ck = _LANDMARKS[key]
+        return Yk.copy(), ck.copy()
+
+
+_LANDMARKS: dict = {}
+
+
+#: synthetic draws per record (and at most this many in all) for the mixture landmarks
+DRAWS_PER_RECORD = 20
+MAX_DRAWS = 40_000
+KMEANS_ITERATIONS = 15
+
+
+def mixture_landmarks(means: np.ndarray, covs: np.ndarray, counts: np.ndarray, k: int, seed: int):
+    """Landmarks as post-processing of the cells' released statistics: draw a public, seeded sample from the mixture of
+    the leaves' Gaussians N(μ_L, Σ_L) (weights = counts) and run k-means (k-means++ start, Lloyd steps) on it; the
+    centres are the landmarks, their masses the sample's cluster sizes rescaled to the records' count.
+
+    No record enters this computation — only the released means and second moments — so it reveals nothing beyond
+    them, and every party (the coordinator, each site) computes the same landmarks from the same released sums. The
+    k-means centres sit where the records are dense, as federated k-means would put them, without the successive
+    overlapping cells whose differences isolate records (``docs/maths.md``)."""
+    rng = np.random.default_rng([int(seed), 0x6A11])
+    means, counts = np.asarray(means, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    n, d = means.shape
+    total = int(min(MAX_DRAWS, DRAWS_PER_RECORD * counts.sum()))
+    share = counts / counts.sum() * total
+    per = np.floor(share).astype(int)
+    per[np.argsort(-(share - per), kind="stable")[:total - per.sum()]] += 1  # largest remainders
+    draws = []
+    for mu, C, m in zip(means, covs, per):
+        C = (C + C.T) / 2.0
+        w, V = np.linalg.eigh(C)
+        A = V * np.sqrt(np.maximum(w, 0.0))[None, :]
+        draws.append(mu + rng.standard_normal((m, d)) @ A.T)
+    Z = np.vstack(draws)
+    C = _kmeans_pp(Z, min(int(k), len(Z)), rng)
+    for _ in range(KMEANS_ITERATIONS):
+        a = _nearest(Z, C)
+        S = np.zeros_like(C)
+        np.add.at(S, a, Z)
+        cnt = np.bincount(a, minlength=len(C)).astype(np.float64)
+        C = np.where(cnt[:, None] > 0, S / np.maximum(cnt, 1.0)[:, None], C)
+    a = _nearest(Z, C)
+    cnt = np.bincount(a, minlength=len(C)).astype(np.float64)
+    keep = cnt > 0
+    return C[keep], cnt[keep] * (counts.sum() / cnt.sum())
+
+
+def _nearest(Z: np.ndarray, C: np.ndarray) -> np.ndarray:
+    d2 = (C * C).sum(axis=1)[None, :] - 2.0 * Z @ C.T
+    return np.argmin(d2, axis=1)
+
+
+def _kmeans_pp(Z: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007) with the public Generator."""
+    C = [Z[int(rng.integers(len(Z)))]]
+    d2 = ((Z - C[0]) ** 2).sum(axis=1)
+    for _ in range(1, k):
+        p = d2 / d2.sum() if d2.sum() > 0 else np.full(len(Z), 1.0 / len(Z))
+        j = int(np.searchsorted(np.cumsum(p), rng.random(), side="right"))
+        j = min(j, len(Z) - 1)
+        C.append(Z[j])
+        d2 = np.minimum(d2, ((Z - Z[j]) ** 2).sum(axis=1))
+    return np.array(C)
