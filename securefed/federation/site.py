@@ -282,7 +282,7 @@ class SiteWorker:
 
         The plan is pinned at the first cells request of the run and must meet the site's own floor (site option
         ``cell-floor``, default 15); every later request must carry the same plan and the next step."""
-        from ..landmarks.celltree import CellsPlan, CellTree
+        from ..landmarks.celltree import CellsPlan
         from ..securesum.threat import int_option
 
         plan = CellsPlan.from_json(task.cells)
