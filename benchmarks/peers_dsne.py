@@ -32,9 +32,11 @@ def four_digits(X, y, rng):
         elif dgt == 1:
             sites[2].append(rest)
         elif dgt == 9:
-            sites[0].append(rest[:150]); sites[1].append(rest[150:])
+            sites[0].append(rest[:150])
+            sites[1].append(rest[150:])
         else:  # 0
-            sites[1].append(rest[:150]); sites[2].append(rest[150:])
+            sites[1].append(rest[:150])
+            sites[2].append(rest[150:])
     return np.concatenate(ref), [np.concatenate(s) for s in sites]
 
 

@@ -296,7 +296,7 @@ def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: di
     drop_at = dict(drop_at or {})
     idx = {s: i for i, s in enumerate(stages)}
     n = len(clients)
-    for i, s in drop_at.items():
+    for s in drop_at.values():
         if s not in idx:
             raise ConfigError(bad_value("drop stage", s, f"use one of {', '.join(stages)}"))
     timings = {s: {"clients": 0.0, "server": 0.0} for s in stages}

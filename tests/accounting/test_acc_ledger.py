@@ -21,7 +21,7 @@ def _mech(tmp_path, *, budget=None, epsilon=None, z=None, secure=False, seed=7, 
 
 
 def _lines(path):
-    return [json.loads(l) for l in open(path).read().splitlines()]
+    return [json.loads(line) for line in open(path).read().splitlines()]
 
 
 def test_event_on_disk_before_release_returns(tmp_path):
@@ -32,7 +32,7 @@ def test_event_on_disk_before_release_returns(tmp_path):
 
     def spy(ev):
         real(ev)
-        seen.append(any(l.get("id") == ev["id"] for l in _lines(led.path)))  # fsync'd line is there
+        seen.append(any(e.get("id") == ev["id"] for e in _lines(led.path)))  # fsync'd line is there
 
     led._append = spy
     out = m.perturb(g, site=0, round=0, step=0)

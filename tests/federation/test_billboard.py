@@ -67,7 +67,7 @@ def _sites(seed=0, shift=0.0):
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(4, 10)) * 3
     out = []
-    for p in range(3):
+    for _ in range(3):
         lab = rng.integers(0, 4, size=120)
         out.append(np.clip(centres[lab] + rng.normal(size=(120, 10)), -8, 8))
     out[2] = out[2] + shift
