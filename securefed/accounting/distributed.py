@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -330,19 +329,6 @@ _wrap_probability_fn = wrap_probability  # the mechanisms' parameter of the same
 
 
 # ---------------------------------------------------------------------------------------------- mechanisms
-
-
-@dataclass(frozen=True)
-class _Plan:
-    dim: int
-    padded_dim: int
-    granularity: float
-    l2_int: float
-    l1_int: float
-    noise: Fraction | float  # σ² (DDG, exact rational) or λ (Skellam)
-    modulus_bits: int
-    wrap_probability: float
-    epsilon: float
 
 
 def _pos(name, v):

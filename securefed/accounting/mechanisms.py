@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, LedgerError, bad_value
+from ..errors import ConfigError, bad_value
 from .accountants import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -626,19 +626,6 @@ class GradientPerturbation:
             "ledger": self.ledger.path,
             "ledger_recovered": self.ledger.recovered or None,
         }
-
-    def get_state(self) -> dict:
-        """Checkpoint state: ties a checkpoint to this run's ledger."""
-        return {"run_id": self.ledger.run_id, "releases": len(self.ledger.events("release"))}
-
-    def set_state(self, state: dict) -> None:
-        """Check that a resumed checkpoint belongs to this ledger and that no release is missing from it."""
-        if state.get("run_id") != self.ledger.run_id:
-            raise LedgerError(bad_value("checkpoint run_id", state.get("run_id"), f"the ledger is for run {self.ledger.run_id!r}; "
-                                        "resume with the matching ledger"))
-        if len(self.ledger.events("release")) < int(state.get("releases", 0)):
-            raise LedgerError(bad_value("ledger", self.ledger.path, "holds fewer releases than the checkpoint records; "
-                                        "the ledger was truncated or replaced — spent budget would be lost"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,16 +40,12 @@ import numpy as np
 
 from ..errors import ConfigError, DecodeError, ProtocolError, SecureFedError, bad_value
 from ..securesum import crypto
-from .wire import dumps, get_array, loads, put_array
+from .wire import dumps, get_array, loads, put_array, truthy
 
 __all__ = ["SiteWorker", "TASKS", "compute_upload", "monitor_scale"]
 
 TASKS = ("stats", "model", "gradient", "audit", "mmd", "moments", "cell-counts", "cell-sums", "rff",
          "billboard-counts", "billboard-density")
-
-
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
 def monitor_scale(clip: float | None) -> float:
@@ -275,7 +271,7 @@ class SiteWorker:
 
     def _refuse_without_dp(self, what: str) -> None:
         """A site whose operator set ``require-dp = true`` releases nothing about its records without DP."""
-        if _truthy(self.options.get("require-dp", False)):
+        if truthy(self.options.get("require-dp", False)):
             raise ConfigError(bad_value("differential privacy", "off", f"this site requires DP (site option require-dp) "
                                         f"and refuses {what}; run with epsilon and clip-norm (and rows-epsilon for rows)"))
 
@@ -367,7 +363,7 @@ class SiteWorker:
                 "identity": crypto.ed25519_public_bytes(self.identity())}
 
     def _plain(self, fields: dict) -> dict:
-        if not _truthy(self.options.get("allow-plain", False)):
+        if not truthy(self.options.get("allow-plain", False)):
             raise ConfigError(bad_value("aggregation", "plain", "this site sends its uploads only into a secure sum "
                                         "(secagg or ckks): with plain aggregation the coordinator would see each one. "
                                         "Its operator can allow it with the site option allow-plain=true"))

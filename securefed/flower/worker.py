@@ -244,13 +244,11 @@ def check_peer(sock: socket.socket) -> None:
 # ------------------------------------------------------------------------------------------ location
 
 
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
-
-
 def enabled(options: dict) -> bool:
     """The site option ``warm-worker`` (default true)."""
-    return _truthy(options.get("warm-worker", True))
+    from ..federation.wire import truthy
+
+    return truthy(options.get("warm-worker", True))
 
 
 def idle_minutes(options: dict) -> float:
