@@ -132,7 +132,7 @@ def check_finite(X: np.ndarray, parameter: str, *, rows=None, columns=None) -> N
         )
 
 
-def _as_labels(values: Sequence, parameter: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
+def _as_labels(values: Sequence | np.ndarray, parameter: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
     """Map labels to int64. Integer-valued numbers stay as they are; anything else maps to 0…K−1."""
     arr = np.asarray(values)
     if arr.ndim != 1:

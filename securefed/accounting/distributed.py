@@ -69,6 +69,7 @@ from __future__ import annotations
 import hashlib
 import math
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import brentq
@@ -345,6 +346,9 @@ class _DistributedInteger:
     """Shared plan, encoder and decoder of :class:`DistributedDiscreteGaussian` and :class:`DistributedSkellam`."""
 
     mechanism = "?"
+    # set by the subclass: its noise sampler and the ε its calibration reached
+    _noise: Callable[..., np.ndarray]
+    epsilon_accounted: float
 
     def __init__(self, *, dim, n_sites, rotation_seed, epsilon, delta=1e-5, releases=1, l2_sensitivity=None, clip,
                  min_survivors=None, adjacency="record", granularity=None, rounding_slack=0.01, beta=None,

@@ -142,7 +142,7 @@ class _NoiseSource:
                         return noisy, ev, True
         attempt = len(existing)
         noisy = value + sigma * self.normal(key + (attempt,), value.shape)
-        extra = {"noise_source": self.name}
+        extra: dict = {"noise_source": self.name}
         if not self.secure:
             extra.update(seed_tag=self.tag, release_digest=array_digest(noisy))
         ev = ledger.record_release(site=site, round=round, step=step, attempt=attempt, sigma=sigma, **fields, **extra)

@@ -283,7 +283,7 @@ def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kin
                                          tau_x * U]), tau_x)[0]
         GC = _pull(C, Y0, gamma).reshape(len(C), -1)
         D2 = np.sum(GC * GC, axis=1)[:, None] + np.sum(GC * GC, axis=1)[None, :] - 2.0 * GC @ GC.T
-        i, j = np.unravel_index(int(np.argmax(D2)), D2.shape)
+        i, j = map(int, np.unravel_index(int(np.argmax(D2)), D2.shape))
         # c' overwrites the site's record whose pull differs most from c's (it is in both worlds' place)
         DX = np.sum((GX - GC[i]) ** 2, axis=1)
         r = int(np.argmax(DX))
@@ -304,7 +304,7 @@ def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kin
     C = clip_records(C, tau_x)[0]
     GC = _pull(C, Y0, gamma).reshape(len(C), -1)
     D2 = np.sum(GC * GC, axis=1)[:, None] + np.sum(GX * GX, axis=1)[None, :] - 2.0 * GC @ GX.T
-    i, r = np.unravel_index(int(np.argmax(D2)), D2.shape)
+    i, r = map(int, np.unravel_index(int(np.argmax(D2)), D2.shape))
     c, cp, best = C[i].copy(), X[r].copy(), float(D2[i, r])
     return c, cp, int(r), float(math.sqrt(max(best, 0.0)))
 

@@ -16,6 +16,7 @@ result. Every sum goes through :func:`securefed.federation.sums.secure_sum`.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -196,7 +197,7 @@ def _scaled_sum(co, task: dict, label: str, parts, weights: str = "uniform", tap
     (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
     range of SecAgg+ / CKKS is used well; returns the unscaled total and the AggregateResult (generator)."""
     n = int(np.prod(task["out_shape"]))
-    parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
+    parts = [(n, float(cast(float, parts)))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
     a = yield from secure_sum(co, dict(task, scale_lengths=[k for k, _ in parts], scale_bounds=[b for _, b in parts]),

@@ -105,7 +105,7 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
     gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
                  local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
                  aggregator=plan["aggregation"], noise_multiplier=1e6 if integer else None)
-    gp.integer = None
+    gp.integer = None  # type: ignore[attr-defined]  # the site mechanism carries its integer mechanism here
     if integer:
         _attach_integer(gp, plan)
     return gp

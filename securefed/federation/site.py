@@ -132,7 +132,7 @@ class SiteWorker:
         self._records = None if records is None else np.asarray(records, dtype=np.float64)
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
-        self.kept = None  # what this site kept of the embedding (coordinates keep)
+        self.kept: np.ndarray | None = None  # what this site kept of the embedding (coordinates keep)
 
     # ------------------------------------------------------------------------------ records
     @property
@@ -302,7 +302,7 @@ class SiteWorker:
         rnd = int(fields["round"])
         if kind == "model":
             u = client_update(Xc, Y, gp.gamma, float(fields["lr"]), gp.local_steps, privacy=gp, site=site, round=rnd, rng=g)
-            steps = range(gp.local_steps)
+            steps = list(range(gp.local_steps))
         else:
             t = int(fields["step"])
             Xb, n_norm = gp.batch(site, rnd, t, Xc, g)

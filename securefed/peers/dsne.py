@@ -522,7 +522,7 @@ class FedDSNE:
             else:
                 Y_l = rng.normal(0.0, 1e-2, size=(n_l, d))
             Y = np.vstack([Y_l, Y_s])
-            mech = None
+            mech: AdaCliP | GaussianRows | None = None
             if self.noise == "adaclip":
                 mech = AdaCliP((n_s, d), sigma, random_state=np.random.default_rng(nss), **ada)
             elif self.noise == "gaussian":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -170,6 +171,11 @@ class StageClient:
     """
 
     TRANSITIONS: dict = {}
+    # set by every subclass's __init__
+    spec: Any
+    id: int
+    state: str
+    _identity: Any
 
     def _abort(self) -> None:  # pragma: no cover - subclasses drop their secrets
         self.state = "aborted"

@@ -92,7 +92,7 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         err, survivors = out.error, out.survivors
         total = dequantize(out.words, fp) if err is None else None
         error_bound = fp.step * clients
-        params = dict(graph=gp.as_dict(), fixed_point=fp.as_dict())
+        params: dict = dict(graph=gp.as_dict(), fixed_point=fp.as_dict())
         revealed = out.revealed
     else:
         params_ckks = choose_ckks_parameters(length, precision, clients * clip_range, clients)
@@ -106,7 +106,7 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         error_bound = release_error_bound(params_ckks.step, sigma, length)
         params = dict(params_ckks.as_dict(), flood_sigma=sigma)
         revealed = 0 if err is not None else 1
-    timings = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
+    timings: dict = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
     timings["clients_total"] = round(sum(d["clients"] for d in out.timings.values()), 6)
     timings["server_total"] = round(sum(d["server"] for d in out.timings.values()), 6)
     up, down = out.bytes_up, out.bytes_down
