@@ -22,7 +22,8 @@ from securefed.peers import PEER_METHODS
 
 
 def four_digits(X, y, rng):
-    ref, sites = [], [[], [], []]
+    ref: list = []
+    sites: list[list] = [[], [], []]
     for dgt in (0, 1, 8, 9):
         idx = rng.permutation(np.flatnonzero(y == dgt))
         ref.append(idx[:200])
@@ -41,7 +42,8 @@ def four_digits(X, y, rng):
 
 
 def all_digits(X, y, rng):
-    ref, sites = [], [[], [], []]
+    ref: list = []
+    sites: list[list] = [[], [], []]
     for dgt in range(10):
         idx = rng.permutation(np.flatnonzero(y == dgt))
         ref.append(idx[:50])

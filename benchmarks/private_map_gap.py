@@ -148,7 +148,8 @@ def dp_landmarks(args):
                     r["mmd_kmeans"] = float(np.linalg.norm(merf.rff(Y, W).mean(axis=0) - exact))
                 est = _billboard_with(lambda target, W_, kk, rng, Y=Y, **_: Y, sites, bound, tau, seed, n_landmarks=k)
                 r[key] = _score("tsne", est.embedding_, X, y, seed)["ca"]
-            seen, fit = {}, merf.fit_to_embedding
+            seen: dict = {}
+            fit = merf.fit_to_embedding
 
             def fit_and_keep(target, W_, kk, rng, seen=seen, fit=fit, **kw):
                 seen["Y"] = fit(target, W_, kk, rng, **kw)

@@ -422,7 +422,7 @@ def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds
     if method == "gtm":
         # each site summarises its records by at most 60 Gaussian components (Zhang & Cheung), never more than it holds
         opts["n_components_per_site"] = int(min(60, min(len(s) for s in sites)))
-    est: Any = PEER_METHODS[method](random_state=seed, **opts)
+    est = PEER_METHODS[method](random_state=seed, **opts)
     t0 = time.perf_counter()
     emb = np.asarray(est.fit_transform(sites))
     metrics["timings"]["federated_total"] = time.perf_counter() - t0
