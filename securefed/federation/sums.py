@@ -280,7 +280,7 @@ def request_dp_plan(fields: dict):
 def dp_min_survivors(plan) -> int:
     """The DP threshold t a secure sum must respect, from a public DP plan (dict or JSON); 0 if none.
 
-    Only distributed noise needs it (papers/000 §5, distributed mode: each site adds a share
+    Only distributed noise needs it (Qiao et al. §5, distributed mode: each site adds a share
     ``w_p s_p = z·M/√t``, so the released sum carries std ≥ z·M only over at least t inputs); t is the plan's
     ``min_survivors`` or, when unset, every site of the plan.
     """

@@ -1,6 +1,6 @@
 """Issue 13, attack 5 inverted: CKKS decryption hygiene, and who can read what (computed, not asserted).
 
-Before the fix (REPORT §2.5): a spec with step 2^-60 was accepted and the release carried 31.5 bits of raw
+Before the fix: a spec with step 2^-60 was accepted and the release carried 31.5 bits of raw
 decryption error; precision finer than float64 broke the stated bound 19.7×; the rounding flooded the CKKS
 error only to a statistical distance of 2^-7.9 per coordinate; a decryptor's 1.95e278 was accepted as the sum;
 and every site received the secret key, so the server plus ANY one site read every upload.

@@ -1,6 +1,6 @@
 """Issue 13, attack 1 inverted: an equivocating server unmasks nobody.
 
-The attack (REPORT §2.1, /work/scratch/r13/attacks/test_a1_equivocation.py): after the masked stage the server
+The attack: after the masked stage the server
 splits the honest clients into side A and side B, shows side A the survivor set A ∪ Z and side B the set B ∪ Z
 (Z = the c colluding clients, whose state it reads and whose keys it signs with), and sends each side every
 signature it has on that side's set. Before the fix every client of a 7–12-site federation was unmasked in one
