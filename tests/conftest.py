@@ -95,6 +95,17 @@ class ClosedForm:
         return float(np.sqrt(sum(1.0 / z ** 2 for z in sigma_over_sensitivity)))
 
     @staticmethod
+    def perfect_test_epsilon(n: int, confidence: float, delta: float = 0.0) -> float:
+        """The ε lower bound of a test that is right on all ``n`` trials of each class, from Clopper–Pearson
+        intervals computed with scipy's beta quantiles: TPR ≥ Beta⁻¹(a; n, 1), FPR ≤ Beta⁻¹(1 − a; 1, n),
+        a = (1 − confidence)/2, and ε = log((TPR − δ)/FPR)."""
+        from scipy.stats import beta
+
+        a = (1.0 - confidence) / 2.0
+        tpr_lo, fpr_hi = beta.ppf(a, n, 1), beta.ppf(1.0 - a, 1, n)
+        return float(np.log((tpr_lo - delta) / fpr_hi))
+
+    @staticmethod
     def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
         """δ of the Gaussian mechanism at σ (Balle & Wang 2018, Thm. 8): Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ)."""
         return ClosedForm.gdp_delta(epsilon, sensitivity / sigma)
