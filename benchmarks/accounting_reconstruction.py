@@ -50,7 +50,6 @@ def main():
     from securefed.data import partition
     from securefed.kernels import sq_dists
     from securefed.landmarks import fed_dl
-    from securefed.securesum import SecAggAggregator
 
     X, y = mnist_data()
     X = X.astype(np.float64) / 255.0
@@ -64,7 +63,7 @@ def main():
     priv = GradientPerturbation(epsilon=1.0, delta=1e-5, accountant="exact", noise="distributed", tau_x=28.0,
                                 random_state=a.seed)
     Ys["feddl-dp eps=1"] = fed_dl(sites, 300, rounds=20, local_steps=5, rule="gradient", gamma=0.01, privacy=priv,
-                                  aggregator=SecAggAggregator(clip_range=1.0), value_bound=1.0,
+                                  aggregation="secagg", value_bound=1.0,
                                   random_state=a.seed).landmarks
     Ys["random N(0,5^2)"] = rng.normal(0.0, 5.0, size=(300, X.shape[1]))
     Ys["sample of records"] = Xa[rng.choice(len(Xa), 300, replace=False)]

@@ -4,6 +4,7 @@ Usage: python benchmarks/accounting_sigma_ratio.py
 Prints markdown tables (figures computed, nothing hard-coded).
 """
 
+import argparse
 import math
 import time
 
@@ -48,4 +49,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

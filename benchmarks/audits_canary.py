@@ -25,13 +25,14 @@ import argparse
 import json
 import math
 import time
+from typing import Any
 
 import numpy as np
 
 from securefed.audits.canary import run_canary_trials
 from securefed.audits.stats import perfect_test_epsilon
 
-CONFIGS = [
+CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("0.5", dict(epsilon=0.5, noise="secret")),
     ("1", dict(epsilon=1.0, noise="secret")),
     ("2", dict(epsilon=2.0, noise="secret")),

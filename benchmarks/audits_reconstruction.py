@@ -15,8 +15,8 @@ partition).
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 import numpy as np
@@ -59,7 +59,7 @@ def main(schemes=("label", "iid"), seed: int = 0, n_landmarks: int = 300) -> Non
         out = {"dataset": "mnist5k", "partition": scheme, "sites": 10, "n_landmarks": n_landmarks, "n_features": X.shape[1],
                "ca_10nn_centralized": round(ca_central, 4)}
         for mode in ("rows", "local"):
-            store = {}
+            store: dict = {}
             t = time.time()
             est = FedTSNE(n_landmarks=n_landmarks, nystrom=mode, random_state=seed, audit_holdout=0.2,
                           auditor=_auditor(store)).fit(sites)
@@ -89,4 +89,6 @@ def main(schemes=("label", "iid"), seed: int = 0, n_landmarks: int = 300) -> Non
 
 
 if __name__ == "__main__":
-    main(tuple(sys.argv[1:]) or ("label", "iid"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("schemes", nargs="*", choices=["label", "iid"], default=["label", "iid"], help="partitions")
+    main(tuple(ap.parse_args().schemes))

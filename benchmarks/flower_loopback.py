@@ -5,7 +5,7 @@ Starts a SuperLink and 3 SuperNodes on 127.0.0.1 (subprocesses), runs FedDL on t
 no-rows t-SNE stage (landmark model on the server, placement on each site). Prints wall times and
 securefed payload bytes per site per aggregation (both directions) as JSON.
 
-    /tmp/flwr-venv/bin/python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg ckks]
+    python benchmarks/flower_loopback.py [--rounds 2] [--landmarks 50] [--aggregation plain secagg ckks]
         [--epsilon 2 --rows-epsilon 1 --embedding spectral-rows] [--warm-worker false]
 
 ``--warm-worker false`` runs the sites without their warm worker (a fresh ClientApp process builds the site from
@@ -13,7 +13,8 @@ Flower's ``context.state`` for every message); ``benchmarks/flower_steps.py`` co
 
 With ``--epsilon``: differential privacy (seeded noise, local mode, τ_X = 128 = √64·16, the public
 domain bound of digits), each site with its own ledger; the in-process reference is ``fed_dl`` with
-``GradientPerturbation(random_state=0)`` (the landmarks must be equal). ``--embedding`` picks the
+``GradientPerturbation(insecure_noise_seed_for_testing=0)`` and the Flower run the same seed (the landmarks must
+be equal). ``--embedding`` picks the
 embedding stage (a ``-rows`` one under DP needs ``--rows-epsilon``).
 """
 
@@ -27,7 +28,6 @@ import numpy as np
 
 from securefed.data import load_dataset
 from securefed.landmarks import fed_dl
-from securefed.securesum import CKKSAggregator, SecAggAggregator
 from securefed.flower import LocalDeployment
 from securefed.flower.launch import write_site_files
 
@@ -56,13 +56,14 @@ def main():
             if a.epsilon > 0:
                 from securefed.accounting import GradientPerturbation
 
-                kw["privacy"] = GradientPerturbation(epsilon=a.epsilon, tau_x=tau_x, random_state=0)
+                # seeded noise on both sides (testing only: the ε is void) so that the landmarks can be compared
+                kw["privacy"] = GradientPerturbation(epsilon=a.epsilon, tau_x=tau_x, insecure_noise_seed_for_testing=0)
             t0 = time.perf_counter()
             if agg == "secagg":
-                ref = fed_dl(sites, a.landmarks, value_bound=bound, **kw,
-                             aggregator=SecAggAggregator(clip_range=1.0, degree=2, threshold=2, random_state=0))
+                ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="secagg",
+                             aggregation_options={"degree": 2, "threshold": 2}, **kw)
             elif agg == "ckks":
-                ref = fed_dl(sites, a.landmarks, value_bound=bound, **kw, aggregator=CKKSAggregator(clip_range=1.0))
+                ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="ckks", **kw)
             else:
                 ref = fed_dl(sites, a.landmarks, **kw)
             # the no-rows t-SNE stage in process: landmark model + every site's placement
@@ -74,12 +75,15 @@ def main():
             t_inproc = time.perf_counter() - t0
             cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
                    "min-sites": 3, "seed": 0, "method": a.embedding.split("-")[0],
+                   # the same landmark stage as fed_dl: FedDL on every record (no audit hold-out)
+                   "landmark-method": "feddl", "audit-holdout": 0.0,
                    "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else ""}
             nodes = {"warm-worker": a.warm_worker == "true"}
             if agg == "plain":
                 nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
             if a.epsilon > 0:
-                cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon})
+                cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon,
+                            "noise-seed-for-testing": 0})
                 nodes.update({"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True})
             if agg == "secagg":
                 cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})

@@ -224,7 +224,8 @@ def main():
     X = load_dataset("digits").X
     sites = np.array_split(X, 3)
     bound = float(np.max(np.abs(X)))
-    runs, inproc = [], {}
+    runs: list = []
+    inproc: dict = {}
     with tempfile.TemporaryDirectory(prefix="sf-steps-") as tmp:
         paths = write_site_files(tmp, sites)
         for rep in range(a.repeats):

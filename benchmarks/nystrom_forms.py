@@ -15,7 +15,7 @@ distribution) — seeded. Usage: ``OMP_NUM_THREADS=1 python benchmarks/nystrom_f
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import numpy as np
@@ -64,5 +64,7 @@ def main(names=("digits", "mnist5k"), sizes=(10, 50, 100, 300), k=10, seed=0) ->
 
 if __name__ == "__main__":
     t = time.time()
-    main(*(sys.argv[1:2] and [tuple(sys.argv[1].split(","))]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="?", default="digits,mnist5k", help="comma-separated built-in data sets")
+    main(tuple(ap.parse_args().names.split(",")))
     print(f"\nwall time {time.time() - t:.1f} s")

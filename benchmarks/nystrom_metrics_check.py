@@ -6,8 +6,8 @@ NPA-10NN 0.391). Usage: ``OMP_NUM_THREADS=1 python benchmarks/nystrom_metrics_ch
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 from openTSNE import TSNE
@@ -28,4 +28,6 @@ def main(name: str = "digits", seed: int = 0) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name", nargs="?", default="digits", help="built-in data set (digits, mnist5k)")
+    main(ap.parse_args().name)

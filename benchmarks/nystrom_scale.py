@@ -17,8 +17,8 @@ Usage: ``OMP_NUM_THREADS=1 python benchmarks/nystrom_scale.py [n] [n_y]``
 
 from __future__ import annotations
 
+import argparse
 import resource
-import sys
 import time
 
 import numpy as np
@@ -75,5 +75,8 @@ def main(n: int = 70_000, n_y: int = 200, m: int = 50, k: int = 90, seed: int = 
 
 
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:3]]
-    main(*args)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", nargs="?", type=int, default=70_000, help="records")
+    ap.add_argument("n_y", nargs="?", type=int, default=200, help="landmarks")
+    a = ap.parse_args()
+    main(a.n, a.n_y)

@@ -22,7 +22,8 @@ from securefed.peers import PEER_METHODS
 
 
 def four_digits(X, y, rng):
-    ref, sites = [], [[], [], []]
+    ref: list = []
+    sites: list[list] = [[], [], []]
     for dgt in (0, 1, 8, 9):
         idx = rng.permutation(np.flatnonzero(y == dgt))
         ref.append(idx[:200])
@@ -32,14 +33,17 @@ def four_digits(X, y, rng):
         elif dgt == 1:
             sites[2].append(rest)
         elif dgt == 9:
-            sites[0].append(rest[:150]); sites[1].append(rest[150:])
+            sites[0].append(rest[:150])
+            sites[1].append(rest[150:])
         else:  # 0
-            sites[1].append(rest[:150]); sites[2].append(rest[150:])
+            sites[1].append(rest[:150])
+            sites[2].append(rest[150:])
     return np.concatenate(ref), [np.concatenate(s) for s in sites]
 
 
 def all_digits(X, y, rng):
-    ref, sites = [], [[], [], []]
+    ref: list = []
+    sites: list[list] = [[], [], []]
     for dgt in range(10):
         idx = rng.permutation(np.flatnonzero(y == dgt))
         ref.append(idx[:50])

@@ -14,6 +14,7 @@ Metrics (securefed.metrics.embedding_metrics on posterior-mean projections): tru
 CA-10NN and NMI of k-means on the labels.
 """
 
+import argparse
 import json
 import time
 
@@ -56,6 +57,7 @@ def run(name, X, y):
     settings = [("centralized", None), *[(f"distributed c={c}", c) for c in (30, 60, 120, "all")]]
     for label, c in settings:
         t0 = time.perf_counter()
+        est: CentralizedGTM | DistributedGTM
         if c is None:
             est = CentralizedGTM(**KW)
             E = est.fit_transform(sites)
@@ -66,7 +68,7 @@ def run(name, X, y):
         m = embedding_metrics(Xs, E, ys, random_state=0)
         out = {"data": name, "model": label, "trustworthiness": round(m["trustworthiness"], 4),
                "ca_10nn": round(m["ca_10nn"], 4), "nmi": round(m["nmi"], 4), "seconds": round(secs, 1)}
-        if c is not None:
+        if isinstance(est, DistributedGTM):
             rep = est.privacy_report()
             out["smallest_group"] = min(s["smallest_group"] for s in rep["sites"])
             out["kB_up_per_site"] = round(max(s["bytes_up"] for s in rep["sites"]) / 1e3, 1)
@@ -74,5 +76,6 @@ def run(name, X, y):
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     run("s-curve", *scurve())
     run("oil-standin-12d", *oil_standin())

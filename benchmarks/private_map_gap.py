@@ -148,9 +148,10 @@ def dp_landmarks(args):
                     r["mmd_kmeans"] = float(np.linalg.norm(merf.rff(Y, W).mean(axis=0) - exact))
                 est = _billboard_with(lambda target, W_, kk, rng, Y=Y, **_: Y, sites, bound, tau, seed, n_landmarks=k)
                 r[key] = _score("tsne", est.embedding_, X, y, seed)["ca"]
-            seen, fit = {}, merf.fit_to_embedding
+            seen: dict = {}
+            fit = merf.fit_to_embedding
 
-            def fit_and_keep(target, W_, kk, rng, **kw):
+            def fit_and_keep(target, W_, kk, rng, seen=seen, fit=fit, **kw):
                 seen["Y"] = fit(target, W_, kk, rng, **kw)
                 return seen["Y"]
 
@@ -190,7 +191,7 @@ def run(args):
         r["billboard_inf"] = _score("tsne", est.embedding_, X, y, seed)["ca"]
         B, _ = merf.public_basis(X.shape[1], 64, 0)
         F = merf.scaled_features(X, B, bound)
-        est = _billboard_with(lambda target, W, k, rng, **_: _kmeans(F, k, 0, seed)[0], sites, bound, tau, seed)
+        est = _billboard_with(lambda target, W, k, rng, F=F, seed=seed, **_: _kmeans(F, k, 0, seed)[0], sites, bound, tau, seed)
         r["billboard_kmeans"] = _score("tsne", est.embedding_, X, y, seed)["ca"]
         rows.append(r)
         print("# " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),

@@ -29,7 +29,7 @@ def raw_tenseal(params, xs) -> dict:
     uploads = [ckks.encrypt_vector(ctx, x, params.slots) for x in xs]
     total = ckks.sum_ciphertexts(pub, uploads)
     out = np.concatenate([np.asarray(ts.ckks_vector_from(ctx, c).decrypt()) for c in total])
-    res = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}
+    res: dict = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}
     assert np.max(np.abs(out[: xs[0].size] - np.sum(xs, axis=0))) < 1e-3
     return res
 
@@ -38,7 +38,7 @@ def securefed_round(params, keys, xs, verify: str) -> dict:
     w0, c0 = time.perf_counter(), time.process_time()
     out = ckks.run_ckks_round(params, [k for k, _ in keys], [p for _, p in keys], xs, np.ones(len(xs)), 1.0,
                               verify=verify)
-    res = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}
+    res: dict = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}
     assert out.error is None, out.error
     res["max_abs_error"] = float(np.max(np.abs(out.total - np.sum(xs, axis=0))))
     res["decryptor_download_bytes"] = int(out.bytes_down[out.decryptor])

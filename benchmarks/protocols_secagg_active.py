@@ -1,7 +1,8 @@
 """The cost of active security (issue 13): SecAgg+ round time and bytes before and after, and the ratio to Flower.
 
-    OMP_NUM_THREADS=1 python3 benchmarks/protocols_secagg_active.py                 # N = 10, 50, 100; d = 1e5
-    OMP_NUM_THREADS=1 python3 benchmarks/protocols_secagg_active.py --clients 10 --length 10000   # quick
+    git archive af4c1d0 | tar -x -C /tmp/before      # the tree before issue 13 (a commit of this repository)
+    OMP_NUM_THREADS=1 python3 benchmarks/protocols_secagg_active.py --before-src /tmp/before   # N = 10, 50, 100; d = 1e5
+    OMP_NUM_THREADS=1 python3 benchmarks/protocols_secagg_active.py --before-src /tmp/before --clients 10 --length 10000
 
 Each configuration runs one complete SecAgg+ round in-process (every client and the server on this machine, so
 the round time is the CPU work of all parties, serialised) with 10 % of the clients dropping after the share
@@ -9,8 +10,8 @@ stage (``drop_stage="masked"``: the server must recover their pairwise masks), d
 version:
 
 * **before** — the pre-issue-13 machine (honest-but-curious parameter choice, unsigned masked inputs and
-  unmask responses, a neighbour-local consistency check), imported from a pinned snapshot of the tree
-  (``--before-src``, default ``/work/scratch/r13/snapshot``: ``git archive af4c1d0``, package
+  unmask responses, a neighbour-local consistency check), imported from a source tree of commit af4c1d0 of
+  this repository (``--before-src DIR``, made with ``git archive af4c1d0 | tar -x -C DIR``; package
   ``securefed.protocols``);
 * **after** — this tree (malicious-server parameters: complete graph with 2t > k + c and the quorum
   2q > n + c up to 128 sites; signatures on every message, share hashes, seed commitments, signed peer sets).
@@ -98,7 +99,8 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--flower-clients", type=int, default=50)
-    ap.add_argument("--before-src", default="/work/scratch/r13/snapshot")
+    ap.add_argument("--before-src", help="source tree of commit af4c1d0 (git archive af4c1d0 | tar -x -C DIR); "
+                    "required unless --worker")
     ap.add_argument("--worker", choices=("before", "after", "flower"))
     ap.add_argument("--shares", type=int)
     ap.add_argument("--threshold", type=int)
@@ -109,6 +111,8 @@ def main() -> None:
             worker(args.worker, n, args.length, args.dropout, args.seed)
         print(json.dumps(row))
         return
+    if not args.before_src:
+        ap.error("--before-src DIR is required: git archive af4c1d0 | tar -x -C DIR")
     info = machine()
     print(f"# {info['date']}  {info['cpu']} ({info['cores']} cores, load {info['load_average']})  Python "
           f"{info['python']}  commit {info['commit']}")

@@ -24,7 +24,7 @@ orders of magnitude; :func:`standardize` applies the federation's means and stan
 Partitions
 ----------
 :func:`partition` splits ``n`` records over sites the way the FedDL experiments do
-(``papers/001`` §6.1): ``iid`` (random, near-equal sizes), ``label`` (one class per site — the
+(Qiao et al., arXiv version, §6.1; docs/papers.md): ``iid`` (random, near-equal sizes), ``label`` (one class per site — the
 paper's non-IID setting) and ``dirichlet:α`` (per-class Dirichlet(α) proportions over sites,
 Hsu, Qi & Brown 2019, "Measuring the effects of non-identical data distribution").
 """
@@ -132,7 +132,7 @@ def check_finite(X: np.ndarray, parameter: str, *, rows=None, columns=None) -> N
         )
 
 
-def _as_labels(values: Sequence, parameter: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
+def _as_labels(values: Sequence | np.ndarray, parameter: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
     """Map labels to int64. Integer-valued numbers stay as they are; anything else maps to 0…K−1."""
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -774,7 +774,7 @@ def partition(X_or_n, y, n_sites: int, scheme: str = "iid", random_state=None) -
         ``"iid"``
             Random permutation cut into near-equal parts (sizes differ by at most one).
         ``"label"``
-            The paper's non-IID setting (``papers/001`` §6.1): every site holds one class.
+            The paper's non-IID setting (Qiao et al., arXiv version, §6.1): every site holds one class.
             With ``n_sites == K`` classes, site ``s`` holds class ``s`` (classes in sorted order).
             With ``n_sites < K``, classes are dealt to sites round-robin (site ``s`` gets classes
             ``s, s + n_sites, …``), so some sites hold more than one class.
@@ -878,7 +878,7 @@ def check_sites(sites, min_records: int = 2) -> list[np.ndarray]:
     sites : list of array-like, each (n_p, m)
         One array per site, rows = records, the same ``m`` everywhere.
     min_records : int
-        Fewest records a site may hold (default 2: FedDL's MMD needs pairs, Eq. 10 of ``papers/000``).
+        Fewest records a site may hold (default 2: FedDL's MMD needs pairs, Eq. 10 of Qiao et al.).
 
     Raises
     ------

@@ -347,10 +347,6 @@ class _FederatedEmbedding(_Estimator):
         """Coordinates of a site's new records on the fitted map (no-rows mode; computed locally, nothing leaves)."""
         return self._place_new(X_new)
 
-    def _site_slices(self):
-        bounds = np.cumsum([0] + list(self.site_sizes_))
-        return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-
     def fit_transform(self, sites, y=None):
         """Fit and return :attr:`embedding_` (records of all sites, concatenated in site order)."""
         return self.fit(sites, y).embedding_

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def _load_sites(job: dict, seed: int):
                                layer=job.get("layer"), allow_id_like=keep)
         except SecureFedError as exc:
             raise _flag_error(exc) from None
-        ds = SimpleNamespace(name=f"{len(parts)} site files", X=np.vstack([p.X for p in parts]),
+        ds: Any = SimpleNamespace(name=f"{len(parts)} site files", X=np.vstack([p.X for p in parts]),
                              target_names=parts[0].target_names, feature_names=parts[0].feature_names)
         y = None if parts[0].y is None else np.concatenate([p.y for p in parts])
         ids = {p.name: list(p.ids) for p in parts} if parts[0].ids is not None else None
@@ -112,13 +113,13 @@ def _load_sites(job: dict, seed: int):
     if isinstance(job["clients"], bool) or not isinstance(job["clients"], int) or job["clients"] < 1:
         raise ConfigError(bad_value("--clients", job["clients"], "use an integer ≥ 1"))
     try:
-        parts = partition(X_all, y_all, job["clients"], job["partition"], random_state=rng)
+        index_sets = partition(X_all, y_all, job["clients"], job["partition"], random_state=rng)
     except ConfigError as exc:
         raise type(exc)(f"--partition/--clients: {exc}") from None
-    sites = [X_all[i] for i in parts]
-    y = None if y_all is None else np.concatenate([y_all[i] for i in parts])
+    sites = [X_all[i] for i in index_sets]
+    y = None if y_all is None else np.concatenate([y_all[i] for i in index_sets])
     names = site_names(len(sites))
-    ids = None if ids_all is None else {n: [str(v) for v in ids_all[i]] for n, i in zip(names, parts)}
+    ids = None if ids_all is None else {n: [str(v) for v in ids_all[i]] for n, i in zip(names, index_sets)}
     return ds, sites, y, reference, names, ids
 
 
@@ -195,7 +196,7 @@ def run_job(job: dict, options: dict) -> dict:
         "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
         "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions(),
         "target_names": list(ds.target_names) if ds.target_names is not None else None})
-    history = {"rounds": [], "mmd": [], "epsilon": []}
+    history: dict[str, list] = {"rounds": [], "mmd": [], "epsilon": []}
     fp = fingerprint(plan, [len(s) for s in sites], X.shape[1])
     ck_path = os.path.join(out, "checkpoint.npz")
     resume = _resume(ck_path, fp, plan, log)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -45,7 +46,7 @@ def seed_of(random_state) -> int:
     if isinstance(random_state, np.random.Generator):
         return int(random_state.integers(0, 2**31 - 1))
     if random_state is None:
-        return int(np.random.SeedSequence().entropy % (2**31 - 1))
+        return int(typing.cast(int, np.random.SeedSequence().entropy) % (2**31 - 1))
     return random_state
 
 

@@ -54,3 +54,64 @@ def blob_sites():
         rng.normal(1.5, 0.7, size=(17, 3)),
         rng.normal(-1.0, 1.2, size=(31, 3)),
     ]
+
+
+class ClosedForm:
+    """Differential-privacy figures written out here from their papers, independently of securefed's code, so that
+    tests compare the code's σ and ε with a value it did not compute itself."""
+
+    @staticmethod
+    def gdp_delta(epsilon: float, mu: float) -> float:
+        """δ(ε) of μ-GDP (Dong, Roth & Su 2022, Cor. 2.13): Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)."""
+        from scipy.stats import norm
+
+        return float(norm.cdf(-epsilon / mu + mu / 2) - np.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
+
+    @staticmethod
+    def gdp_epsilon(mu: float, delta: float) -> float:
+        """The smallest ε with δ(ε) ≤ δ for μ-GDP (root of the decreasing δ(ε))."""
+        from scipy.optimize import brentq
+
+        if ClosedForm.gdp_delta(0.0, mu) <= delta:
+            return 0.0
+        hi = 1.0
+        while ClosedForm.gdp_delta(hi, mu) > delta:
+            hi *= 2
+        return float(brentq(lambda e: ClosedForm.gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-13, rtol=1e-13))
+
+    @staticmethod
+    def gdp_mu(epsilon: float, delta: float) -> float:
+        """The μ whose μ-GDP curve passes through (ε, δ) (δ(ε) grows with μ)."""
+        from scipy.optimize import brentq
+
+        hi = 1.0
+        while ClosedForm.gdp_delta(epsilon, hi) < delta:
+            hi *= 2
+        return float(brentq(lambda m: ClosedForm.gdp_delta(epsilon, m) - delta, 1e-9, hi, xtol=1e-14, rtol=1e-13))
+
+    @staticmethod
+    def gaussian_mu(*sigma_over_sensitivity) -> float:
+        """μ of composed Gaussian releases, each N(0, σ²) at L2 sensitivity Δ: √Σ (Δ/σ)² (μ-GDP composition)."""
+        return float(np.sqrt(sum(1.0 / z ** 2 for z in sigma_over_sensitivity)))
+
+    @staticmethod
+    def perfect_test_epsilon(n: int, confidence: float, delta: float = 0.0) -> float:
+        """The ε lower bound of a test that is right on all ``n`` trials of each class, from Clopper–Pearson
+        intervals computed with scipy's beta quantiles: TPR ≥ Beta⁻¹(a; n, 1), FPR ≤ Beta⁻¹(1 − a; 1, n),
+        a = (1 − confidence)/2, and ε = log((TPR − δ)/FPR)."""
+        from scipy.stats import beta
+
+        a = (1.0 - confidence) / 2.0
+        tpr_lo, fpr_hi = beta.ppf(a, n, 1), beta.ppf(1.0 - a, 1, n)
+        return float(np.log((tpr_lo - delta) / fpr_hi))
+
+    @staticmethod
+    def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
+        """δ of the Gaussian mechanism at σ (Balle & Wang 2018, Thm. 8): Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ)."""
+        return ClosedForm.gdp_delta(epsilon, sensitivity / sigma)
+
+
+@pytest.fixture(scope="session")
+def closed_form():
+    """:class:`ClosedForm`: independent DP closed forms for tests."""
+    return ClosedForm

@@ -1,5 +1,7 @@
 """Tests for securefed.data: loaders, partitioners, site validation, typed errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,7 +19,7 @@ def test_builtins(name, shape, k):
     ds = load_dataset(name)
     assert isinstance(ds, Dataset) and ds.X.shape == shape and ds.X.dtype == np.float64
     assert ds.y.dtype == np.int64 and len(np.unique(ds.y)) == k and ds.name == name
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         ds.X = None  # frozen
 
 

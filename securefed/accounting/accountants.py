@@ -272,7 +272,7 @@ def rdp_epsilon(history: History, delta: float) -> float:
     eps, best = _rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
     while best >= orders[-1] and orders[-1] < _RDP_MAX_ORDER:
         top = orders[-1]
-        more = [int(top * f) for f in (1.25, 1.5, 1.75, 2.0)]
+        more: list[float] = [int(top * f) for f in (1.25, 1.5, 1.75, 2.0)]
         more_rdp = sum(_rdp.compute_rdp(q=q, noise_multiplier=z, steps=c, orders=more) for z, q, c in hist)
         orders = orders + more
         rdp = np.concatenate([np.atleast_1d(rdp), np.atleast_1d(more_rdp)])

@@ -68,8 +68,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import brentq
@@ -332,19 +332,6 @@ _wrap_probability_fn = wrap_probability  # the mechanisms' parameter of the same
 # ---------------------------------------------------------------------------------------------- mechanisms
 
 
-@dataclass(frozen=True)
-class _Plan:
-    dim: int
-    padded_dim: int
-    granularity: float
-    l2_int: float
-    l1_int: float
-    noise: Fraction | float  # σ² (DDG, exact rational) or λ (Skellam)
-    modulus_bits: int
-    wrap_probability: float
-    epsilon: float
-
-
 def _pos(name, v):
     try:
         f = float(v)
@@ -359,6 +346,9 @@ class _DistributedInteger:
     """Shared plan, encoder and decoder of :class:`DistributedDiscreteGaussian` and :class:`DistributedSkellam`."""
 
     mechanism = "?"
+    # set by the subclass: its noise sampler and the ε its calibration reached
+    _noise: Callable[..., np.ndarray]
+    epsilon_accounted: float
 
     def __init__(self, *, dim, n_sites, rotation_seed, epsilon, delta=1e-5, releases=1, l2_sensitivity=None, clip,
                  min_survivors=None, adjacency="record", granularity=None, rounding_slack=0.01, beta=None,

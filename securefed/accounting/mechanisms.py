@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, LedgerError, bad_value
+from ..errors import ConfigError, bad_value
 from .accountants import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -142,7 +142,7 @@ class _NoiseSource:
                         return noisy, ev, True
         attempt = len(existing)
         noisy = value + sigma * self.normal(key + (attempt,), value.shape)
-        extra = {"noise_source": self.name}
+        extra: dict = {"noise_source": self.name}
         if not self.secure:
             extra.update(seed_tag=self.tag, release_digest=array_digest(noisy))
         ev = ledger.record_release(site=site, round=round, step=step, attempt=attempt, sigma=sigma, **fields, **extra)
@@ -626,19 +626,6 @@ class GradientPerturbation:
             "ledger": self.ledger.path,
             "ledger_recovered": self.ledger.recovered or None,
         }
-
-    def get_state(self) -> dict:
-        """Checkpoint state: ties a checkpoint to this run's ledger."""
-        return {"run_id": self.ledger.run_id, "releases": len(self.ledger.events("release"))}
-
-    def set_state(self, state: dict) -> None:
-        """Check that a resumed checkpoint belongs to this ledger and that no release is missing from it."""
-        if state.get("run_id") != self.ledger.run_id:
-            raise LedgerError(bad_value("checkpoint run_id", state.get("run_id"), f"the ledger is for run {self.ledger.run_id!r}; "
-                                        "resume with the matching ledger"))
-        if len(self.ledger.events("release")) < int(state.get("releases", 0)):
-            raise LedgerError(bad_value("ledger", self.ledger.path, "holds fewer releases than the checkpoint records; "
-                                        "the ledger was truncated or replaced — spent budget would be lost"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import typing
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def seed_entropy(random_state) -> int:
     contributes two 64-bit draws (deterministic given its state).
     """
     if random_state is None:
-        return int(np.random.SeedSequence().entropy)
+        return int(typing.cast(int, np.random.SeedSequence().entropy))
     if isinstance(random_state, np.random.Generator):
         a, b = (int(v) for v in random_state.integers(0, 2**63, size=2))
         return (a << 64) | b

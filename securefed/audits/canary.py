@@ -283,7 +283,7 @@ def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kin
                                          tau_x * U]), tau_x)[0]
         GC = _pull(C, Y0, gamma).reshape(len(C), -1)
         D2 = np.sum(GC * GC, axis=1)[:, None] + np.sum(GC * GC, axis=1)[None, :] - 2.0 * GC @ GC.T
-        i, j = np.unravel_index(int(np.argmax(D2)), D2.shape)
+        i, j = map(int, np.unravel_index(int(np.argmax(D2)), D2.shape))
         # c' overwrites the site's record whose pull differs most from c's (it is in both worlds' place)
         DX = np.sum((GX - GC[i]) ** 2, axis=1)
         r = int(np.argmax(DX))
@@ -304,7 +304,7 @@ def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kin
     C = clip_records(C, tau_x)[0]
     GC = _pull(C, Y0, gamma).reshape(len(C), -1)
     D2 = np.sum(GC * GC, axis=1)[:, None] + np.sum(GX * GX, axis=1)[None, :] - 2.0 * GC @ GX.T
-    i, r = np.unravel_index(int(np.argmax(D2)), D2.shape)
+    i, r = map(int, np.unravel_index(int(np.argmax(D2)), D2.shape))
     c, cp, best = C[i].copy(), X[r].copy(), float(D2[i, r])
     return c, cp, int(r), float(math.sqrt(max(best, 0.0)))
 
@@ -363,8 +363,83 @@ def _noiseless(sites, Y0, gamma, lr, steps, project):
     return Y
 
 
-# Longer than ~100 lines on purpose: one trial loop in which the neighbouring datasets, the three attackers'
-# statistics and the calibration share a dozen locals; split, every piece would take and return them all.
+def _checked_sites(sites, *, noise, trials, sigma_scale, canary_site, tau_x) -> list:
+    """The arguments of :func:`run_canary_trials`, checked before any run; returns the sites clipped to τ_X."""
+    from ..accounting import clip_records
+    from ..landmarks.feddl import check_sites
+
+    if noise not in NOISES:
+        raise ConfigError(bad_value("noise", noise, f"use one of {', '.join(NOISES)}"))
+    if not (isinstance(trials, (int, np.integer)) and trials >= 2):
+        raise ConfigError(bad_value("trials", trials, "use at least 2 trial pairs (hundreds for a useful bound)"))
+    if not (sigma_scale > 0 or (noise == "none")):
+        raise ConfigError(bad_value("sigma_scale", sigma_scale, "use a positive factor (noise='none' for no noise)"))
+    sites = [clip_records(X, tau_x)[0] for X in check_sites(sites)]
+    if not 0 <= canary_site < len(sites):
+        raise ConfigError(bad_value("canary_site", canary_site, f"use 0..{len(sites) - 1}"))
+    return sites
+
+
+def _neighbours(sites, canary_site: int, r: int, c, cp):
+    """The two neighbouring datasets: record ``r`` of the canary site is ``cp`` (out) or the canary ``c`` (in);
+    returns (X_out, X_in, [sites with X_out, sites with X_in])."""
+    X_out = sites[canary_site].copy()
+    X_out[r] = cp
+    X_in = X_out.copy()
+    X_in[r] = c
+    worlds = [list(sites), list(sites)]
+    worlds[0][canary_site] = X_out
+    worlds[1][canary_site] = X_in
+    return X_out, X_in, worlds
+
+
+def _claim(sites, canary_site, *, epsilon, noise_multiplier, noise, delta, tau_x, accountant, gamma, n_landmarks,
+           rounds, local_steps, claimed_epsilon):
+    """The claim: z, Δ of the canary site and the ε the verdict compares against, from public numbers only (the
+    same code the run calibrates with); returns (the calibrated mechanism, z, Δ, claimed ε)."""
+    from ..accounting import GradientPerturbation
+
+    claim_eps = epsilon if epsilon is not None and math.isfinite(epsilon) else None
+    if claim_eps is None and noise_multiplier is None and noise != "none":
+        raise ConfigError(bad_value("epsilon", epsilon, "give the claimed ε (or a noise multiplier) of the audited runs"))
+    gp0 = GradientPerturbation(epsilon=claim_eps, noise_multiplier=None if claim_eps is not None else (noise_multiplier or 1.0),
+                               delta=delta, tau_x=tau_x, accountant=accountant, **_noise_options(None))
+    gp0.calibrate([len(X) for X in sites], gamma=gamma, n_landmarks=n_landmarks, rounds=rounds,
+                  local_steps=local_steps, rule="gradient")
+    if claimed_epsilon is None:
+        claimed_epsilon = claim_eps if claim_eps is not None else (
+            float(gp0.plan_epsilon[canary_site]) if noise_multiplier is not None else math.inf)
+    return gp0, float(gp0.z), float(gp0.sens[canary_site].value), claimed_epsilon
+
+
+def _score_releases(rel, X_out, X_in, sens: float, sigma_run: float):
+    """The attackers' statistics over one run's releases of the canary site: Σ⟨o − m₀, d⟩ (the release), the same
+    with the noise regenerated from a public seed and subtracted (the seed-knowing adversary), Σ‖d‖², the largest
+    ‖d‖/Δ attained and the run's σ; d = ∇f(X_in) − ∇f(X_out) at each release's Y."""
+    from ..accounting.noise import seed_entropy, seeded_standard_normal
+    from ..landmarks.feddl import mmd_grad
+
+    num = num_seed = den = att_max = 0.0
+    for e in rel:
+        Y, o = e["Y"], e["o"]
+        m0 = mmd_grad(X_out, Y, e["gamma"])
+        d = mmd_grad(X_in, Y, e["gamma"]) - m0
+        dd = float(np.vdot(d, d))
+        num += float(np.vdot(o - m0, d))
+        den += dd
+        att_max = max(att_max, math.sqrt(dd) / sens)
+        # the seed-knowing adversary: regenerate the noise from the public seed and subtract it
+        ev = e["event"]
+        if ev is not None:
+            plan = json.loads(e["plan"])
+            ent = seed_entropy(int(plan["noise_seed"]) if plan.get("noise_seed") is not None else e["seed"])
+            key = (int(ev["site"]), int(ev["round"]), int(ev["step"]), int(ev["attempt"]))
+            sigma_run = float(ev["sigma"])
+            o = o - sigma_run * seeded_standard_normal(ent, key, o.shape)
+        num_seed += float(np.vdot(o - m0, d))
+    return num, num_seed, den, att_max, sigma_run
+
+
 def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5, tau_x: float,
                       noise_multiplier: float | None = None, accountant: str = "exact", noise: str = "secret",
                       sigma_scale: float = 1.0, trials: int = 200, n_landmarks: int = 4, rounds: int = 3,
@@ -393,19 +468,11 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
     random_state : int
         Seeds the run seed (public initial landmarks), the canary search and the public noise seeds.
     """
-    from ..accounting import GradientPerturbation, clip_records
-    from ..accounting.noise import seed_entropy, seeded_standard_normal
-    from ..landmarks.feddl import check_sites, default_lr, init_landmarks, mmd_grad
+    from ..accounting import GradientPerturbation
+    from ..landmarks.feddl import default_lr, init_landmarks
 
-    if noise not in NOISES:
-        raise ConfigError(bad_value("noise", noise, f"use one of {', '.join(NOISES)}"))
-    if not (isinstance(trials, (int, np.integer)) and trials >= 2):
-        raise ConfigError(bad_value("trials", trials, "use at least 2 trial pairs (hundreds for a useful bound)"))
-    if not (sigma_scale > 0 or (noise == "none")):
-        raise ConfigError(bad_value("sigma_scale", sigma_scale, "use a positive factor (noise='none' for no noise)"))
-    sites = [clip_records(X, tau_x)[0] for X in check_sites(sites)]
-    if not 0 <= canary_site < len(sites):
-        raise ConfigError(bad_value("canary_site", canary_site, f"use 0..{len(sites) - 1}"))
+    sites = _checked_sites(sites, noise=noise, trials=trials, sigma_scale=sigma_scale, canary_site=canary_site,
+                           tau_x=tau_x)
     gamma = float(gamma) if gamma is not None else 1.0 / float(tau_x) ** 2
     lr = default_lr(n_landmarks, gamma) if lr == "auto" else float(lr)
     rng = np.random.default_rng(random_state)
@@ -413,30 +480,16 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
     sizes = [len(X) for X in sites]
     R = rounds * local_steps
 
-    # the claim: z, Δ and σ of the canary site from public numbers only (the same code the run calibrates with)
-    claim_eps = epsilon if epsilon is not None and math.isfinite(epsilon) else None
-    if claim_eps is None and noise_multiplier is None and noise != "none":
-        raise ConfigError(bad_value("epsilon", epsilon, "give the claimed ε (or a noise multiplier) of the audited runs"))
-    gp0 = GradientPerturbation(epsilon=claim_eps, noise_multiplier=None if claim_eps is not None else (noise_multiplier or 1.0),
-                               delta=delta, tau_x=tau_x, accountant=accountant, **_noise_options(None))
-    gp0.calibrate(sizes, gamma=gamma, n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, rule="gradient")
-    z = float(gp0.z)
-    sens = float(gp0.sens[canary_site].value)
-    if claimed_epsilon is None:
-        claimed_epsilon = claim_eps if claim_eps is not None else (
-            float(gp0.plan_epsilon[canary_site]) if noise_multiplier is not None else math.inf)
+    gp0, z, sens, claimed_epsilon = _claim(sites, canary_site, epsilon=epsilon, noise_multiplier=noise_multiplier,
+                                           noise=noise, delta=delta, tau_x=tau_x, accountant=accountant, gamma=gamma,
+                                           n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps,
+                                           claimed_epsilon=claimed_epsilon)
 
     # the canary, chosen at the public initial landmarks (the coordinator draws them from the run seed)
     Y0 = gp0.project(init_landmarks(n_landmarks, sites[0].shape[1], radius=float(tau_x),
                                     rng=np.random.default_rng(run_seed)))
     c, cp, r, _ = choose_canary(sites[canary_site], Y0, gamma, tau_x, canary, random_state=rng.integers(2**31))
-    X_out = sites[canary_site].copy()
-    X_out[r] = cp
-    X_in = X_out.copy()
-    X_in[r] = c
-    worlds = [list(sites), list(sites)]
-    worlds[0][canary_site] = X_out
-    worlds[1][canary_site] = X_in
+    X_out, X_in, worlds = _neighbours(sites, canary_site, r, c, cp)
 
     noise_seeds = rng.integers(0, 2**31 - 1, size=(trials, 2))
     scores = {s: np.zeros((2, trials)) for s in STATISTICS}
@@ -454,24 +507,8 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
                                           **_noise_options(None if noise == "secret" else int(noise_seeds[i, b])))
             Y_final, rel = _run(worlds[b], canary_site, n_landmarks=n_landmarks, rounds=rounds,
                                 local_steps=local_steps, gamma=gamma, lr=lr, seed=run_seed, gp=gp)
-            num = num_seed = den = 0.0
-            for e in rel:
-                Y, o = e["Y"], e["o"]
-                m0 = mmd_grad(X_out, Y, e["gamma"])
-                d = mmd_grad(X_in, Y, e["gamma"]) - m0
-                dd = float(np.vdot(d, d))
-                num += float(np.vdot(o - m0, d))
-                den += dd
-                att_max = max(att_max, math.sqrt(dd) / sens)
-                # the seed-knowing adversary: regenerate the noise from the public seed and subtract it
-                ev = e["event"]
-                if ev is not None:
-                    plan = json.loads(e["plan"])
-                    ent = seed_entropy(int(plan["noise_seed"]) if plan.get("noise_seed") is not None else e["seed"])
-                    key = (int(ev["site"]), int(ev["round"]), int(ev["step"]), int(ev["attempt"]))
-                    sigma_run = float(ev["sigma"])
-                    o = o - sigma_run * seeded_standard_normal(ent, key, o.shape)
-                num_seed += float(np.vdot(o - m0, d))
+            num, num_seed, den, att, sigma_run = _score_releases(rel, X_out, X_in, sens, sigma_run)
+            att_max = max(att_max, att)
             if den <= 0:
                 raise ConfigError(bad_value("canary", c.tolist(), "does not change the site's gradient at all; "
                                             "choose another canary"))

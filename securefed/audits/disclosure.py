@@ -64,7 +64,7 @@ def check_tree(nodes: list, floor: int) -> None:
         if len(np.unique(seen)) != len(seen):
             raise DisclosureRefused(f"two sets under {parent!r} share a record of this site: the family is not "
                                     "laminar; refusing")
-    for nid, (parent, idx, count) in by_id.items():
+    for nid, (_parent, idx, count) in by_id.items():
         atom = count - sum(by_id[k][2] for k in children.get(nid, []))
         own = len(idx) - sum(len(by_id[k][1]) for k in children.get(nid, []))
         if atom < -0.5 or own > atom + 0.5:

@@ -132,7 +132,7 @@ def audit_gate(result, policy: AuditPolicy | None = None, claimed_epsilon: float
         claimed_epsilon = float(claimed_epsilon)
         if not claimed_epsilon > 0:
             raise ConfigError(bad_value("claimed_epsilon", claimed_epsilon, "pass the accountant's positive epsilon, or None without DP"))
-    checks = [
+    checks: list[dict] = [
         {"check": "auc", "value": auc, "limit": float(policy.max_auc), "ok": auc <= policy.max_auc,
          "text": f"membership AUC {auc:.3f} <= max_auc {policy.max_auc:.3f}"},
         {"check": "empirical_epsilon", "value": eps, "limit": float(policy.max_empirical_epsilon),

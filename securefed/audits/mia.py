@@ -180,7 +180,7 @@ class ShadowConfig:
 def shadow_landmarks(pool_sites: Sequence[np.ndarray], n_landmarks: int, gamma: float, shadow: ShadowConfig, rng) -> list[np.ndarray]:
     """Run the attacker's ``K`` shadow FedDL fits on the shadow pools (one pool per site) and return their landmarks."""
     Ys = []
-    for k in range(int(shadow.n_runs)):
+    for _ in range(int(shadow.n_runs)):
         sites = []
         for P in pool_sites:
             n = len(P)

@@ -330,7 +330,7 @@ def reconstruction_record(X_true, X_hat, *, mode: str, attack: str, Y=None, **in
         Extra JSON-ready facts (e.g. ``rank``, ``bandwidth``).
     """
     ref = None if Y is None else np.asarray(Y, dtype=np.float64).mean(axis=0)
-    rec = {"format": "securefed.audits.reconstruction/1", "mode": str(mode), "attack": str(attack)}
+    rec: dict = {"format": "securefed.audits.reconstruction/1", "mode": str(mode), "attack": str(attack)}
     if Y is not None:
         rec["n_landmarks"], rec["n_features"] = int(np.shape(Y)[0]), int(np.shape(Y)[1])
     rec.update(reconstruction_risk(X_true, X_hat, reference=ref))

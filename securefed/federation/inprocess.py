@@ -106,7 +106,7 @@ def drive(coordinator: Coordinator, exchange):
             reply = exchange.addresses() if isinstance(step, ListNodes) else exchange.request(step.payloads, step.deadline)
             step = coordinator.receive(reply, exchange.now())
     except Exception as exc:
-        exc.partial = coordinator.partial  # what the run had decided before it stopped (e.g. the audit verdict)
+        exc.partial = coordinator.partial  # type: ignore[attr-defined]  # what the run had decided before it stopped (e.g. the audit verdict)
         raise
     return coordinator.result
 

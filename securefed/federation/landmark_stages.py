@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -214,7 +215,7 @@ def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform"
     (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
     range of SecAgg+ / CKKS is used well; returns the unscaled total and the AggregateResult (generator)."""
     n = int(np.prod(out_shape))
-    parts = [(n, float(parts))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
+    parts = [(n, float(cast(float, parts)))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
     a = yield from secure_sum(co, task, label, 1.0, weights=weights, tap=tap, out_shape=out_shape,
@@ -351,7 +352,7 @@ def billboard(co):
                            "sigma1": noise["sigma1"], "sigma2": noise["sigma2"], "noise": priv.noise_note})
 
 
-def billboard_density(co, lm: dict, emb: dict):
+def billboard_density(co, lm: LandmarkResult, emb: dict):
     """Release 3 of the DP billboard (``density_share`` > 0, coordinates kept on the sites): one noisy secure sum of
     every record's count per cell of a public grid over the landmark map (:func:`securefed.landmarks.merf.
     density_counts`; each site adds its noise — the full σ₃, or σ₃/√t with noise distributed — and books it first). The shared picture of all records on the map,

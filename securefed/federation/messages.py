@@ -78,7 +78,7 @@ def _kind_of(tp) -> _Kind:
     if tp in _SCALARS:
         return _Kind(_SCALARS[tp], optional)
     if dataclasses.is_dataclass(tp):
-        return _Kind("nested", optional, nested=tp)
+        return _Kind("nested", optional, nested=typing.cast(type, tp))
     raise TypeError(f"unsupported message field type {tp!r}")
 
 
@@ -146,7 +146,7 @@ def _encode_fields(msg, prefix: str = "") -> dict:
 def _get(fields: dict, used: set, name: str, kind: _Kind, what: str):
     """The value of one field from a received dict, validated (``_MISSING`` when absent)."""
     if kind.base == "nested":
-        if kind.nested.present(fields, name):
+        if name in fields:  # a nested message is present when its prefix field (its kind) is
             return _decode_fields(kind.nested, fields, used, prefix=name, what=what)
         return _MISSING
     if name not in fields or fields[name] is None:

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, ProtocolAbortedError, ProtocolError, bad_value
 from ..plan import INTEGER_MECHANISMS
-from .wire import dumps
+from .wire import dumps, truthy
 
 __all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
            "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
@@ -105,7 +105,7 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
     gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
                  local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
                  aggregator=plan["aggregation"], noise_multiplier=1e6 if integer else None)
-    gp.integer = None
+    gp.integer = None  # type: ignore[attr-defined]  # the site mechanism carries its integer mechanism here
     if integer:
         _attach_integer(gp, plan)
     return gp
@@ -123,10 +123,6 @@ def _attach_integer(gp, plan: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ site
-
-
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
 #: the ``ledger-path`` of an in-process site whose ledger lives in memory (estimators without a run folder)
@@ -155,7 +151,7 @@ def site_mechanism_checks(plan: dict, node_config: dict) -> float:
         raise ConfigError(bad_value("node config epsilon-budget", budget, "this site takes part in differentially "
                                     "private runs only with its own ε budget: start the SuperNode with "
                                     "--node-config '... epsilon-budget=2.0'"))
-    if plan["noise_seed"] is not None and not _truthy(node_config.get("allow-seeded-noise", False)):
+    if plan["noise_seed"] is not None and not truthy(node_config.get("allow-seeded-noise", False)):
         raise ConfigError(bad_value("noise-seed-for-testing", plan["noise_seed"], "the run asks for seeded (reproducible, "
                                     "NOT secret) noise: the server knows the seed and could remove it. Run without it, or "
                                     "set allow-seeded-noise=true in this site's options for experiments"))

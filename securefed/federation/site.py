@@ -34,6 +34,7 @@ sum; true lets the coordinator see each of them), ``epsilon-budget``, ``ledger-p
 from __future__ import annotations
 
 import json
+import typing
 import zlib
 
 import numpy as np
@@ -41,14 +42,11 @@ import numpy as np
 from ..errors import ConfigError, DecodeError, ProtocolError, SecureFedError, bad_value
 from ..securesum import crypto
 from . import messages as M
+from .wire import truthy
 
 __all__ = ["SiteWorker", "TASKS", "compute_upload", "monitor_scale"]
 
 TASKS = tuple(M.TASKS)
-
-
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
 def monitor_scale(clip: float | None) -> float:
@@ -136,7 +134,7 @@ class SiteWorker:
         self._records = None if records is None else np.asarray(records, dtype=np.float64)
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
-        self.kept = None  # what this site kept of the embedding (coordinates keep)
+        self.kept: np.ndarray | None = None  # what this site kept of the embedding (coordinates keep)
 
     # ------------------------------------------------------------------------------ records
     @property
@@ -262,15 +260,15 @@ class SiteWorker:
                                     float(task.gamma), scores=tuple(task.scores), rng=g)
                 return u, {}
             if isinstance(task, (M.Model, M.Gradient)) and task.dp is not None:
-                return self._dp_upload(req, members, g)
+                return self._dp_upload(req, task, members, g)
             if isinstance(task, (M.Rff, M.BillboardCounts, M.BillboardDensity)):
-                return self._billboard_upload(req, members)
+                return self._billboard_upload(req, task, members)
             if isinstance(task, M.Cells):
                 self._refuse_without_dp("the cells' non-private sums")
-                return self._cells_upload(req, members), {}
+                return self._cells_upload(req, task, members), {}
             self._refuse_without_dp(f"a non-private {task.NAME!r} upload")
-            kxx = self._kxx(members, float(task.gamma)) if (isinstance(task, M.Mmd) or getattr(task, "monitor", False)) \
-                else None
+            kxx = self._kxx(members, float(getattr(task, "gamma", 1.0))) \
+                if (isinstance(task, M.Mmd) or getattr(task, "monitor", False)) else None
             return _scale_parts(compute_upload(task, members, g, kxx), req), {}
         finally:
             self.save_rng(g)
@@ -365,7 +363,7 @@ class SiteWorker:
         if gamma is not None and not np.isclose(gamma, 1.0 / max(2.0 * tree.trace, 1e-300), rtol=1e-9):
             raise ProtocolError(f"the request's gamma={gamma} is not the one the cells give; refusing")
 
-    def _cells_upload(self, req: M.SumRequest, members: np.ndarray) -> np.ndarray:
+    def _cells_upload(self, req: M.SumRequest, task: M.Cells, members: np.ndarray) -> np.ndarray:
         """This site's part of the cell tree's next sum: the query recomputed here (nothing the coordinator chose),
         the disclosure check on this site's records before any sum of features, the upload scaled by the query's
         own public bounds."""
@@ -374,7 +372,7 @@ class SiteWorker:
         if req.scale_lengths or req.scale_bounds:
             raise ProtocolError("a cells request carries scales: this site derives them from the cells plan itself; "
                                 "refusing")
-        tree = self.cell_tree(req.task, members)
+        tree = self.cell_tree(task, members)
         q = tree.next_query()
         if q is None:
             raise ProtocolError("the cell tree is complete: there is no further cells sum to answer; refusing")
@@ -393,7 +391,7 @@ class SiteWorker:
         from ..audits import AuditPolicy, audit_gate, mia_from_counts
 
         if req.audit_total is None:
-            if _truthy(self.options.get("require-audit", True)):
+            if truthy(self.options.get("require-audit", True)):
                 raise ConfigError(bad_value("audit", "none", "this site places its records only after a membership "
                                             "audit of the landmarks passes (site option require-audit); run with an "
                                             "audit hold-out (audit-holdout > 0)"))
@@ -403,18 +401,17 @@ class SiteWorker:
         policy = AuditPolicy(max_auc=float(self.options.get("max-auc", 0.6)),
                              max_empirical_epsilon=float(self.options.get("max-empirical-epsilon", 1.0)))
         dec = audit_gate(mia, policy, allow_failure=True)
-        if not dec.passed and not _truthy(self.options.get("allow-audit-failure", False)):
+        if not dec.passed and not truthy(self.options.get("allow-audit-failure", False)):
             raise ConfigError(bad_value("the membership audit", f"AUC {mia.auc:.3f}", "this site's own audit gate failed ("
                                         + "; ".join(str(f) for f in dec.failures) + "): it sends nothing per record; "
                                         "its operator may override with the site option allow-audit-failure"))
 
-    def _billboard_upload(self, req: M.SumRequest, X: np.ndarray) -> tuple[np.ndarray, dict]:
+    def _billboard_upload(self, req: M.SumRequest, task, X: np.ndarray) -> tuple[np.ndarray, dict]:
         """One of the DP billboard's releases (:mod:`securefed.landmarks.merf`): the site's own calibration
         and noise, its own ledger written before the reply leaves. ``X``: the landmarks' members; the density
         (release 3) counts every record of the site, the hold-out too."""
         from .privacy import site_billboard_release
 
-        task = req.task
         if task.release == 2:
             X = self.records()
         F = task.space.features(X)
@@ -425,17 +422,16 @@ class SiteWorker:
 
     def _refuse_without_dp(self, what: str) -> None:
         """A site whose operator set ``require-dp = true`` releases nothing about its records without DP."""
-        if _truthy(self.options.get("require-dp", False)):
+        if truthy(self.options.get("require-dp", False)):
             raise ConfigError(bad_value("differential privacy", "off", f"this site requires DP (site option require-dp) "
                                         f"and refuses {what}; run with epsilon and clip-norm (and rows-epsilon for rows)"))
 
-    def _dp_upload(self, req: M.SumRequest, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
+    def _dp_upload(self, req: M.SumRequest, task, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
         """A differentially private upload: the site's own mechanism, clipped records, noise, ledger first."""
         from ..accounting import clip_records
         from ..landmarks.feddl import client_update, mmd_grad
         from .privacy import release_events, site_mechanism, site_settle
 
-        task = req.task
         plan = task.dp
         site = int(req.site)
         if plan["noise"] == "distributed" and req.op == "plain":
@@ -444,7 +440,7 @@ class SiteWorker:
         gp = site_mechanism(plan, self.options, site, self._dp_cache())
         self._save_dp_cache()
         if plan.get("distributed_mechanism"):
-            return self._integer_upload(req, plan, gp, X, g)
+            return self._integer_upload(req, task, plan, gp, X, g)
         site_settle(gp, site, task.dp_settle or [])
         Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site (a count of its records)
         Y = task.Y
@@ -454,7 +450,7 @@ class SiteWorker:
         rnd = int(task.round)
         if isinstance(task, M.Model):
             u = client_update(Xc, Y, gp.gamma, float(task.lr), gp.local_steps, privacy=gp, site=site, round=rnd, rng=g)
-            steps = range(gp.local_steps)
+            steps = list(range(gp.local_steps))
         else:
             t = int(task.step)
             Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
@@ -463,7 +459,7 @@ class SiteWorker:
         # the ledger events are on disk (fsync'd) before this returns, i.e. before the reply leaves
         return u, {"dp_events": release_events(gp, site, rnd, steps)}
 
-    def _integer_upload(self, req: M.SumRequest, plan: dict, gp, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
+    def _integer_upload(self, req: M.SumRequest, task, plan: dict, gp, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
         """The distributed discrete Gaussian / Skellam release of one FedDL gradient step: the site's own mechanism
         (checked against the coordinator's claims), its weighted gradient encoded to integers mod ``2^bits`` with its
         own integer noise, the ledger written first (:func:`~.privacy.site_integer_release`)."""
@@ -472,7 +468,6 @@ class SiteWorker:
         from ..securesum.secagg import decode_spec
         from .privacy import INTEGER_MECHANISMS, release_events, site_integer_mechanism, site_integer_release
 
-        task = req.task
         site = int(req.site)
         if plan["distributed_mechanism"] not in INTEGER_MECHANISMS or plan["noise"] != "distributed":
             raise ProtocolError(f"unknown distributed mechanism {plan['distributed_mechanism']!r} in the DP plan")
@@ -502,9 +497,10 @@ class SiteWorker:
 
                 refuse_server_weight(fields)  # named before the strict decoder refuses the unknown field
             req = M.decode_request(fields)
-            handler = {M.Hello: self._hello, M.SumRequest: self._sum, M.ProtocolMessages: self._protocol,
-                       M.CkksEnd: self._ckks_end, M.Rows: self._rows, M.Place: self._place}[type(req)]
-            return handler(req)
+            handlers: dict[type, typing.Callable[[typing.Any], dict]] = {
+                M.Hello: self._hello, M.SumRequest: self._sum, M.ProtocolMessages: self._protocol,
+                M.CkksEnd: self._ckks_end, M.Rows: self._rows, M.Place: self._place}
+            return handlers[type(req)](req)
         except SecureFedError as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         except (KeyError, TypeError, ValueError) as exc:  # a malformed request is the sender's fault: refuse it
@@ -524,7 +520,7 @@ class SiteWorker:
         return self._ckks(req)
 
     def _plain(self, req: M.SumRequest) -> dict:
-        if not _truthy(self.options.get("allow-plain", False)):
+        if not truthy(self.options.get("allow-plain", False)):
             raise ConfigError(bad_value("aggregation", "plain", "this site sends its uploads only into a secure sum "
                                         "(secagg or ckks): with plain aggregation the coordinator would see each one. "
                                         "Its operator can allow it with the site option allow-plain=true"))

@@ -47,10 +47,6 @@ class LandmarkSpace:
         elif self.kind == "raw" and any(v is not None for v in (self.mu, self.V, self.dim, self.scale, self.seed)):
             raise DecodeError("a raw landmark space carries no parameters")
 
-    @staticmethod
-    def present(fields: dict, prefix: str) -> bool:
-        return prefix in fields
-
     def features(self, X: np.ndarray) -> np.ndarray:
         """A site's records in this space."""
         if self.kind == "raw":

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import typing
 
 import numpy as np
 
@@ -64,7 +65,8 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     t0 = time.perf_counter()
     rule = weights or co.plan.weights
     live = sorted(co.sites.live)
-    head = {"weights": rule, "seed": int(co.plan.seed), "audit_holdout": float(co.plan.audit_holdout)}
+    head: dict[str, typing.Any] = {"weights": rule, "seed": int(co.plan.seed),
+                                   "audit_holdout": float(co.plan.audit_holdout)}
     if scales is not None:
         head.update(scale_lengths=[int(k) for k, _ in scales], scale_bounds=[float(b) for _, b in scales])
 
@@ -290,7 +292,7 @@ def request_dp_plan(task):
 def dp_min_survivors(plan) -> int:
     """The DP threshold t a secure sum must respect, from a public DP plan (dict or JSON); 0 if none.
 
-    Only distributed noise needs it (papers/000 §5, distributed mode: each site adds a share
+    Only distributed noise needs it (Qiao et al. §5, distributed mode: each site adds a share
     ``w_p s_p = z·M/√t``, so the released sum carries std ≥ z·M only over at least t inputs); t is the plan's
     ``min_survivors`` or, when unset, every site of the plan.
     """

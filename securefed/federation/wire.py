@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import DecodeError
 
 __all__ = ["array_to_bytes", "array_from_bytes", "put_array", "get_array", "payload_size", "dumps", "loads",
-           "check_fields", "Array", "Json"]
+           "check_fields", "truthy", "Array", "Json"]
 
 
 def array_to_bytes(a) -> bytes:
@@ -100,3 +100,8 @@ def loads(text, what: str):
         return json.loads(text)
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"malformed {what}: {exc}") from None
+
+
+def truthy(v) -> bool:
+    """A yes/no site option as it arrives (a Flower ``node_config`` value is a string): 1, true, yes, on."""
+    return str(v).strip().lower() in ("1", "true", "yes", "on")

@@ -65,6 +65,7 @@ import struct
 import subprocess
 import sys
 import time
+from typing import Any
 
 __all__ = ["WorkerError", "FrameError", "PeerError", "WorkerGone", "MAGIC", "MAX_FRAME", "DEFAULT_IDLE_MINUTES",
            "encode_fields", "decode_fields", "pack", "unpack", "send_frame", "recv_frame", "peer_uid", "check_peer",
@@ -244,13 +245,11 @@ def check_peer(sock: socket.socket) -> None:
 # ------------------------------------------------------------------------------------------ location
 
 
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
-
-
 def enabled(options: dict) -> bool:
     """The site option ``warm-worker`` (default true)."""
-    return _truthy(options.get("warm-worker", True))
+    from ..federation.wire import truthy
+
+    return truthy(options.get("warm-worker", True))
 
 
 def idle_minutes(options: dict) -> float:
@@ -431,8 +430,8 @@ class _Worker:
 
         self.token = secrets.token_hex(16)
         self.idle_seconds = idle_seconds
-        self.site = None
-        self.options = None
+        self.site: Any = None  # the SiteWorker, made on the first request (the site code loads once)
+        self.options: dict | None = None
         self.calls = 0
         self.started = time.time()
 
@@ -440,7 +439,7 @@ class _Worker:
         """(answer envelope, exit after sending)."""
         kind = env["type"]
         if kind == "status":
-            live = [] if self.site is None else sorted(repr(k) for k in self.site._live)
+            live: list = [] if self.site is None else sorted(repr(k) for k in self.site._live)
             return {"type": "status-reply", "worker": self.token, "pid": os.getpid(), "calls": self.calls,
                     "live": live, "site": None if self.site is None else self.site.name,
                     "idle_minutes": self.idle_seconds / 60.0,

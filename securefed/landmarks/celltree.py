@@ -347,7 +347,8 @@ class CellTree:
         :func:`securefed.audits.disclosure.check_tree` (the counts came from verified sums)."""
         members = self.assign(F)
         pending = {id(c) for c, _ in self.accepted} if q is not None and q.kind == "sums" else set()
-        out, stack = [], [(self.root, None)]
+        out: list = []
+        stack: list = [(self.root, None)]
         while stack:
             cell, parent = stack.pop()
             out.append((cell.path, parent, members[cell.path], cell.count))
@@ -439,7 +440,8 @@ class CellTree:
                 continue
             room -= 1
             halves = [grid[:cut], grid[cut:]]
-            cuts2, kids = [], []
+            cuts2: list = []
+            kids: list = []
             for half in halves:
                 c2 = best_cut(half.sum(axis=0), p.floor) if grid.ndim == 2 and room >= 1 else None
                 if c2 is None:

@@ -8,6 +8,8 @@ every estimator has ``fit_transform(sites) -> embedding of the concatenated site
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from .adaclip import AdaCliP, adaclip_scale, noise_addition
 from .affinities import calibrate_perplexity, joint_probabilities, knn_affinities, row_entropies
 from .dsne import WHAT_LEAVES as _DSNE_LEAVES
@@ -79,7 +81,7 @@ def make_gtm(random_state=None, **opts) -> DistributedGTM:
     return DistributedGTM(random_state=random_state, **opts)
 
 
-PEER_METHODS = {
+PEER_METHODS: dict[str, Callable[..., Any]] = {
     "dsne": make_dsne,
     "fdsne": make_fdsne,
     "dp-dsne": make_dp_dsne,

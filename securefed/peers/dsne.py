@@ -514,7 +514,7 @@ class FedDSNE:
         noise_ss = np.random.SeedSequence(
             self.noise_seed if self.noise_seed is not None else int.from_bytes(os.urandom(32), "big"))
         states = []
-        for idx, (X, nss) in enumerate(zip(sites, noise_ss.spawn(len(sites)))):
+        for X, nss in zip(sites, noise_ss.spawn(len(sites))):
             n_l = len(X)
             P = knn_affinities(np.vstack([X, ref]), perplexity=float(self.perplexity))
             if self.init == "pca":
@@ -522,7 +522,7 @@ class FedDSNE:
             else:
                 Y_l = rng.normal(0.0, 1e-2, size=(n_l, d))
             Y = np.vstack([Y_l, Y_s])
-            mech = None
+            mech: AdaCliP | GaussianRows | None = None
             if self.noise == "adaclip":
                 mech = AdaCliP((n_s, d), sigma, random_state=np.random.default_rng(nss), **ada)
             elif self.noise == "gaussian":

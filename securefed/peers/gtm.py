@@ -280,6 +280,8 @@ def _pair(name, value) -> tuple[int, int]:
 
 
 class _GTMBase:
+    projection: str  # set by the subclass's __init__
+
     def _check_common(self):
         grid = _pair("grid", self.grid)
         n_rbf = _pair("n_rbf", self.n_rbf)

@@ -79,7 +79,7 @@ def embedding_rows(coordinates: Mapping, ids: Mapping | None = None, labels: Map
         a = arrs[s]
         rid = ids_.get(s)
         for i in range(n[s]):
-            row = [s, str(rid[i]) if rid is not None else str(i)]
+            row: list = [s, str(rid[i]) if rid is not None else str(i)]
             row += [float(v) for v in a[i]] if k else [int(a[i])]
             if labels_:
                 lab = labels_[s][i]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -195,7 +195,7 @@ def draw_panels(panels: Sequence[Panel], *, class_names=None, site_names=None, p
                                        p.sites, "site", None, None, p.privacy))
             break
     fig, axes = plt.subplots(1, len(panels), figsize=(panel_size * len(panels), panel_size + 0.9), squeeze=False)
-    legends = []
+    legends: list = []
     for ax, p in zip(axes[0], panels):
         E = np.asarray(p.coords, dtype=np.float64)
         n = len(E)
@@ -256,7 +256,7 @@ def plot_run(path, panels: Sequence[Panel | tuple], *, class_names: Sequence[str
 
     panels = [p if isinstance(p, Panel) else Panel(p[0], p[1], None if p[2] is None else np.asarray(p[2]))
               for p in panels]
-    fig = draw_panels(panels, class_names=class_names, site_names=site_names)
+    fig = draw_panels(cast(list[Panel], panels), class_names=class_names, site_names=site_names)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class SecAggAggregator:
         self.modulus_bits = modulus_bits
         self.fractional_bits = fractional_bits
         self.degree, self.threshold = degree, threshold
-        self.threat_model = dict(dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
+        self.threat_model: dict[str, Any] = dict(dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
                                  security_bits=security_bits, correctness_bits=correctness_bits,
                                  server_model=server_model, colluders=colluders, quorum=quorum)
         self.timeouts = tmo

@@ -1,6 +1,6 @@
 """The secure-sum seam of FedDL: how the server obtains the (weighted) sum of client updates.
 
-FedDL (Algorithm 1 of ``papers/000``, lines 11–14) needs only the *sum* of the clients' uploads
+FedDL (Algorithm 1 of Qiao et al., lines 11–14; docs/papers.md) needs only the *sum* of the clients' uploads
 (``Y_p`` for model averaging, Eq. 15; ``∇f_p`` for gradient averaging, Eq. 16). An
 :class:`Aggregator` is the one place that sum is formed. ``PlainAggregator`` sums in the clear (the
 server sees every upload); ``securefed.securesum`` provides SecAgg+ and CKKS aggregators with the same
@@ -92,7 +92,7 @@ def _check_updates(updates: Sequence[np.ndarray], weights: Sequence[float] | Non
 
 
 class PlainAggregator:
-    """Sum in the clear: the server sees every client's update (DESIGN §2, first row)."""
+    """Sum in the clear: the server sees every client's update (docs/threat-model-secure-sum.md)."""
 
     name = "plain"
 

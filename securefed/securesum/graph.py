@@ -14,7 +14,7 @@ evaluated exactly with hypergeometric / binomial tails rather than asymptotic Ch
 1. **Privacy of the shares** (:func:`share_leak_probability`). Actively malicious server
    (``server_model="malicious"``, the default): an honest client releases one kind of share per peer, so
    with c_v colluders among v's k neighbours the server can combine at most c_v + (k − c_v)/2 shares of a
-   kind; require **2t > k + c_v** (REPORT §3 (S)), i.e. ``n · P[Hyp(n−1, c, k) ≥ 2t − k] ≤ 2^−σ`` — exactly
+   kind; require **2t > k + c_v** (docs/threat-model-secure-sum.md (S)), i.e. ``n · P[Hyp(n−1, c, k) ≥ 2t − k] ≤ 2^−σ`` — exactly
    0 for the complete graph when 2t > k + c. Honest-but-curious server (``"semi-honest"``, explicit
    opt-in): leak only if t of the k neighbours are corrupt, ``n · P[Hyp(n−1, c, k) ≥ t] ≤ 2^−σ``.
 2. **Connectivity** (:func:`disconnect_probability`): the graph left after removing corrupt and dropped
@@ -28,7 +28,7 @@ evaluated exactly with hypergeometric / binomial tails rather than asymptotic Ch
 **Global quorum** (:func:`default_quorum`): every revealer requires q valid consistency signatures from
 distinct members of the *same* survivor set, with **2q > n + c**; honest sites sign one set per round, so two
 different sets would need 2(q − c) ≤ n − c honest signers — impossible: the server cannot show two groups
-two survivor sets and unmask anyone by equivocation (Bonawitz et al. 2017, active variant; REPORT §3 (Q)).
+two survivor sets and unmask anyone by equivocation (Bonawitz et al. 2017, active variant; docs/threat-model-secure-sum.md (Q)).
 
 Malicious model (default): for ``n ≤ complete_up_to`` (128) the graph is complete (classic SecAgg; no
 disconnection, no cut) with the smallest safe threshold ``t = ⌊(n − 1 + c)/2⌋ + 1`` — the most dropouts
@@ -98,7 +98,7 @@ def default_colluders(n: int, corrupt_fraction: float = 0.1) -> int:
 
 
 def default_quorum(n: int, colluders: int) -> int:
-    """Smallest q with 2q > n + c: two survivor sets can never both gather q signatures (REPORT §3 (Q))."""
+    """Smallest q with 2q > n + c: two survivor sets can never both gather q signatures (docs/threat-model-secure-sum.md (Q))."""
     return (n + colluders) // 2 + 1
 
 
@@ -132,7 +132,7 @@ def cut_probability(n: int, k: int, t: int, colluders: int) -> float:
     """(C) A cut of the honest survivors' masking graph next to one honest survivor b (the server would learn a
     partial sum): b keeps t partners in U while the ⌊k/2⌋-window on one ring side holds no honest survivor,
     so that window holds ≥ t − ⌈k/2⌉ colluders: ``n · P[Hyp(n, c, ⌊k/2⌋) ≥ t − ⌈k/2⌉]`` (0 for k = n − 1,
-    where 2t > k + c already connects the honest survivors; REPORT §3 (C))."""
+    where 2t > k + c already connects the honest survivors; docs/threat-model-secure-sum.md (C))."""
     if k >= n - 1:
         return 0.0
     need = t - (k + 1) // 2
@@ -148,7 +148,7 @@ def check_parameters(n: int, k: int, t: int, q: int, colluders: int, *, security
 
     Returns a list of violations (empty: safe), each naming the rule and its fix: t ≥ ``min_threshold``;
     the complete graph up to ``complete_up_to`` sites; the share condition 2t > k + c (leak bound
-    ≤ 2^−σ for sparse graphs); the cut bound (C); the global quorum 2q > n + c (REPORT §3).
+    ≤ 2^−σ for sparse graphs); the cut bound (C); the global quorum 2q > n + c (docs/threat-model-secure-sum.md).
     """
     c = int(colluders)
     out = []

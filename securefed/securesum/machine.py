@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -170,6 +171,11 @@ class StageClient:
     """
 
     TRANSITIONS: dict = {}
+    # set by every subclass's __init__
+    spec: Any
+    id: int
+    state: str
+    _identity: Any
 
     def _abort(self) -> None:  # pragma: no cover - subclasses drop their secrets
         self.state = "aborted"
@@ -272,6 +278,111 @@ def _fmt(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class _Relay:
+    """The in-process wire of :func:`drive_round`: who is alive at which stage, the interception hook, byte counts,
+    timings per stage, what the server rejected and the messages it has yet to deliver."""
+
+    def __init__(self, server, clients, message_stage: dict, stages: tuple, drop_at: dict | None, intercept,
+                 now: float):
+        self.server, self.clients, self.message_stage, self.stages = server, clients, message_stage, stages
+        self.drop_at = dict(drop_at or {})
+        self.idx = {s: i for i, s in enumerate(stages)}
+        for s in self.drop_at.values():
+            if s not in self.idx:
+                raise ConfigError(bad_value("drop stage", s, f"use one of {', '.join(stages)}"))
+        n = len(clients)
+        self.intercept, self.now = intercept, now
+        self.timings = {s: {"clients": 0.0, "server": 0.0} for s in stages}
+        self.bytes_up = {i: 0 for i in range(n)}
+        self.bytes_down = {i: 0 for i in range(n)}
+        self.rejected: list = []
+        self.client_errors: dict = {}
+        self.dead: set = set()
+        self.revealed = 0
+        self.outgoing: list = []
+
+    def alive(self, i: int, stage: str) -> bool:
+        s = self.drop_at.get(i)
+        return i not in self.dead and (s is None or self.idx[s] > self.idx[stage])
+
+    def wire(self, direction, who, data):
+        return [data] if self.intercept is None else list(self.intercept(direction, who, data))
+
+    def stage(self) -> str:
+        """The client stage the server is in (its timings bucket)."""
+        stage = self.server.client_stage()
+        return stage if stage in self.timings else self.stages[-1]
+
+    def upload(self, i: int, msgs: list) -> None:
+        """Client ``i``'s messages to the server (a dropped client's never leave it)."""
+        server = self.server
+        for data in msgs:
+            for d in self.wire("up", i, data):
+                try:
+                    cls = peek_header(d)[0]
+                except SecureFedError:
+                    cls = None
+                if cls is not None and cls in self.message_stage and not self.alive(i, self.message_stage[cls]):
+                    continue  # dropped: the message never leaves the client
+                self.bytes_up[i] += len(d)
+                claimed = sender_of(d)
+                if claimed != i:
+                    self.rejected.append(f"client {i}: message claims sender {claimed}; dropped by the relay")
+                    continue
+                stage = self.stage()
+                before = len(server.rejected)
+                t0 = time.perf_counter()
+                try:
+                    self.outgoing.extend(server.receive(d, self.now))
+                finally:  # also when the message ended the round
+                    self.timings[stage]["server"] += time.perf_counter() - t0
+                    self.rejected.extend(f"client {i}: {_fmt(e)}" for _, e in server.rejected[before:])
+                if len(server.rejected) == before and cls is not None and cls.__name__ == "UnmaskResponse":
+                    self.revealed += 1
+
+    def deliver(self) -> None:
+        """The server's pending messages to their live recipients; their replies go back up."""
+        batch, self.outgoing[:] = list(self.outgoing), []
+        stage = self.stage()
+        for rid, data in batch:
+            for d in self.wire("down", rid, data):
+                self.bytes_down[rid] += len(d)
+                if not self.alive(rid, stage):
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    replies = self.clients[rid].receive(d, self.now)
+                except SecureFedError as exc:
+                    self.client_errors[rid] = _fmt(exc)
+                    self.dead.add(rid)
+                    continue
+                finally:
+                    self.timings[stage]["clients"] += time.perf_counter() - t0
+                self.upload(rid, replies)
+
+    def run(self, max_steps: int) -> None:
+        """Start every live client, then deliver (or let the server's deadline pass) until the round is over."""
+        server = self.server
+        t0 = time.perf_counter()
+        for i, c in enumerate(self.clients):
+            if self.alive(i, self.stages[0]):
+                self.upload(i, c.start(self.now))
+        self.timings[self.stages[0]]["clients"] += time.perf_counter() - t0
+        steps = 0
+        while not server.done:
+            steps += 1
+            if steps > max_steps:  # pragma: no cover - a machine that neither advances nor times out
+                raise ProtocolAbortedError("the round made no progress")
+            if self.outgoing:
+                self.deliver()
+                continue
+            self.now = max(self.now, server.deadline)
+            stage = self.stage()
+            t0 = time.perf_counter()
+            self.outgoing.extend(server.tick(self.now))
+            self.timings[stage]["server"] += time.perf_counter() - t0
+
+
 def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: dict | None = None,
                 intercept=None, now: float = 0.0, max_steps: int = 10_000) -> RoundOutcome:
     """Run one round between ``server`` and ``clients`` in this process (module docstring).
@@ -293,96 +404,17 @@ def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: di
         (``direction`` ``"up"``: ``who`` sent it; ``"down"``: ``who`` is the recipient). Tests and fault
         injection only.
     """
-    drop_at = dict(drop_at or {})
-    idx = {s: i for i, s in enumerate(stages)}
-    n = len(clients)
-    for i, s in drop_at.items():
-        if s not in idx:
-            raise ConfigError(bad_value("drop stage", s, f"use one of {', '.join(stages)}"))
-    timings = {s: {"clients": 0.0, "server": 0.0} for s in stages}
-    bytes_up = {i: 0 for i in range(n)}
-    bytes_down = {i: 0 for i in range(n)}
-    rejected: list = []
-    client_errors: dict = {}
-    dead: set = set()
-    revealed = [0]
-    outgoing: list = []
-
-    def alive(i: int, stage: str) -> bool:
-        s = drop_at.get(i)
-        return i not in dead and (s is None or idx[s] > idx[stage])
-
-    def wire(direction, who, data):
-        return [data] if intercept is None else list(intercept(direction, who, data))
-
-    def upload(i: int, msgs: list) -> None:
-        for data in msgs:
-            for d in wire("up", i, data):
-                try:
-                    cls = peek_header(d)[0]
-                except SecureFedError:
-                    cls = None
-                if cls is not None and cls in message_stage and not alive(i, message_stage[cls]):
-                    continue  # dropped: the message never leaves the client
-                bytes_up[i] += len(d)
-                claimed = sender_of(d)
-                if claimed != i:
-                    rejected.append(f"client {i}: message claims sender {claimed}; dropped by the relay")
-                    continue
-                stage = server.client_stage() if server.client_stage() in timings else stages[-1]
-                before = len(server.rejected)
-                t0 = time.perf_counter()
-                try:
-                    outgoing.extend(server.receive(d, now))
-                finally:  # also when the message ended the round
-                    timings[stage]["server"] += time.perf_counter() - t0
-                    rejected.extend(f"client {i}: {_fmt(e)}" for _, e in server.rejected[before:])
-                if len(server.rejected) == before and cls is not None and cls.__name__ == "UnmaskResponse":
-                    revealed[0] += 1
-
+    relay = _Relay(server, clients, message_stage, stages, drop_at, intercept, now)
     error = None
     try:
-        t0 = time.perf_counter()
-        for i, c in enumerate(clients):
-            if alive(i, stages[0]):
-                upload(i, c.start(now))
-        timings[stages[0]]["clients"] += time.perf_counter() - t0
-        steps = 0
-        while not server.done:
-            steps += 1
-            if steps > max_steps:  # pragma: no cover - a machine that neither advances nor times out
-                raise ProtocolAbortedError("the round made no progress")
-            if not outgoing:
-                now = max(now, server.deadline)
-                stage = server.client_stage() if server.client_stage() in timings else stages[-1]
-                t0 = time.perf_counter()
-                outgoing.extend(server.tick(now))
-                timings[stage]["server"] += time.perf_counter() - t0
-                continue
-            batch, outgoing[:] = list(outgoing), []
-            stage = server.client_stage() if server.client_stage() in timings else stages[-1]
-            for rid, data in batch:
-                for d in wire("down", rid, data):
-                    bytes_down[rid] += len(d)
-                    if not alive(rid, stage):
-                        continue
-                    t0 = time.perf_counter()
-                    try:
-                        replies = clients[rid].receive(d, now)
-                    except SecureFedError as exc:
-                        client_errors[rid] = _fmt(exc)
-                        dead.add(rid)
-                        continue
-                    finally:
-                        timings[stage]["clients"] += time.perf_counter() - t0
-                    upload(rid, replies)
+        relay.run(max_steps)
     except SecureFedError as exc:
         error = exc
     if error is None and server.error is not None:  # pragma: no cover - defensive
         error = server.error
     return RoundOutcome(
         result=None if error is not None else server.result, survivors=() if error is not None else tuple(server.survivors),
-        error=error, timings=timings, bytes_up=bytes_up, bytes_down=bytes_down,
+        error=error, timings=relay.timings, bytes_up=relay.bytes_up, bytes_down=relay.bytes_down,
         clipped={i: int(getattr(c, "clipped", 0)) for i, c in enumerate(clients)}, dropped_at=dict(server.dropped_at),
-        revealed=revealed[0], rejected=rejected, client_errors=client_errors,
+        revealed=relay.revealed, rejected=relay.rejected, client_errors=relay.client_errors,
         decryptor=getattr(server, "decryptor", None), blame=tuple(getattr(server, "blame", ())))

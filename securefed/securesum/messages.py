@@ -11,7 +11,8 @@ Wire format of every message (all integers little-endian)::
     body_length       4 bytes  (uint32; must equal the number of bytes that follow)
     body              fields in declaration order
 
-Field kinds: ``u8``/``u32``/``u64`` integers, ``f64``, fixed-size byte strings (``b32``, ``b64``),
+Each body field is declared once, as ``name: Annotated[python type, kind]``, in wire order
+(:func:`wire_fields` reads them). Field kinds: ``u8``/``u32``/``u64`` integers, ``f64``, fixed-size byte strings (``b32``, ``b64``),
 ``int33`` (a Shamir share, 33-byte big-endian), ``bytes`` (uint32 length + data), ``ids`` (uint32
 count + uint32 each, strictly increasing), ``blobs`` (uint32 count + ``bytes`` each) and lists of
 sub-records. Decoding is strict: wrong magic/version/type, a length that does not match, a field that
@@ -29,13 +30,15 @@ the node a message came from.
 from __future__ import annotations
 
 import struct
+import typing
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from ..errors import DecodeError, ProtocolError
 
 __all__ = [
     "VERSION", "MAGIC", "HEADER", "MESSAGE_TYPES", "encode", "decode", "decode_expected", "peek_header",
+    "wire_fields",
     "KeyEntry", "ShareItem", "ShareValue", "SignatureEntry", "sender_of", "CLIENT_MESSAGES",
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
@@ -55,12 +58,11 @@ MAX_LIST = 1 << 24
 class KeyEntry:
     """One client's signed key advertisement (with its self-mask commitment), as relayed by the server."""
 
-    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("commit", "b32"), ("signature", "b64"))
-    sender: int
-    c_pk: bytes
-    s_pk: bytes
-    commit: bytes
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    c_pk: Annotated[bytes, "b32"]
+    s_pk: Annotated[bytes, "b32"]
+    commit: Annotated[bytes, "b32"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -69,30 +71,27 @@ class ShareItem:
     the dealer when the server forwards it), the hashes of the two shares inside and the dealer's
     signature over (dealer, holder, SHA-256 of the ciphertext, both hashes)."""
 
-    FIELDS: ClassVar = (("peer", "u32"), ("ciphertext", "bytes"), ("h_b", "b32"), ("h_s", "b32"), ("signature", "b64"))
-    peer: int
-    ciphertext: bytes
-    h_b: bytes
-    h_s: bytes
-    signature: bytes
+    peer: Annotated[int, "u32"]
+    ciphertext: Annotated[bytes, "bytes"]
+    h_b: Annotated[bytes, "b32"]
+    h_s: Annotated[bytes, "b32"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
 class ShareValue:
     """A revealed Shamir share of ``owner``'s secret (x = the revealer's id + 1)."""
 
-    FIELDS: ClassVar = (("owner", "u32"), ("value", "int33"))
-    owner: int
-    value: int
+    owner: Annotated[int, "u32"]
+    value: Annotated[int, "int33"]
 
 
 @dataclass(frozen=True)
 class SignatureEntry:
     """``signer``'s Ed25519 signature over the survivor set (consistency check)."""
 
-    FIELDS: ClassVar = (("signer", "u32"), ("signature", "b64"))
-    signer: int
-    signature: bytes
+    signer: Annotated[int, "u32"]
+    signature: Annotated[bytes, "b64"]
 
 
 # ---------------------------------------------------------------------------------------- messages
@@ -100,8 +99,9 @@ class SignatureEntry:
 
 @dataclass(frozen=True)
 class _Message:
+    """The header fields every message carries (outside the body); each subclass declares its body fields."""
+
     TYPE: ClassVar[int] = 0
-    FIELDS: ClassVar = ()
     session_id: bytes
     round_index: int
 
@@ -112,12 +112,11 @@ class AdvertiseKeys(_Message):
     self-mask seed (SecAgg+; zeros in CKKS), Ed25519-signed."""
 
     TYPE: ClassVar[int] = 1
-    FIELDS: ClassVar = (("sender", "u32"), ("c_pk", "b32"), ("s_pk", "b32"), ("commit", "b32"), ("signature", "b64"))
-    sender: int
-    c_pk: bytes
-    s_pk: bytes
-    commit: bytes
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    c_pk: Annotated[bytes, "b32"]
+    s_pk: Annotated[bytes, "b32"]
+    commit: Annotated[bytes, "b32"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -125,9 +124,8 @@ class KeysBroadcast(_Message):
     """Stage 0, server → client: the signed advertisements of the recipient's live neighbours."""
 
     TYPE: ClassVar[int] = 2
-    FIELDS: ClassVar = (("recipient", "u32"), ("entries", KeyEntry))
-    recipient: int
-    entries: tuple
+    recipient: Annotated[int, "u32"]
+    entries: Annotated[tuple, KeyEntry]
 
 
 @dataclass(frozen=True)
@@ -135,9 +133,8 @@ class EncryptedShares(_Message):
     """Stage 1, client → server: one signed share item per live neighbour it accepted."""
 
     TYPE: ClassVar[int] = 3
-    FIELDS: ClassVar = (("sender", "u32"), ("items", ShareItem))
-    sender: int
-    items: tuple
+    sender: Annotated[int, "u32"]
+    items: Annotated[tuple, ShareItem]
 
 
 @dataclass(frozen=True)
@@ -145,9 +142,8 @@ class ForwardedShares(_Message):
     """Stage 1, server → client: the share items addressed to the recipient (``peer`` = dealer)."""
 
     TYPE: ClassVar[int] = 4
-    FIELDS: ClassVar = (("recipient", "u32"), ("items", ShareItem))
-    recipient: int
-    items: tuple
+    recipient: Annotated[int, "u32"]
+    items: Annotated[tuple, ShareItem]
 
 
 @dataclass(frozen=True)
@@ -156,12 +152,11 @@ class MaskedInput(_Message):
     peers it masked with (whose shares it holds), signed."""
 
     TYPE: ClassVar[int] = 5
-    FIELDS: ClassVar = (("sender", "u32"), ("bits", "u8"), ("data", "bytes"), ("peers", "ids"), ("signature", "b64"))
-    sender: int
-    bits: int
-    data: bytes
-    peers: tuple
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    bits: Annotated[int, "u8"]
+    data: Annotated[bytes, "bytes"]
+    peers: Annotated[tuple, "ids"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -169,9 +164,8 @@ class ConsistencyRequest(_Message):
     """Stage 3, server → client: the survivor set U3 (clients whose masked input arrived)."""
 
     TYPE: ClassVar[int] = 6
-    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"))
-    recipient: int
-    survivors: tuple
+    recipient: Annotated[int, "u32"]
+    survivors: Annotated[tuple, "ids"]
 
 
 @dataclass(frozen=True)
@@ -179,9 +173,8 @@ class ConsistencySignature(_Message):
     """Stage 3, client → server: Ed25519 signature over (session, round, spec digest, U3)."""
 
     TYPE: ClassVar[int] = 7
-    FIELDS: ClassVar = (("sender", "u32"), ("signature", "b64"))
-    sender: int
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -189,10 +182,9 @@ class UnmaskRequest(_Message):
     """Stage 4, server → client: U3 again plus every collected consistency signature (≥ the quorum)."""
 
     TYPE: ClassVar[int] = 8
-    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("signatures", SignatureEntry))
-    recipient: int
-    survivors: tuple
-    signatures: tuple
+    recipient: Annotated[int, "u32"]
+    survivors: Annotated[tuple, "ids"]
+    signatures: Annotated[tuple, SignatureEntry]
 
 
 @dataclass(frozen=True)
@@ -200,12 +192,10 @@ class UnmaskResponse(_Message):
     """Stage 4, client → server: self-mask shares of surviving peers, key shares of dropped peers, signed."""
 
     TYPE: ClassVar[int] = 9
-    FIELDS: ClassVar = (("sender", "u32"), ("self_shares", ShareValue), ("key_shares", ShareValue),
-                        ("signature", "b64"))
-    sender: int
-    self_shares: tuple
-    key_shares: tuple
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    self_shares: Annotated[tuple, ShareValue]
+    key_shares: Annotated[tuple, ShareValue]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -213,11 +203,10 @@ class SharePlaintext(_Message):
     """The plaintext inside a share ciphertext (never sent in the clear)."""
 
     TYPE: ClassVar[int] = 10
-    FIELDS: ClassVar = (("sender", "u32"), ("recipient", "u32"), ("self_share", "int33"), ("key_share", "int33"))
-    sender: int
-    recipient: int
-    self_share: int
-    key_share: int
+    sender: Annotated[int, "u32"]
+    recipient: Annotated[int, "u32"]
+    self_share: Annotated[int, "int33"]
+    key_share: Annotated[int, "int33"]
 
 
 @dataclass(frozen=True)
@@ -225,10 +214,9 @@ class ContextHandoff(_Message):
     """CKKS, key holder → client (relayed by the server): the secret TenSEAL context under AES-GCM."""
 
     TYPE: ClassVar[int] = 11
-    FIELDS: ClassVar = (("sender", "u32"), ("recipient", "u32"), ("ciphertext", "bytes"))
-    sender: int
-    recipient: int
-    ciphertext: bytes
+    sender: Annotated[int, "u32"]
+    recipient: Annotated[int, "u32"]
+    ciphertext: Annotated[bytes, "bytes"]
 
 
 @dataclass(frozen=True)
@@ -237,10 +225,9 @@ class PublicContext(_Message):
     TenSEAL context (no secret key), signed by the key holder."""
 
     TYPE: ClassVar[int] = 12
-    FIELDS: ClassVar = (("sender", "u32"), ("context", "bytes"), ("signature", "b64"))
-    sender: int
-    context: bytes
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    context: Annotated[bytes, "bytes"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -248,9 +235,8 @@ class EncryptedInput(_Message):
     """CKKS, client → server: the client's vector as a list of serialised CKKS ciphertexts."""
 
     TYPE: ClassVar[int] = 13
-    FIELDS: ClassVar = (("sender", "u32"), ("chunks", "blobs"))
-    sender: int
-    chunks: tuple
+    sender: Annotated[int, "u32"]
+    chunks: Annotated[tuple, "blobs"]
 
 
 @dataclass(frozen=True)
@@ -258,10 +244,9 @@ class EncryptedSum(_Message):
     """CKKS, server → key holder: the homomorphic sum, one ciphertext per chunk."""
 
     TYPE: ClassVar[int] = 14
-    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("chunks", "blobs"))
-    recipient: int
-    survivors: tuple
-    chunks: tuple
+    recipient: Annotated[int, "u32"]
+    survivors: Annotated[tuple, "ids"]
+    chunks: Annotated[tuple, "blobs"]
 
 
 @dataclass(frozen=True)
@@ -270,30 +255,27 @@ class DecryptedSum(_Message):
     words), signed by the decryptor."""
 
     TYPE: ClassVar[int] = 15
-    FIELDS: ClassVar = (("sender", "u32"), ("step", "f64"), ("data", "bytes"), ("signature", "b64"))
-    sender: int
-    step: float
-    data: bytes
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    step: Annotated[float, "f64"]
+    data: Annotated[bytes, "bytes"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
 class InputDigest:
     """CKKS: ``sender``'s Ed25519 signature over the SHA-256 digest of its ciphertext upload."""
 
-    FIELDS: ClassVar = (("sender", "u32"), ("digest", "b32"), ("signature", "b64"))
-    sender: int
-    digest: bytes
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    digest: Annotated[bytes, "b32"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
 class InputEntry:
     """CKKS: one client's uploaded ciphertext chunks, relayed to the decryptor for re-summation."""
 
-    FIELDS: ClassVar = (("sender", "u32"), ("chunks", "blobs"))
-    sender: int
-    chunks: tuple
+    sender: Annotated[int, "u32"]
+    chunks: Annotated[tuple, "blobs"]
 
 
 @dataclass(frozen=True)
@@ -301,10 +283,9 @@ class SignedInput(_Message):
     """CKKS, client → server: serialised CKKS ciphertext chunks, Ed25519-signed (over their digest)."""
 
     TYPE: ClassVar[int] = 16
-    FIELDS: ClassVar = (("sender", "u32"), ("chunks", "blobs"), ("signature", "b64"))
-    sender: int
-    chunks: tuple
-    signature: bytes
+    sender: Annotated[int, "u32"]
+    chunks: Annotated[tuple, "blobs"]
+    signature: Annotated[bytes, "b64"]
 
 
 @dataclass(frozen=True)
@@ -313,14 +294,12 @@ class DecryptRequest(_Message):
     upload digests, (optionally) the uploads themselves and the server's homomorphic sum."""
 
     TYPE: ClassVar[int] = 17
-    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("signatures", SignatureEntry),
-                        ("digests", InputDigest), ("uploads", InputEntry), ("chunks", "blobs"))
-    recipient: int
-    survivors: tuple
-    signatures: tuple
-    digests: tuple
-    uploads: tuple
-    chunks: tuple
+    recipient: Annotated[int, "u32"]
+    survivors: Annotated[tuple, "ids"]
+    signatures: Annotated[tuple, SignatureEntry]
+    digests: Annotated[tuple, InputDigest]
+    uploads: Annotated[tuple, InputEntry]
+    chunks: Annotated[tuple, "blobs"]
 
 
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (
@@ -331,6 +310,20 @@ MESSAGE_TYPES = {cls.TYPE: cls for cls in (
 #: Messages a client sends (sender id first in the body); the rest are server → client (recipient first).
 CLIENT_MESSAGES = (AdvertiseKeys, EncryptedShares, MaskedInput, ConsistencySignature, UnmaskResponse,
                    ContextHandoff, PublicContext, EncryptedInput, DecryptedSum, SignedInput)
+
+_WIRE_FIELDS: dict[type, tuple] = {}
+
+
+def wire_fields(cls: type) -> tuple:
+    """``((name, kind), …)``: ``cls``'s body fields in wire order, read (once) from the ``Annotated`` kinds of
+    its dataclass fields (the header's ``session_id`` and ``round_index`` carry none)."""
+    out = _WIRE_FIELDS.get(cls)
+    if out is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        out = _WIRE_FIELDS[cls] = tuple((f.name, hints[f.name].__metadata__[0]) for f in fields(cls)
+                                        if getattr(hints[f.name], "__metadata__", None))
+    return out
+
 
 _FIXED = {"b32": 32, "b64": 64}
 _INTS = {"u8": struct.Struct("<B"), "u32": struct.Struct("<I"), "u64": struct.Struct("<Q"), "f64": struct.Struct("<d")}
@@ -347,7 +340,7 @@ def _enc_field(kind, value, out: list, name: str) -> None:
         for item in items:
             if not isinstance(item, kind):
                 raise DecodeError(f"field {name!r} holds {type(item).__name__}, expected {kind.__name__}")
-            for fname, fkind in kind.FIELDS:
+            for fname, fkind in wire_fields(kind):
                 _enc_field(fkind, getattr(item, fname), out, f"{name}.{fname}")
     elif kind in _INTS:
         try:
@@ -388,7 +381,7 @@ def encode(msg) -> bytes:
     if not isinstance(msg.session_id, (bytes, bytearray)) or len(msg.session_id) != 16:
         raise DecodeError("session_id must be exactly 16 bytes")
     parts: list[bytes] = []
-    for name, kind in cls.FIELDS:
+    for name, kind in wire_fields(cls):
         _enc_field(kind, getattr(msg, name), parts, name)
     body = b"".join(parts)
     try:
@@ -427,7 +420,7 @@ def _dec_field(kind, r: _Reader, name: str):
         n = r.count(name)
         items = []
         for _ in range(n):
-            vals = {fname: _dec_field(fkind, r, f"{name}.{fname}") for fname, fkind in kind.FIELDS}
+            vals = {fname: _dec_field(fkind, r, f"{name}.{fname}") for fname, fkind in wire_fields(kind)}
             items.append(kind(**vals))
         return tuple(items)
     if kind in _INTS:
@@ -487,7 +480,7 @@ def decode(data: bytes, *, session_id: bytes | None = None, round_index: int | N
         if cls not in allowed:
             raise DecodeError(f"got {cls.__name__}, expected {' or '.join(c.__name__ for c in allowed)}")
     r = _Reader(memoryview(data), HEADER.size)
-    vals = {name: _dec_field(kind, r, name) for name, kind in cls.FIELDS}
+    vals = {name: _dec_field(kind, r, name) for name, kind in wire_fields(cls)}
     if r.pos != len(data):
         raise DecodeError(f"{len(data) - r.pos} trailing bytes after {cls.__name__}")
     return cls(session_id=session, round_index=rnd, **vals)
@@ -503,11 +496,6 @@ def sender_of(data) -> int | None:
     if cls not in CLIENT_MESSAGES or len(data) < HEADER.size + 4:
         return None
     return _U32.unpack_from(data, HEADER.size)[0]
-
-
-def message_fields(msg) -> dict:
-    """The message's own fields (without session and round), for logs and tests."""
-    return {f.name: getattr(msg, f.name) for f in fields(msg) if f.name not in ("session_id", "round_index")}
 
 
 def decode_expected(data: bytes, spec, expected, where: str, why: str, error=ProtocolError):

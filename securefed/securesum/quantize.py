@@ -21,7 +21,6 @@ counted and reported (a ``warnings.warn`` and the ``clipped`` field of the resul
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -196,8 +195,3 @@ def warn_clipped(n_clipped: int, clip: float, where: str) -> None:
     if n_clipped:
         warnings.warn(f"{where}: {n_clipped} update coordinates exceeded clip_range={clip:g} and were clipped "
                       "(counted in AggregateResult.clipped)", ClippingWarning, stacklevel=3)
-
-
-def bits_needed(value: float) -> int:
-    """Number of bits of a non-negative bound (used in reports)."""
-    return max(1, math.ceil(math.log2(value + 1)))

@@ -25,6 +25,8 @@ What the server checks, so that a wrong sum is never output (the threat model is
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..errors import AuthenticationError, DecodeError, ProtocolError
@@ -71,15 +73,15 @@ class SecAggServer(StageServer):
 
     def __init__(self, spec: RoundSpec, now: float = 0.0):
         super().__init__(spec, now)
-        self.received: dict[int, object] = {}
+        self.received: dict[int, Any] = {}  # this stage's message of each client (its class depends on the stage)
         self._keys: dict[int, AdvertiseKeys] = {}
         self._probe = crypto.x25519_keypair()[0]
 
     def _clear(self) -> None:
         self.received = {}
         self._keys = {}
-        self._inputs = {}
-        self._items = {}
+        self._inputs: dict[int, np.ndarray] = {}
+        self._items: dict[int, dict] = {}
 
     def _stage_complete(self) -> bool:
         return set(self.received) >= self.expected

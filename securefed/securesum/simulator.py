@@ -9,6 +9,7 @@ error (``client_errors``); the round then completes over the others with their e
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -56,19 +57,7 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         error_type, timings{...}, bytes{client_upload, client_download, server_download, server_upload},
         dropped, revealed_shares, parameters``.
     """
-    if protocol not in PROTOCOLS:
-        raise ConfigError(bad_value("protocol", protocol, "use secagg or ckks"))
-    if not isinstance(clients, (int, np.integer)) or clients < 2:
-        raise ConfigError(bad_value("clients", clients, "use at least 2 clients"))
-    if not isinstance(length, (int, np.integer)) or length < 1:
-        raise ConfigError(bad_value("length", length, "use a positive vector length"))
-    if tamper is not None and tamper not in TAMPER_KINDS:
-        raise ConfigError(bad_value("tamper", tamper, f"use one of {', '.join(TAMPER_KINDS)}"))
-    if protocol == "ckks":
-        from .ckks import CKKS_STAGES, choose_ckks_parameters, release_error_bound, run_ckks_round
-    stages = STAGES if protocol == "secagg" else CKKS_STAGES
-    if drop_stage is not None and drop_stage not in stages:
-        raise ConfigError(bad_value("drop_stage", drop_stage, f"for {protocol} use one of {', '.join(stages)}"))
+    stages = _check(protocol, clients, length, tamper, drop_stage)
     rng = np.random.default_rng(seed)
     inputs = [rng.uniform(-clip_range, clip_range, length) for _ in range(clients)]
     weights = np.ones(clients)
@@ -79,34 +68,17 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
     if protocol == "secagg":
         if dropout_rate is None:
             dropout_rate = float(dropout) if isinstance(dropout, float) and dropout > 0 else 0.1
-        gp = choose_parameters(clients, degree=degree, threshold=threshold, dropout_rate=dropout_rate,
-                               corrupt_fraction=corrupt_fraction)
-        fp = plan_fixed_point(clip_range, weights, modulus_bits=modulus_bits, fractional_bits=fractional_bits)
-        import os
-
-        sid = os.urandom(16)
-        spec = RoundSpec(sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()),
-                         gp.quorum)
-        out = run_secagg_round(spec, priv, inputs, weights, rng, drop_at=sched, tamper=tamper)
-        wall = time.perf_counter() - t0
-        err, survivors = out.error, out.survivors
-        total = dequantize(out.words, fp) if err is None else None
-        error_bound = fp.step * clients
-        params = dict(graph=gp.as_dict(), fixed_point=fp.as_dict())
-        revealed = out.revealed
+        out, total, error_bound, params, revealed = _secagg_round(
+            priv, pub, inputs, weights, rng, sched, tamper, degree=degree, threshold=threshold,
+            dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction, clip_range=clip_range,
+            modulus_bits=modulus_bits, fractional_bits=fractional_bits)
     else:
-        params_ckks = choose_ckks_parameters(length, precision, clients * clip_range, clients)
-        out = run_ckks_round(params_ckks, priv, pub, inputs, weights, clip_range, drop_at=sched, key_holder=key_holder,
-                             tamper=tamper)
-        wall = time.perf_counter() - t0
-        err, survivors, total = out.error, out.survivors, out.total
-        from .ckks import flood_sigma
-
-        sigma = flood_sigma(params_ckks.scale_bits, clients, clients * clip_range)
-        error_bound = release_error_bound(params_ckks.step, sigma, length)
-        params = dict(params_ckks.as_dict(), flood_sigma=sigma)
-        revealed = 0 if err is not None else 1
-    timings = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
+        out, total, error_bound, params, revealed = _ckks_round(priv, pub, inputs, weights, sched, tamper,
+                                                                precision=precision, clip_range=clip_range,
+                                                                key_holder=key_holder)
+    wall = time.perf_counter() - t0
+    err, survivors = out.error, out.survivors
+    timings: dict = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
     timings["clients_total"] = round(sum(d["clients"] for d in out.timings.values()), 6)
     timings["server_total"] = round(sum(d["server"] for d in out.timings.values()), 6)
     up, down = out.bytes_up, out.bytes_down
@@ -144,3 +116,49 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         "parameters": params,
         "seed": int(seed),
     }
+
+
+def _check(protocol, clients, length, tamper, drop_stage) -> tuple:
+    """The arguments of :func:`simulate`, checked before any work; returns the protocol's stages."""
+    if protocol not in PROTOCOLS:
+        raise ConfigError(bad_value("protocol", protocol, "use secagg or ckks"))
+    if not isinstance(clients, (int, np.integer)) or clients < 2:
+        raise ConfigError(bad_value("clients", clients, "use at least 2 clients"))
+    if not isinstance(length, (int, np.integer)) or length < 1:
+        raise ConfigError(bad_value("length", length, "use a positive vector length"))
+    if tamper is not None and tamper not in TAMPER_KINDS:
+        raise ConfigError(bad_value("tamper", tamper, f"use one of {', '.join(TAMPER_KINDS)}"))
+    if protocol == "ckks":
+        from .ckks import CKKS_STAGES
+    stages = STAGES if protocol == "secagg" else CKKS_STAGES
+    if drop_stage is not None and drop_stage not in stages:
+        raise ConfigError(bad_value("drop_stage", drop_stage, f"for {protocol} use one of {', '.join(stages)}"))
+    return stages
+
+
+def _secagg_round(priv, pub, inputs, weights, rng, sched, tamper, *, degree, threshold, dropout_rate,
+                  corrupt_fraction, clip_range, modulus_bits, fractional_bits):
+    """One SecAgg+ round: (outcome, the dequantised total or None, the error bound, parameters, revealed shares)."""
+    clients, length = len(inputs), len(inputs[0])
+    gp = choose_parameters(clients, degree=degree, threshold=threshold, dropout_rate=dropout_rate,
+                           corrupt_fraction=corrupt_fraction)
+    fp = plan_fixed_point(clip_range, weights, modulus_bits=modulus_bits, fractional_bits=fractional_bits)
+    sid = os.urandom(16)
+    spec = RoundSpec(sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()),
+                     gp.quorum)
+    out = run_secagg_round(spec, priv, inputs, weights, rng, drop_at=sched, tamper=tamper)
+    total = dequantize(out.words, fp) if out.error is None else None
+    return out, total, fp.step * clients, dict(graph=gp.as_dict(), fixed_point=fp.as_dict()), out.revealed
+
+
+def _ckks_round(priv, pub, inputs, weights, sched, tamper, *, precision, clip_range, key_holder):
+    """One CKKS round: (outcome, the released total or None, the error bound, parameters, 1 if decrypted)."""
+    from .ckks import choose_ckks_parameters, flood_sigma, release_error_bound, run_ckks_round
+
+    clients, length = len(inputs), len(inputs[0])
+    params_ckks = choose_ckks_parameters(length, precision, clients * clip_range, clients)
+    out = run_ckks_round(params_ckks, priv, pub, inputs, weights, clip_range, drop_at=sched, key_holder=key_holder,
+                         tamper=tamper)
+    sigma = flood_sigma(params_ckks.scale_bits, clients, clients * clip_range)
+    error_bound = release_error_bound(params_ckks.step, sigma, length)
+    return out, out.total, error_bound, dict(params_ckks.as_dict(), flood_sigma=sigma), 0 if out.error is not None else 1

@@ -36,13 +36,16 @@ def test_exact_matches_pld_within_1_percent(z, releases, delta):
     assert ours <= ref * (1 + 1e-6)
 
 
-def test_exact_is_tight_gdp_profile():
+def test_exact_is_tight_gdp_profile(closed_form):
     for mu in (0.1, 0.5, 1.0, 3.0):
         for d in (1e-3, 1e-6):
             e = gdp_epsilon(d, mu)
             assert gdp_delta(e, mu) <= d
             assert gdp_delta(e * (1 - 1e-6), mu) > d * (1 - 1e-3)
             assert math.isclose(gdp_mu(e, d), mu, rel_tol=1e-6)
+            # against the closed form δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2), solved in the test
+            assert math.isclose(gdp_delta(e, mu), closed_form.gdp_delta(e, mu), rel_tol=1e-9)
+            assert math.isclose(e, closed_form.gdp_epsilon(mu, d), rel_tol=1e-9)
 
 
 def test_heterogeneous_composition_equals_mu_sum():
@@ -57,17 +60,38 @@ def test_heterogeneous_composition_equals_mu_sum():
     assert abs(acc.epsilon_history(hist, 1e-5) / pld.get_epsilon(1e-5) - 1) < 0.01
 
 
+def rdp_epsilon(z, releases, delta, q=1.0):
+    """dp-accounting's RDP accountant (securefed's "rdp" uses Opacus' RDP code; this is another implementation)."""
+    acc = dp_accounting.rdp.RdpAccountant()
+    event = dp_accounting.GaussianDpEvent(z)
+    acc.compose(event if q == 1.0 else dp_accounting.PoissonSampledDpEvent(q, event), releases)
+    return acc.get_epsilon(delta)
+
+
 @pytest.mark.parametrize("accountant", ["exact", "rdp", "paper"])
 @pytest.mark.parametrize("eps,releases", [(0.5, 20), (1.0, 100), (4.0, 7)])
-def test_calibration_round_trip(accountant, eps, releases):
+def test_calibrated_noise_gives_the_target_epsilon_by_an_independent_count(accountant, eps, releases, closed_form):
+    """The z the accountant calibrates for (ε, δ) over R releases, checked by a computation that does not use
+    securefed: the μ-GDP closed form (exact), dp-accounting's RDP accountant (rdp), the paper's Theorem 5 closed
+    form z² = 8R·ln(e + ε/δ)/ε² (paper) — and the round trip through securefed's own ε."""
     z = calibrate_noise_multiplier(eps, 1e-5, releases, accountant)
+    if accountant == "exact":
+        assert closed_form.gdp_epsilon(math.sqrt(releases) / z, 1e-5) == pytest.approx(eps, rel=1e-6)
+    elif accountant == "rdp":
+        assert rdp_epsilon(z, releases, 1e-5) == pytest.approx(eps, rel=0.005)
+    else:
+        assert z * z == pytest.approx(8 * releases * math.log(math.e + eps / 1e-5) / eps ** 2, rel=1e-9)
     back = epsilon_from_noise(z, releases, 1e-5, accountant)
-    assert back <= eps * (1 + 1e-9)
-    assert back >= eps * 0.995
+    assert eps * 0.995 <= back <= eps * (1 + 1e-9)
 
 
-def test_calibration_round_trip_prv_subsampled():
+def test_calibration_prv_subsampled_against_an_independent_accountant():
+    """Poisson-subsampled Gaussian releases: the z securefed's PRV accountant calibrates for ε = 1 gives ε ≈ 1 in
+    dp-accounting's PLD accountant (another numerical method, another code base)."""
     z = calibrate_noise_multiplier(1.0, 1e-5, 200, "prv", sample_rate=0.05)
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+    pld.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(z)), 200)
+    assert pld.get_epsilon(1e-5) == pytest.approx(1.0, rel=0.02)
     back = epsilon_from_noise(z, 200, 1e-5, "prv", sample_rate=0.05)
     assert 0.98 <= back <= 1.0 + 1e-9
     # RDP is an upper bound of the PRV/true ε

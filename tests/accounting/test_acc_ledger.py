@@ -1,12 +1,13 @@
 """Ledger: write-ahead, budget refusal before release, torn lines, resume, idempotent redo."""
 
 import json
+import math
 import os
 
 import numpy as np
 import pytest
 
-from securefed.accounting import GradientPerturbation, PrivacyLedger, epsilon_from_noise
+from securefed.accounting import GradientPerturbation, PrivacyLedger
 from securefed.errors import BudgetExceededError, ConfigError, LedgerError
 
 
@@ -21,7 +22,7 @@ def _mech(tmp_path, *, budget=None, epsilon=None, z=None, secure=False, seed=7, 
 
 
 def _lines(path):
-    return [json.loads(l) for l in open(path).read().splitlines()]
+    return [json.loads(line) for line in open(path).read().splitlines()]
 
 
 def test_event_on_disk_before_release_returns(tmp_path):
@@ -32,7 +33,7 @@ def test_event_on_disk_before_release_returns(tmp_path):
 
     def spy(ev):
         real(ev)
-        seen.append(any(l.get("id") == ev["id"] for l in _lines(led.path)))  # fsync'd line is there
+        seen.append(any(e.get("id") == ev["id"] for e in _lines(led.path)))  # fsync'd line is there
 
     led._append = spy
     out = m.perturb(g, site=0, round=0, step=0)
@@ -44,10 +45,10 @@ def test_event_on_disk_before_release_returns(tmp_path):
     assert not np.array_equal(out, g)
 
 
-def test_budget_refusal_writes_and_sends_nothing(tmp_path):
+def test_budget_refusal_writes_and_sends_nothing(tmp_path, closed_form):
     z = 2.0
-    one = epsilon_from_noise(z, 1, 1e-5)
-    two = epsilon_from_noise(z, 2, 1e-5)
+    one = closed_form.gdp_epsilon(math.sqrt(1) / z, 1e-5)
+    two = closed_form.gdp_epsilon(math.sqrt(2) / z, 1e-5)
     led = PrivacyLedger(tmp_path / "b.jsonl", "run", budget_epsilon=(one + two) / 2, delta=1e-5)
     m = GradientPerturbation(noise_multiplier=z, tau_x=1.0, ledger=led)
     sites = [np.ones((5, 2)) * 0.1]
@@ -90,13 +91,13 @@ def test_resume_restores_spent_and_checks_identity(tmp_path):
         PrivacyLedger(led.path, "run", delta=1e-5, budget_epsilon=9.0)
 
 
-def test_torn_last_line(tmp_path):
+def test_torn_last_line(tmp_path, closed_form):
     m, led = _mech(tmp_path, epsilon=2.0)
     m.perturb(np.zeros((4, 3)), site=0, round=0, step=0)
     m.perturb(np.zeros((4, 3)), site=0, round=0, step=1)
     full = open(led.path, "rb").read()
     spent2 = led.spent(0)[0]
-    spent1 = epsilon_from_noise(m.z, 1, 1e-5)
+    spent1 = closed_form.gdp_epsilon(math.sqrt(1) / m.z, 1e-5)
     led.close()
     # (a) crash in the middle of writing the last event: dropped (it had not been returned)
     torn = full[: len(full) - 40]
@@ -122,7 +123,7 @@ def test_torn_last_line(tmp_path):
         PrivacyLedger(led.path, "run", delta=1e-5)
 
 
-def test_seeded_redo_is_idempotent_secure_redo_counts(tmp_path):
+def test_seeded_redo_is_idempotent_secure_redo_counts(tmp_path, closed_form):
     g = np.arange(12.0).reshape(4, 3) * 1e-3
     m, led = _mech(tmp_path, epsilon=2.0, name="s.jsonl")
     a = m.perturb(g, site=0, round=0, step=0)
@@ -147,10 +148,10 @@ def test_seeded_redo_is_idempotent_secure_redo_counts(tmp_path):
     assert "release_digest" not in ev[0] and ev[0]["noise_source"] == "secure"
     assert all(e["noise_source"] == "seeded-testing" for e in m2.ledger.events("release"))
     assert m2.report()["epsilon_void"] and not ms.report()["epsilon_void"]
-    assert ls.spent(0)[0] == pytest.approx(epsilon_from_noise(ms.z, 2, 1e-5))
+    assert ls.spent(0)[0] == pytest.approx(closed_form.gdp_epsilon(math.sqrt(2) / ms.z, 1e-5))
 
 
-def test_epsilon_by_round_and_global(tmp_path):
+def test_epsilon_by_round_and_global(tmp_path, closed_form):
     m, led = _mech(tmp_path, epsilon=2.0)
     for r in range(3):
         for t in range(2):
@@ -160,7 +161,7 @@ def test_epsilon_by_round_and_global(tmp_path):
     assert [r for r, _ in curve] == [0, 1, 2]
     eps = [e for _, e in curve]
     assert eps == sorted(eps) and eps[-1] == pytest.approx(2.0, rel=1e-9)
-    assert eps[0] == pytest.approx(epsilon_from_noise(m.z, 2, 1e-5))
+    assert eps[0] == pytest.approx(closed_form.gdp_epsilon(math.sqrt(2) / m.z, 1e-5))
     assert led.spent()[0] == max(led.spent(p)[0] for p in (0, 1))
 
 

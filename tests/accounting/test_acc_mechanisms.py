@@ -88,13 +88,17 @@ def test_secure_noise_is_gaussian_and_kat():
     assert not np.array_equal(secure_standard_normal((5,)), secure_standard_normal((5,)))
 
 
-def test_data_perturbation():
+def test_data_perturbation(closed_form):
     sig, method = data_perturbation_sigma(0.5, 1e-5, 2.0)
     c = math.sqrt(2 * math.log(1.25 / 1e-5))
     assert method == "theorem3" and sig == pytest.approx(2 * c * 2.0 / 0.5)
     assert analytic_gaussian_sigma(0.5, 1e-5, 4.0) < sig
     sig2, method2 = data_perturbation_sigma(2.0, 1e-5, 2.0)
-    assert method2 == "analytic" and sig2 == pytest.approx(analytic_gaussian_sigma(2.0, 1e-5, 4.0))
+    assert method2 == "analytic"
+    # the analytic Gaussian mechanism (Balle & Wang 2018) at Δ = 2τ_X = 4: σ is the smallest with δ(σ) ≤ 1e-5,
+    # checked with the closed form δ = Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ) written in the test
+    assert closed_form.analytic_gaussian_delta(sig2, 2.0, 4.0) == pytest.approx(1e-5, rel=1e-4)
+    assert closed_form.analytic_gaussian_delta(sig2 * 0.99, 2.0, 4.0) > 1.05e-5
     with pytest.raises(ConfigError, match="epsilon < 1"):
         data_perturbation_sigma(2.0, 1e-5, 2.0, method="theorem3")
     X = np.random.default_rng(0).normal(size=(400, 10))
@@ -175,8 +179,8 @@ def test_cli_budget_and_run_args(tmp_path, capsys):
     assert pr.dp and pr.noise == "distributed" and pr.sum_bound == 3.0
 
 
-def test_rows_privacy_object_composes_in_ledger():
-    from securefed.accounting import DataPerturbation, epsilon_from_noise
+def test_rows_privacy_object_composes_in_ledger(closed_form):
+    from securefed.accounting import DataPerturbation
 
     led = PrivacyLedger(None, "rows", delta=1e-5)
     dp = DataPerturbation(1.0, 1e-5, tau_x=2.0, ledger=led)
@@ -195,7 +199,8 @@ def test_rows_privacy_object_composes_in_ledger():
     assert rep["epsilon_total_with_ledger"] == pytest.approx(1.0, rel=1e-6)
     # a second, independent release of the same site composes (μ² add): ε grows beyond 1
     dp.perturb_site(X, site=0, rng=np.random.default_rng(3))
-    assert led.spent(0)[0] == pytest.approx(epsilon_from_noise(dp.sigma / 4.0, 2, 1e-5), rel=1e-9)
+    # two Gaussian releases at σ with Δ = 2τ_X = 4 each: μ = √2·4/σ, ε from the GDP closed form
+    assert led.spent(0)[0] == pytest.approx(closed_form.gdp_epsilon(math.sqrt(2) * 4.0 / dp.sigma, 1e-5), rel=1e-7)
     assert led.spent(0)[0] > 1.2
 
 

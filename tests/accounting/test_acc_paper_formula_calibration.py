@@ -81,6 +81,12 @@ def test_issue_example_prv_small_target_is_reachable():
     z = calibrate_noise_multiplier(0.1, DELTA, 10, "prv", 0.1)
     eps = epsilon_from_noise(z, 10, DELTA, "prv", 0.1)
     assert 0.098 <= eps <= 0.1
+    # an independent accountant (dp-accounting's PLD, fine grid) agrees that this z suffices for ε = 0.1
+    import dp_accounting
+
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 10)
+    assert 0.08 <= pld.get_epsilon(DELTA) <= 0.1
     assert epsilon_from_noise(200.0, 10, DELTA, "prv", 0.1) < 0.02
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from securefed.accounting import GradientPerturbation, gdp_epsilon
+from securefed.accounting import GradientPerturbation
 from securefed.audits import canary as canary_mod
 from securefed.audits.canary import CanaryTrials, choose_canary, distinguishing_game, run_canary_trials
 from securefed.audits.stats import (best_threshold, clopper_pearson, epsilon_lower_bound, perfect_test_epsilon,
@@ -70,10 +70,11 @@ def test_trials_for_epsilon_is_the_smallest_count_that_can_refute_the_claim():
         trials_for_epsilon(math.inf)
 
 
-def test_best_threshold_separates_and_matches_the_perfect_bound():
+def test_best_threshold_separates_and_matches_the_perfect_bound(closed_form):
     pos, neg = np.linspace(1.0, 2.0, 30), np.linspace(-1.0, 0.5, 30)
     t, e = best_threshold(pos, neg, confidence=0.95)
-    assert 0.5 < t < 1.0 and e == pytest.approx(perfect_test_epsilon(30, 0.95))
+    assert 0.5 < t < 1.0 and e == pytest.approx(closed_form.perfect_test_epsilon(30, 0.95))
+    assert perfect_test_epsilon(30, 0.95) == pytest.approx(closed_form.perfect_test_epsilon(30, 0.95))
     assert best_threshold(np.zeros(5), np.zeros(5)) == (None, -math.inf)
 
 
@@ -84,12 +85,12 @@ def _trials(s_in, s_out, claimed=1.0, delta=1e-5, mu=1.0):
                         canary_site=0, canary_mu=mu, sensitivity_attained=1.0, sensitivity_max=1.0, seconds=0.0)
 
 
-def test_audit_decision_from_scores_split_fixed_threshold_and_verdict():
+def test_audit_decision_from_scores_split_fixed_threshold_and_verdict(closed_form):
     n = 200
     sep = _trials(np.ones(n), np.zeros(n))
     r = sep.audit("release", confidence=0.95)  # threshold chosen on the first 100 pairs, bound on the last 100
     assert r.test_trials == 100 and r.trials == 200 and 0 < r.threshold < 1
-    assert r.epsilon_lower_bound == pytest.approx(perfect_test_epsilon(100, 0.95, 1e-5))
+    assert r.epsilon_lower_bound == pytest.approx(closed_form.perfect_test_epsilon(100, 0.95, 1e-5))
     assert r.verdict == "claim violated" and r.violated and r.tpr == 1 and r.fpr == 0
     r = sep.audit("release", confidence=0.95, threshold=0.5, trials=50)  # a priori threshold: every pair tests
     assert r.test_trials == 50 and r.epsilon_lower_bound == pytest.approx(2.5696, abs=1e-3)
@@ -98,7 +99,7 @@ def test_audit_decision_from_scores_split_fixed_threshold_and_verdict():
     mixed = _trials(g.normal(1, 1, n), g.normal(0, 1, n), claimed=4.0)
     r = mixed.audit("release", confidence=0.95)
     assert r.verdict == "consistent" and r.epsilon_lower_bound < 4.0
-    assert r.attainable_epsilon == pytest.approx(gdp_epsilon(1e-5, 1.0))
+    assert r.attainable_epsilon == pytest.approx(closed_form.gdp_epsilon(1.0, 1e-5))
     with pytest.raises(ConfigError):
         sep.audit("nearest")
     with pytest.raises(ConfigError):
@@ -122,14 +123,14 @@ def test_choose_canary_attains_the_kernel_shape_bound_where_it_is_attainable():
 # ------------------------------------------------------------------------------------------ the audit on real runs
 
 
-def test_canary_audit_flags_the_sigma_over_100_run(tiny_sites):
+def test_canary_audit_flags_the_sigma_over_100_run(tiny_sites, closed_form):
     tr = run(tiny_sites, noise="secret", sigma_scale=0.01, trials=PAIRS)
     assert tr.canary_mu > 15  # the claimed μ is √3/z ≈ 0.27; σ/100 makes it ≈ 27 × (Δ attained ≈ 0.84)
     for statistic in ("release", "landmarks"):
         r = tr.audit(statistic, confidence=LEAKY_CONF, threshold=0.5)
         assert r.verdict == "claim violated", r
         assert r.epsilon_lower_bound > 1.5 and r.tpr == 1.0 and r.fpr == 0.0
-        assert r.epsilon_lower_bound == pytest.approx(perfect_test_epsilon(PAIRS, LEAKY_CONF, 1e-5))
+        assert r.epsilon_lower_bound == pytest.approx(closed_form.perfect_test_epsilon(PAIRS, LEAKY_CONF, 1e-5))
 
 
 def test_canary_audit_flags_the_run_without_noise(tiny_sites):

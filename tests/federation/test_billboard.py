@@ -19,6 +19,20 @@ from securefed.plan import RunPlan
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
+# The sensitivities, derived here rather than read from the code (replace-one adjacency):
+# release 1 sums φ(x) with ‖φ(x)‖ = 1 (random Fourier features scaled by 1/√D), so one record moves the sum by
+# ‖φ(x) − φ(x')‖ ≤ 2; releases 2 and 3 count records per cell, and one record leaves one cell for another: √2.
+DELTA_RFF = 2.0
+DELTA_COUNTS = math.sqrt(2.0)
+
+
+def sigmas(closed_form, eps, delta, count_share, density_share=0.0):
+    """σ₁, σ₂, σ₃ that spend (ε, δ) split as μ₁² = μ²(1 − count − density), μ₂² = μ²·count, μ₃² = μ²·density
+    (docs/maths.md), with μ from the GDP closed form: an independent computation of billboard_noise."""
+    mu = closed_form.gdp_mu(eps, delta)
+    out = [DELTA_RFF / (mu * math.sqrt(1 - count_share - density_share)), DELTA_COUNTS / (mu * math.sqrt(count_share))]
+    return out + ([DELTA_COUNTS / (mu * math.sqrt(density_share))] if density_share else [])
+
 
 # ------------------------------------------------------------------------------------ sensitivity, brute force
 
@@ -43,22 +57,25 @@ def test_replace_one_sensitivity_of_both_releases_by_brute_force(seed):
             F2 = scaled_features(X2, B, 1.0)
             worst1 = max(worst1, float(np.linalg.norm(rff(F2, W).sum(axis=0) - s0)))
             worst2 = max(worst2, float(np.linalg.norm(cell_counts(F2, Y) - c0)))
-    assert worst1 <= RFF_SENSITIVITY + 1e-9 and worst2 <= COUNT_SENSITIVITY + 1e-12
+    assert worst1 <= DELTA_RFF + 1e-9 and worst2 <= DELTA_COUNTS + 1e-12
     assert worst1 > 1.2 and worst2 == pytest.approx(math.sqrt(2.0))  # the bounds are (nearly) attained
+    assert (RFF_SENSITIVITY, COUNT_SENSITIVITY) == (DELTA_RFF, DELTA_COUNTS)  # the code calibrates with these
     assert np.allclose(np.linalg.norm(rff(F, W), axis=1), 1.0)  # ‖φ(x)‖ = 1 exactly
 
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 4.0, 8.0])
-def test_calibration_agrees_with_an_independent_accountant(eps):
+def test_calibration_agrees_with_an_independent_accountant(eps, closed_form):
     """The two Gaussian releases at (σ₁, Δ₁) and (σ₂, Δ₂) compose to the target (ε, δ): checked with Google's
-    dp_accounting PLD accountant, which shares no code with securefed's."""
+    dp_accounting PLD accountant, which shares no code with securefed's, at the sensitivities derived above; and
+    σ₁, σ₂ are those of the μ-GDP split computed in the test."""
     dp_accounting = pytest.importorskip("dp_accounting")
     delta = 1e-5
     n = billboard_noise(eps, delta, 0.2)
     acc = dp_accounting.pld.PLDAccountant()
-    acc.compose(dp_accounting.GaussianDpEvent(n["sigma1"] / RFF_SENSITIVITY))
-    acc.compose(dp_accounting.GaussianDpEvent(n["sigma2"] / COUNT_SENSITIVITY))
+    acc.compose(dp_accounting.GaussianDpEvent(n["sigma1"] / DELTA_RFF))
+    acc.compose(dp_accounting.GaussianDpEvent(n["sigma2"] / DELTA_COUNTS))
     assert acc.get_epsilon(delta) == pytest.approx(eps, rel=2e-3)
+    assert [n["sigma1"], n["sigma2"]] == pytest.approx(sigmas(closed_form, eps, delta, 0.2), rel=1e-9)
 
 
 # ------------------------------------------------------------------------------------ a run
@@ -67,7 +84,7 @@ def _sites(seed=0, shift=0.0):
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(4, 10)) * 3
     out = []
-    for p in range(3):
+    for _ in range(3):
         lab = rng.integers(0, 4, size=120)
         out.append(np.clip(centres[lab] + rng.normal(size=(120, 10)), -8, 8))
     out[2] = out[2] + shift
@@ -86,10 +103,10 @@ def _dp_run(tmp_path, sites, run_id, **kw):
     return run_in_process(plan, sites, ledger=ledger), folder
 
 
-def test_every_billboard_release_is_in_each_sites_ledger_and_the_aggregate(tmp_path):
+def test_every_billboard_release_is_in_each_sites_ledger_and_the_aggregate(tmp_path, closed_form):
     res, folder = _dp_run(tmp_path, _sites(), "bb1")
     assert res.landmark_info["method"] == "billboard" and res.landmark_info["releases"] == 2
-    n = billboard_noise(2.0, 1e-5, 0.2)
+    s1, s2 = sigmas(closed_form, 2.0, 1e-5, 0.2)
     for name in res.sites:
         lines = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bb1.jsonl").read_text().splitlines()]
         rel = [ev for ev in lines if ev.get("type") == "release"]
@@ -100,7 +117,7 @@ def test_every_billboard_release_is_in_each_sites_ledger_and_the_aggregate(tmp_p
     assert sum(1 for ev in agg if ev.get("type") == "release") == 2 * len(res.sites)
     priv = res.privacy
     assert priv["epsilon"] == pytest.approx(2.0, rel=1e-6) and priv["epsilon_void"] is True
-    assert priv["sigma_per_release"] == pytest.approx([n["sigma1"], n["sigma2"]])
+    assert priv["sigma_per_release"] == pytest.approx([s1, s2], rel=1e-9)
     covered = [r for r in res.inventory if "Gaussian noise" in r["what"]]
     assert len(covered) == 2 and all(str(r["covered_by_epsilon"]).startswith("yes") for r in covered)
     coords = [r for r in res.inventory if "coordinate" in r["what"]]
@@ -148,23 +165,23 @@ def test_noise_shares_only_inside_a_secure_sum():
     assert rep["error"].startswith("ConfigError") and "secure sum" in rep["error"]
 
 
-def test_distributed_shares_carry_sigma_over_t_sites(tmp_path):
+def test_distributed_shares_carry_sigma_over_t_sites(tmp_path, closed_form):
     """With noise distributed each site adds σ/√t (t = all 3 sites here) inside SecAgg+: its ledger books the pooled
     σ and the share σ/√3, so the released sum over the 3 sites carries σ (√3·σ with noise local) and the ledger's ε
     is the target."""
     res, folder = _dp_run(tmp_path, _sites(), "bdist", aggregation="secagg", noise="distributed")
-    n = billboard_noise(2.0, 1e-5, 0.2)
+    s1, s2 = sigmas(closed_form, 2.0, 1e-5, 0.2)
     assert res.privacy["noise"] == "distributed" and res.privacy["epsilon"] == pytest.approx(2.0, rel=1e-6)
     assert "σ/√t (t = 3)" in res.privacy["noise_share"]
     for name in res.sites:
         rel = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bdist.jsonl").read_text().splitlines()]
         rel = [ev for ev in rel if ev.get("type") == "release"]
         assert [ev["noise"] for ev in rel] == ["distributed", "distributed"]
-        assert rel[0]["sigma"] == pytest.approx(n["sigma1"]) and rel[0]["noise_share"] == pytest.approx(n["sigma1"] / math.sqrt(3))
+        assert rel[0]["sigma"] == pytest.approx(s1) and rel[0]["noise_share"] == pytest.approx(s1 / math.sqrt(3))
     local, folder = _dp_run(tmp_path, _sites(), "blocal", aggregation="secagg")
     for name in local.sites:
         rel = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "blocal.jsonl").read_text().splitlines()]
-        assert [ev["noise_share"] for ev in rel if ev.get("type") == "release"] == pytest.approx([n["sigma1"], n["sigma2"]])
+        assert [ev["noise_share"] for ev in rel if ev.get("type") == "release"] == pytest.approx([s1, s2])
 
 
 # ------------------------------------------------------------------------------------ release 3: the density
@@ -200,7 +217,7 @@ def test_replace_one_moves_one_count_even_when_the_refined_placement_moves_every
             np.testing.assert_array_equal(np.delete(P, i, axis=0), np.delete(P0, i, axis=0))  # nobody else moved
             h = density_counts(P, lo, hi, 8)
             worst = max(worst, float(np.linalg.norm(h - h0)))
-    assert worst <= COUNT_SENSITIVITY + 1e-12 and worst == pytest.approx(math.sqrt(2.0))
+    assert worst <= DELTA_COUNTS + 1e-12 and worst == pytest.approx(math.sqrt(2.0))
     # the refined placement is not per record: replacing record 0 moves the others too
     F2 = F.copy()
     F2[0] = np.full(5, 9.0)
@@ -210,30 +227,31 @@ def test_replace_one_moves_one_count_even_when_the_refined_placement_moves_every
 
 
 @pytest.mark.parametrize("eps", [1.0, 4.0])
-def test_three_releases_compose_to_the_target(eps):
+def test_three_releases_compose_to_the_target(eps, closed_form):
     dp_accounting = pytest.importorskip("dp_accounting")
     n = billboard_noise(eps, 1e-5, 0.2, 0.2)
     acc = dp_accounting.pld.PLDAccountant()
-    for sigma, sens in ((n["sigma1"], RFF_SENSITIVITY), (n["sigma2"], COUNT_SENSITIVITY), (n["sigma3"], COUNT_SENSITIVITY)):
+    for sigma, sens in ((n["sigma1"], DELTA_RFF), (n["sigma2"], DELTA_COUNTS), (n["sigma3"], DELTA_COUNTS)):
         acc.compose(dp_accounting.GaussianDpEvent(sigma / sens))
     assert acc.get_epsilon(1e-5) == pytest.approx(eps, rel=2e-3)
+    assert [n["sigma1"], n["sigma2"], n["sigma3"]] == pytest.approx(sigmas(closed_form, eps, 1e-5, 0.2, 0.2), rel=1e-9)
     assert n["sigma1"] > billboard_noise(eps, 1e-5, 0.2)["sigma1"]  # the density's share comes out of release 1
 
 
-def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path):
+def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path, closed_form):
     from securefed.report.layout import write_run_result
 
     res, folder = _dp_run(tmp_path, _sites(), "bd1", coordinates="keep", density_share=0.2, density_grid=6)
-    n = billboard_noise(2.0, 1e-5, 0.2, 0.2)
+    s1, s2, s3 = sigmas(closed_form, 2.0, 1e-5, 0.2, 0.2)
     for name in res.sites:
         lines = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bd1.jsonl").read_text().splitlines()]
         assert [ev["mechanism"] for ev in lines if ev.get("type") == "release"] == [
             "gaussian-rff", "gaussian-counts", "gaussian-density"]
     priv = res.privacy
     assert priv["releases"] == 3 and priv["epsilon"] == pytest.approx(2.0, rel=1e-6)
-    assert priv["sigma_per_release"] == pytest.approx([n["sigma1"], n["sigma2"], n["sigma3"]])
+    assert priv["sigma_per_release"] == pytest.approx([s1, s2, s3], rel=1e-9)
     dens = res.embedding["density"]
-    assert dens["counts"].shape == (6, 6) and dens["sigma_per_cell"] == pytest.approx(n["sigma3"] * math.sqrt(3))
+    assert dens["counts"].shape == (6, 6) and dens["sigma_per_cell"] == pytest.approx(s3 * math.sqrt(3))
     # the noisy total is the number of records (360) within 6 standard deviations of the summed noise
     assert abs(dens["counts"].sum() - 360) < 6 * dens["sigma_per_cell"] * 6
     row = [r for r in res.inventory if "grid over the landmark map" in r["what"]]
@@ -247,17 +265,17 @@ def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path):
     np.testing.assert_array_equal(saved["counts"], dens["counts"])
 
 
-def test_the_density_names_the_noise_its_sum_carries_with_distributed_shares(tmp_path):
+def test_the_density_names_the_noise_its_sum_carries_with_distributed_shares(tmp_path, closed_form):
     """With noise distributed each of the 3 sites adds σ₃/√3, so the released grid carries σ₃ per cell (not √3·σ₃,
     which the report would otherwise print under the density)."""
     res, folder = _dp_run(tmp_path, _sites(), "bd2", aggregation="secagg", noise="distributed", coordinates="keep",
                           density_share=0.2, density_grid=6)
-    n = billboard_noise(2.0, 1e-5, 0.2, 0.2)
-    assert res.embedding["density"]["sigma_per_cell"] == pytest.approx(n["sigma3"])
+    s3 = sigmas(closed_form, 2.0, 1e-5, 0.2, 0.2)[2]
+    assert res.embedding["density"]["sigma_per_cell"] == pytest.approx(s3)
     for name in res.sites:
         rel = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bd2.jsonl").read_text().splitlines()]
         dens = [ev for ev in rel if ev.get("mechanism") == "gaussian-density"]
-        assert len(dens) == 1 and dens[0]["noise_share"] == pytest.approx(n["sigma3"] / math.sqrt(3))
+        assert len(dens) == 1 and dens[0]["noise_share"] == pytest.approx(s3 / math.sqrt(3))
 
 
 @pytest.mark.parametrize("kw, names", [

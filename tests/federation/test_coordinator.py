@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from securefed.accounting import PrivacyLedger
-from securefed.errors import (AuditFailedError, ConfigError, DecodeError, ProtocolAbortedError,
+from securefed.errors import (AuditFailedError, ConfigError, DecodeError, ProtocolAbortedError, ProtocolError,
                               ProtocolTimeoutError)
 from securefed.federation import Coordinator, InMemoryExchange, ListNodes, Request, SiteWorker, drive, run_in_process
 from securefed.federation.privacy import ServerPrivacy, open_server_ledger
@@ -167,7 +167,7 @@ def test_a_failed_coordinator_asks_nothing_more(sites):
     with pytest.raises(ProtocolAbortedError):
         co.receive({0: {"error": "x"}}, 0.0)
     assert co.done and co.error is not None
-    with pytest.raises(Exception):
+    with pytest.raises(ProtocolError, match="not running"):
         co.receive({}, 1.0)
 
 

@@ -31,7 +31,7 @@ def run_dir(tmp_path_factory):
     rng = np.random.default_rng(0)
     centers = rng.normal(scale=4.0, size=(3, 8))
     sites, labels = [], []
-    for p in range(3):
+    for _ in range(3):
         lab = rng.integers(0, 3, 80)
         sites.append(centers[lab] + rng.normal(size=(80, 8)))
         labels.append(lab)

@@ -1,6 +1,6 @@
 """Issue 13, attack 5 inverted: CKKS decryption hygiene, and who can read what (computed, not asserted).
 
-Before the fix (REPORT §2.5): a spec with step 2^-60 was accepted and the release carried 31.5 bits of raw
+Before the fix: a spec with step 2^-60 was accepted and the release carried 31.5 bits of raw
 decryption error; precision finer than float64 broke the stated bound 19.7×; the rounding flooded the CKKS
 error only to a statistical distance of 2^-7.9 per coordinate; a decryptor's 1.95e278 was accepted as the sum;
 and every site received the secret key, so the server plus ANY one site read every upload.
@@ -147,3 +147,75 @@ def test_who_can_read_an_upload_with_the_server():
     assert all(e is not None and e < 1e-12 for s in (0, 1) for e in reads[s])  # key holder, fallback: everything
     assert all(e is None for s in (2, 3) for e in reads[s])  # the other sites: nothing
     assert all(not c.is_private() for s, c in held.items() if s >= 2)
+
+
+# ------------------------------------------------------------------ the flood is really added (issue 22)
+
+
+def _flood_sigma_closed_form(scale_bits: int, n: int, M: float, bits: int, R: int) -> float:
+    """σ = 8·√R·2^(λ/2)·E with E = 2^(14 + ⌈½ log2 n⌉ − s) + 2·ulp(M) (Li, Micciancio, Schultz & Sorrell 2022),
+    written out here from the module docstring rather than taken from the code."""
+    e_max = 2.0 ** (14 + math.ceil(0.5 * math.log2(n)) - scale_bits)
+    return 8.0 * math.sqrt(R) * 2.0 ** (bits / 2) * (e_max + 2.0 * float(np.spacing(M)))
+
+
+def test_the_decryptor_adds_a_flood_of_the_announced_size():
+    """A decryption is ``round_step(decode(m + e) + η)``, η ~ N(0, σ²) per slot. At the default precision the
+    rounding step (≈ 1e-6) hides a σ of ≈ 1e-8, so the flood is measured with a step the parameter check still
+    accepts (2^-40, above 64 × the CKKS error) where σ is ~10⁴ steps: the released sum then deviates from the
+    exact one by η alone, and over 4096 coordinates its sample deviation is σ within a few per cent — a decryptor
+    that adds no flood (or a smaller one) releases deviations ~1e-12 and fails. Two decryptions of the same sum
+    (two rounds over the same inputs) differ by √2·σ."""
+    n, d, M = 3, 4096, 3.0
+    p0 = choose_ckks_parameters(d, 1e-6, M, n)
+    params = dataclasses.replace(p0, step=2.0 ** -40)
+    assert check_ckks_params(params, n, M) == []  # a step every party accepts
+    sigma = _flood_sigma_closed_form(params.scale_bits, n, M, 40, 2)
+    assert sigma > 1e4 * params.step
+    priv, pub = identities(n)
+    rng = np.random.default_rng(5)
+    xs = [rng.uniform(-1, 1, d) for _ in range(n)]
+    exact = np.array([math.fsum(col) for col in np.array(xs).T])
+    releases = []
+    for _ in range(2):
+        spec = CKKSRoundSpec(os.urandom(16), 0, n, 0, params, 1.0, pub, max_abs_sum=M)
+        assert spec.flood_sigma == pytest.approx(sigma, rel=1e-12)  # the σ the round announces
+        out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, session_id=spec.session_id, max_abs_sum=M)
+        assert out.error is None
+        dev = out.total - exact
+        assert abs(float(np.mean(dev))) < 6 * sigma / math.sqrt(d)
+        assert 0.9 * sigma < float(np.std(dev)) < 1.1 * sigma, (float(np.std(dev)), sigma)
+        # Gaussian, not a shift: |η| < σ/100 for 0.8 % of the slots (without a flood, every slot would be)
+        assert float(np.mean(np.abs(dev) < sigma / 100)) < 0.03
+        releases.append(out.total)
+    diff = releases[1] - releases[0]
+    assert 0.9 * math.sqrt(2) * sigma < float(np.std(diff)) < 1.1 * math.sqrt(2) * sigma
+
+
+def test_a_decrypted_sum_at_another_step_is_refused_and_the_fallback_decrypts():
+    """The server accepts a DecryptedSum only at the spec's rounding step: a key holder that releases its
+    decryption at a finer grid (raw decryption noise, the key-recovery risk the step guards against) — signed, in
+    range — is refused; the fallback decrypts at the stated step instead."""
+    class FineStep(CKKSClient):
+        def _on_decrypt(self, msg):
+            m = decode(super()._on_decrypt(msg)[0])
+            fine = self.spec.params.step / 1024
+            vals = np.frombuffer(m.data, dtype="<f8") + 5 * fine  # off the stated grid, well inside the range
+            data = vals.astype("<f8").tobytes()
+            sig = crypto.sign(self._identity, cx.decrypted_payload(self.spec.session_id, self.spec.round_index, self.id,
+                                                                   self.spec.digest, fine, data))
+            return [encode(dataclasses.replace(m, step=fine, data=data, signature=sig))]
+
+    n, d = 3, 16
+    params = choose_ckks_parameters(d, 1e-6, float(n), n)
+    priv, pub = identities(n)
+    xs = [np.random.default_rng(20 + i).uniform(-1, 1, d) for i in range(n)]
+    spec = CKKSRoundSpec(os.urandom(16), 0, n, 0, params, 1.0, pub, max_abs_sum=float(n), fallbacks=(1,))
+    clients = [(FineStep if i == 0 else CKKSClient)(spec, i, priv[i], xs[i]) for i in range(n)]
+    out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, session_id=spec.session_id, max_abs_sum=float(n),
+                         fallbacks=(1,), clients=clients)
+    assert any("wrong step" in r for r in out.rejected), out.rejected
+    assert out.error is None and out.decryptor == 1
+    grid = out.total / params.step
+    assert np.array_equal(grid, np.round(grid))  # released at the stated step
+    assert np.max(np.abs(out.total - np.sum(xs, axis=0))) < spec.release_bound

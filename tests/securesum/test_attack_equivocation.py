@@ -1,17 +1,19 @@
 """Issue 13, attack 1 inverted: an equivocating server unmasks nobody.
 
-The attack (REPORT §2.1, /work/scratch/r13/attacks/test_a1_equivocation.py): after the masked stage the server
-splits the honest clients into side A and side B, shows side A the survivor set A ∪ Z and side B the set B ∪ Z
-(Z = the c colluding clients, whose state it reads and whose keys it signs with), and sends each side every
-signature it has on that side's set. Before the fix every client of a 7–12-site federation was unmasked in one
-round with the default parameters. Now a client reveals only after q signatures from distinct members of its
-set with 2q > n + c, so at most one side can reveal, and it reveals one kind of share per peer: the attacker
-gets both shares of a victim only from the c < t colluders.
+The attack: after the masked stage the server splits the honest clients into side A and side B, shows side A
+the survivor set A ∪ Z and side B the set B ∪ Z (Z = the c colluding clients, whose state it reads and whose keys
+it signs with), and sends each side every signature it has on that side's set. Before the fix every client of a
+7–12-site federation was unmasked in one round with the default parameters. Now a client reveals only after q
+signatures from distinct members of its set with 2q > n + c, so at most one side can reveal, and it reveals one
+kind of share per peer: the attacker gets both shares of a victim only from the c < t colluders.
 
 Executed against the real client machines (forked with the product's state codec) for every n from 3 to 12
 (3 to 30 in the slow test) with the default parameters (the malicious-server model) and several splits,
-including the one that gives one side exactly the quorum; plus an exhaustive check of every split in the
-protocol's counting model for n ≤ 9 (which does find victims when the quorum is below the bound).
+including the one that gives one side exactly the quorum, and the *padded* split: side B is shown B ∪ Z plus
+members of A, a set large enough for B to sign (a client signs no set smaller than the quorum) that only B ∪ Z
+ever sign — there the unmask-stage quorum check alone keeps side B from revealing (without it both sides reveal
+and these tests fail). Plus an exhaustive check of every split in the protocol's counting model for n ≤ 9 (which
+does find victims when the quorum is below the bound).
 """
 
 import itertools
@@ -92,12 +94,17 @@ def unmask(r, v, b_pts, s_pts):
     return dequantize(acc, fp)
 
 
-def equivocate(r, A: set, B: set, Z: set) -> dict:
-    """Mount the split on forked client machines; returns who signed, who revealed and who was unmasked."""
+def equivocate(r, A: set, B: set, Z: set, pad: frozenset = frozenset()) -> dict:
+    """Mount the split on forked client machines; returns who signed, who revealed and who was unmasked.
+
+    ``pad`` ⊆ A: members of side A the server also lists in the set it shows side B, so that B's set is large
+    enough to be signed (every client refuses to sign a set smaller than the quorum) although only B ∪ Z sign it
+    — then only the quorum check at the unmask stage stops side B from revealing."""
     spec = r["spec"]
     priv = identities(spec.n_clients)[0]
     sid, rnd, dg = spec.session_id, spec.round_index, spec.digest
-    sets = {"A": tuple(sorted(A | Z)), "B": tuple(sorted(B | Z))}
+    assert pad <= A
+    sets = {"A": tuple(sorted(A | Z)), "B": tuple(sorted(B | Z | pad))}
     side_of = {u: "A" for u in A} | {u: "B" for u in B}
     forks = {u: load_client(dump_client(r["clients"][u]), spec, priv[u]) for u in side_of}
     sigs = {"A": {}, "B": {}}
@@ -147,14 +154,33 @@ def splits(n, c, q):
     return sorted(out, key=lambda ab: (len(ab[0]), sorted(ab[0])))
 
 
+def padded(A, B, c, q, t):
+    """Side B's set padded with the first members of A up to the smallest set a client signs — the quorum q, and
+    t masking partners besides itself (complete graph) — or None when B ∪ Z has that many signers already (then it
+    is no attack on the quorum) or A has too few members to lend."""
+    need = max(q, t + 1) - len(B) - c
+    if not B or len(B) + c >= q or need <= 0 or need >= len(A):
+        return None
+    return frozenset(sorted(A)[:need])
+
+
 def attack_n(n):
     r = masked_round(n)
     gp = r["gp"]
     Z = set(range(gp.colluders))
-    outcomes = [equivocate(r, set(A), set(B), Z) for A, B in splits(n, gp.colluders, gp.quorum)]
-    for o in outcomes:
+    cases = []
+    for A, B in splits(n, gp.colluders, gp.quorum):
+        cases.append((A, B, frozenset()))
+        pad = padded(A, B, gp.colluders, gp.quorum, gp.threshold)
+        if pad is not None:
+            cases.append((A, B, pad))
+    outcomes = [equivocate(r, set(A), set(B), Z, pad) for A, B, pad in cases]
+    for (_, B, pad), o in zip(cases, outcomes):
         assert o["victims"] == [], (n, gp, o)
         assert min(len(o["revealers"]["A"]), len(o["revealers"]["B"])) == 0, (n, o)  # one survivor set at most
+        if pad:  # side B signed its padded set (the signing floor did not stop it): the unmask quorum did
+            assert o["signed"]["B"] == sorted(B) and not o["revealers"]["B"], (n, o)
+    assert any(pad for _, _, pad in cases) or n < 5, n  # the padded attack was mounted
     return gp, outcomes
 
 
@@ -163,7 +189,7 @@ def test_equivocation_unmasks_nobody_with_the_default_parameters(n):
     gp, outcomes = attack_n(n)
     assert 2 * gp.threshold > gp.degree + gp.colluders and 2 * gp.quorum > n + gp.colluders
     # a side with the quorum does reveal (for n ≥ 5 also a side of a proper split): the test is not vacuous
-    proper = [o for (A, B), o in zip(splits(n, gp.colluders, gp.quorum), outcomes) if B]
+    proper = [o for o in outcomes if o["signed"]["B"]]
     assert any(o["revealers"]["A"] or o["revealers"]["B"] for o in (proper if n >= 5 else outcomes))
 
 

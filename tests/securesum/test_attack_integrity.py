@@ -6,7 +6,7 @@
   returned although something had been rejected; CKKS 2 + 3. Now: **0 wrong sums of either kind** — every
   round is correct over its survivors or aborted with nothing released (the fuzz never changes a client's own
   input, the one thing no protocol without range proofs can check).
-* The named cases of the REPORT (a forwarded share dropped, a masked input replaced or relabelled, a revealed
+* The named attack cases (a forwarded share dropped, a masked input replaced or relabelled, a revealed
   share replaced, a dealer masking with another seed, a dealer whose shares do not match its commitment, a
   revealer lying about a share) each give the exact sum over the others or an abort naming the culprit.
 * A signed low-order X25519 key or signed garbage share ciphertexts from one client: the round completes
@@ -53,7 +53,7 @@ def make_round(n, d=6, seed=0):
 
 
 def outcome(spec, xs, out) -> str:
-    """correct / aborted / wrong_silent / wrong_flagged (as the REPORT's fuzz driver classifies rounds)."""
+    """correct / aborted / wrong_silent / wrong_flagged (the classification of a fuzzed round)."""
     if out.error is not None or out.result is None:
         return "aborted"
     got = dequantize(out.result, spec.fixed_point)

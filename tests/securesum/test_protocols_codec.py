@@ -1,6 +1,7 @@
 """Codec: round trips, strict refusals and fuzzing (hypothesis)."""
 
 import contextlib
+import dataclasses
 import os
 import struct
 
@@ -134,5 +135,5 @@ def test_unsorted_ids_and_oversized_fields_refused():
 
 def test_messages_are_frozen():
     msg = M.ConsistencySignature(SID, 0, 1, b"s" * 64)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         msg.sender = 2

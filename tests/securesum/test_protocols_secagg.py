@@ -226,7 +226,7 @@ def test_client_refuses_equivocation_and_unmasking_when_declared_dropped():
     out = []
     for c in clients:
         out += server.receive(c.start()[0])
-    for stage in ("share", "masked"):
+    for _stage in ("share", "masked"):
         nxt = []
         for rid, data in out:
             for r in clients[rid].receive(data):

@@ -115,7 +115,7 @@ class CKKSClient(StageClient):
         self._weight = float(weight)
         self.state = "init"
         self.clipped = 0
-        self._c_sk = None
+        self._c_sk: crypto.X25519PrivateKey | None = None
         self._c_pk: bytes | None = None
         self._holder_pk: bytes | None = None
         self._ctx = None

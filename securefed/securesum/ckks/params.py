@@ -1,6 +1,6 @@
 """CKKS parameters, decryption hygiene and the public round spec (no TenSEAL import here).
 
-Decryption hygiene (REPORT §5; docs/threat-model-secure-sum.md). Releasing raw CKKS decryptions leaks the
+Decryption hygiene (docs/threat-model-secure-sum.md). Releasing raw CKKS decryptions leaks the
 secret key (Li & Micciancio, EUROCRYPT 2021), so a decryptor releases ``Y = round_step(decode(m + e) + η)``,
 η ~ N(0, σ²) per slot from a CSPRNG, then unbiased randomised rounding to the stated step. Every party checks
 the parameters before it uses them (:func:`check_ckks_params`, also run by :class:`CKKSRoundSpec`) and refuses,
@@ -12,7 +12,7 @@ with the reason:
 3. a data modulus too small for M plus the flood, and anything outside the 128-bit-security table.
 
 **The flood.** A statistical distance of 2^−40 for the whole released vector is not achievable with a
-float64 release (REPORT §5.2: with E ≥ ulp(M) it needs σ ≥ 2^39·√(R·d)·E, noise as large as the sum). What is
+float64 release (with E ≥ ulp(M) it needs σ ≥ 2^39·√(R·d)·E, noise as large as the sum). What is
 implemented is the bit-security flood of Li, Micciancio, Schultz & Sorrell (2022), the notion behind
 OpenFHE's ``NOISE_FLOODING_DECRYPT``: ``σ = 8·√R·2^(λ/2)·E`` keeps λ bits of security against key recovery
 and any other search attack over R decryptions of one ciphertext, with E the per-slot shift between the real
