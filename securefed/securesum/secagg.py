@@ -25,7 +25,8 @@ clients (from reconstructed s_v) — Bonawitz et al. 2017, Eq. (1)–(3).
 
 Threat model (docs/threat-model-secure-sum.md). The server may deviate arbitrarily and collude with up to
 c sites. Every signature covers the session, the round, the sender and the SHA-256 digest of the round spec
-(:attr:`RoundSpec.digest`), so two sites shown different parameters cannot verify each other. **The server
+(:attr:`RoundSpec.digest`) — including the ``task_digest`` of the request that shapes every upload — so two sites
+shown different parameters cannot verify each other. **The server
 can show different clients different survivor sets** — nothing in the transport stops it — but it gains
 nothing: a client reveals shares only after ≥ q valid consistency signatures from distinct members of the
 *same* set U (the global quorum, 2q > n + c; honest clients sign one set per round), so all honest revealers
@@ -57,15 +58,16 @@ from ..errors import ConfigError, DecodeError, bad_value
 from . import crypto
 from .graph import harary_graph
 from .quantize import FixedPoint
+from .task import NO_TASK
 
-__all__ = ["STAGES", "DEFAULT_TIMEOUTS", "RoundSpec", "SecAggClient", "SecAggServer", "encode_spec", "decode_spec",
+__all__ = ["STAGES", "DEFAULT_TIMEOUTS", "NO_TASK", "RoundSpec", "SecAggClient", "SecAggServer", "encode_spec", "decode_spec",
            "advert_payload", "commitment", "share_hash", "share_item_payload", "masked_payload",
            "consistency_payload", "unmask_payload", "share_aad", "channel_key", "pair_info", "self_info"]
 
 STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 DEFAULT_TIMEOUTS = {"advertise": 30.0, "share": 30.0, "masked": 120.0, "consistency": 30.0, "unmask": 60.0}
 SPEC_VERSION = 2
-_ZERO32 = bytes(32)
+_ZERO32 = NO_TASK  # a spec without a task digest encodes exactly as before the field existed
 
 
 def _pack(*values: int) -> bytes:
@@ -166,6 +168,14 @@ class RoundSpec:
     distributed discrete Gaussian / Skellam encoder of :mod:`securefed.accounting.distributed`; no fixed-point
     codec, no clipping, no clip count, and the sum is released mod ``2^k`` (its wrap-around is the input
     mechanism's accounted event, so the server's range check does not apply).
+
+    ``task_digest``: 32 bytes naming *what* the sites sum — the SHA-256 the coordinator's request computes over
+    every field that shapes a site's upload (:func:`securefed.securesum.task.task_digest`); 32 zero bytes
+    (:data:`NO_TASK`) mean "none" and encode exactly as a spec without the field. It enters :attr:`digest`, so
+    every signature of the round covers it: two sites shown different task digests cannot verify each other's
+    messages, and honest sites reveal shares only under a quorum that signed *their* digest
+    (docs/threat-model-secure-sum.md §2, "one digest per sum"). A site recomputes it from its own request and
+    refuses a spec whose ``task_digest`` differs, before computing anything.
     """
 
     session_id: bytes
@@ -180,6 +190,7 @@ class RoundSpec:
     timeouts: tuple = tuple(DEFAULT_TIMEOUTS.items())
     quorum: int = 0
     integer: bool = False
+    task_digest: bytes = _ZERO32
     neighbours: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -195,6 +206,9 @@ class RoundSpec:
             raise ConfigError(bad_value("quorum", self.quorum, f"use 0 (majority) or 1..{self.n_clients}"))
         if self.length < 1:
             raise ConfigError(bad_value("length", self.length, "vectors need at least one coordinate"))
+        if not isinstance(self.task_digest, bytes) or len(self.task_digest) != 32:
+            raise ConfigError(bad_value("task_digest", self.task_digest, "use 32 bytes (SHA-256 of the request's "
+                                        "fields, securefed.securesum.task.task_digest) or NO_TASK"))
         tmo = dict(self.timeouts)
         if set(tmo) != set(STAGES) or any(not (v > 0) for v in tmo.values()):
             raise ConfigError(bad_value("timeouts", tmo, f"give a positive number of seconds for each of {STAGES}"))
@@ -224,7 +238,20 @@ def encode_spec(spec: RoundSpec) -> bytes:
            "identity_keys": [k.hex() for k in spec.identity_keys], "timeouts": [[k, v] for k, v in spec.timeouts]}
     if spec.integer:  # only then: a fixed-point spec encodes (and digests) exactly as before
         doc["input"] = "integer"
+    if spec.task_digest != _ZERO32:  # likewise: a spec without a task digest encodes as before
+        doc["task"] = spec.task_digest.hex()
     return json.dumps(doc, sort_keys=True).encode()
+
+
+def _decode_task(doc: dict) -> bytes:
+    """The optional ``"task"`` field of an encoded spec: 64 hex digits, not all zero (zero is encoded by absence)."""
+    if "task" not in doc:
+        return _ZERO32
+    raw = doc["task"]
+    task = bytes.fromhex(raw) if isinstance(raw, str) else b""
+    if len(task) != 32 or task == _ZERO32:
+        raise DecodeError(f"round spec: task digest {raw!r} is not 32 non-zero bytes in hex")
+    return task
 
 
 def decode_spec(data: bytes) -> RoundSpec:
@@ -241,10 +268,11 @@ def decode_spec(data: bytes) -> RoundSpec:
             raise DecodeError("round spec: identity keys must be 32 bytes")
         if doc.get("input", "fixed-point") not in ("fixed-point", "integer"):
             raise DecodeError(f"round spec: unknown input kind {doc.get('input')!r}")
+        task = _decode_task(doc)
         return RoundSpec(bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
                          int(doc["degree"]), int(doc["threshold"]), bytes.fromhex(doc["graph_seed"]),
                          int(doc["length"]), fp, keys, tuple((str(a), float(b)) for a, b in doc["timeouts"]),
-                         int(doc["quorum"]), doc.get("input") == "integer")
+                         int(doc["quorum"]), doc.get("input") == "integer", task)
     except DecodeError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
