@@ -20,13 +20,13 @@ CKKS is used.
 from .aggregators import SecAggAggregator
 from .graph import choose_parameters, harary_graph
 from .runner import TAMPER_KINDS
-from .secagg import DEFAULT_TIMEOUTS, STAGES, RoundSpec
+from .secagg import DEFAULT_TIMEOUTS, STAGES, InputSpec, RoundSpec, SetupSpec
 from .secagg_client import SecAggClient
 from .secagg_server import SecAggServer
 from .simulator import simulate
 
 __all__ = ["SecAggAggregator", "CKKSAggregator", "simulate", "choose_parameters", "harary_graph", "TAMPER_KINDS",
-           "STAGES", "DEFAULT_TIMEOUTS", "RoundSpec", "SecAggClient", "SecAggServer", "CKKSClient", "CKKSServer",
+           "STAGES", "DEFAULT_TIMEOUTS", "RoundSpec", "SetupSpec", "InputSpec", "SecAggClient", "SecAggServer", "CKKSClient", "CKKSServer",
            "CKKSRoundSpec"]
 
 _CKKS = {"CKKSAggregator", "CKKSClient", "CKKSServer", "CKKSRoundSpec"}

@@ -40,7 +40,7 @@ __all__ = [
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
     "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
-    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest",
+    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest", "BoundConsistencyRequest",
 ]
 
 VERSION = 2
@@ -279,7 +279,9 @@ class DecryptedSum(_Message):
 
 @dataclass(frozen=True)
 class InputDigest:
-    """CKKS: ``sender``'s Ed25519 signature over the SHA-256 digest of its ciphertext upload."""
+    """``sender``'s Ed25519 signature over the SHA-256 digest of its upload: CKKS, the ciphertext chunks; SecAgg+
+    (late-bound schedule), :func:`~.secagg.input_hash` of its masked vector and peer set, signed with the full
+    spec digest (:func:`~.secagg.bound_masked_payload`)."""
 
     FIELDS: ClassVar = (("sender", "u32"), ("digest", "b32"), ("signature", "b64"))
     sender: int
@@ -323,10 +325,25 @@ class DecryptRequest(_Message):
     chunks: tuple
 
 
+@dataclass(frozen=True)
+class BoundConsistencyRequest(_Message):
+    """Stage 3 of a late-bound SecAgg+ round, server → client: the survivor set U and, for every member of U in
+    order, its signed input binding (:class:`InputDigest`: the hash of its masked vector and peer set, signed over
+    the full spec digest). A client signs U only if every member bound its masked input to the same full digest
+    — the setup was shared before the input part existed, so without this a server could put in U a site that
+    masked under another input part (docs/threat-model-secure-sum.md §2, late-bound input)."""
+
+    TYPE: ClassVar[int] = 18
+    FIELDS: ClassVar = (("recipient", "u32"), ("survivors", "ids"), ("inputs", InputDigest))
+    recipient: int
+    survivors: tuple
+    inputs: tuple
+
+
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (
     AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
     ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
-    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest)}
+    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest, BoundConsistencyRequest)}
 
 #: Messages a client sends (sender id first in the body); the rest are server → client (recipient first).
 CLIENT_MESSAGES = (AdvertiseKeys, EncryptedShares, MaskedInput, ConsistencySignature, UnmaskResponse,

@@ -6,9 +6,16 @@ deadline, :class:`~.machine.StageServer`)::
     stage        accepts               handler          closes with
     advertise    AdvertiseKeys         _on_advert       U1 (pruned: ≥ t live neighbours) → KeysBroadcast
     share        EncryptedShares       _on_shares       U2 (pruned: ≥ t holders and ≥ t dealers) → ForwardedShares
+    ready        nothing               —                (late-bound schedule) open_input(input part) → masked
     masked       MaskedInput           _on_masked       U (consistent peer sets, ≥ t partners in U) → ConsistencyRequest
+                                                        (late-bound: BoundConsistencyRequest, with every binding)
     consistency  ConsistencySignature  _on_signature    ≥ q signers → UnmaskRequest(U, all signatures)
     unmask       UnmaskResponse        _on_unmask       checked reconstruction, range check → result (done)
+
+A server built with a :class:`~.secagg.SetupSpec` (or with a full spec and ``schedule="late"``, which binds its own
+input part at once) runs the late-bound schedule: it verifies advertisements over the setup digest, waits in
+``ready`` with no deadline after the share stage, and from :meth:`SecAggServer.open_input` on verifies everything
+over the full digest of the joined spec (:mod:`.secagg`, "Two schedules").
 
 What the server checks, so that a wrong sum is never output (the threat model is in :mod:`.secagg`):
 
@@ -27,14 +34,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AuthenticationError, DecodeError, ProtocolError
+from ..errors import AuthenticationError, ConfigError, DecodeError, ProtocolError, bad_value
 from . import crypto, shamir
-from .machine import StageServer
-from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
-                       KeyEntry, KeysBroadcast, MaskedInput, ShareItem, SignatureEntry, UnmaskRequest, UnmaskResponse)
+from .machine import StageServer, UnexpectedMessageError
+from .messages import (AdvertiseKeys, BoundConsistencyRequest, ConsistencyRequest, ConsistencySignature,
+                       EncryptedShares, ForwardedShares, InputDigest, KeyEntry, KeysBroadcast, MaskedInput, ShareItem,
+                       SignatureEntry, UnmaskRequest, UnmaskResponse, sender_of)
 from .quantize import overflow_bound
-from .secagg import (STAGES, RoundSpec, advert_payload, commitment, consistency_payload, masked_payload, pair_info,
-                     self_info, share_hash, unmask_payload)
+from .secagg import (SCHEDULES, STAGES, InputSpec, RoundSpec, SetupSpec, advert_payload, bound_masked_payload,
+                     commitment, consistency_payload, input_hash, masked_payload, pair_info, self_info, share_hash,
+                     unmask_payload)
 
 __all__ = ["SecAggServer"]
 
@@ -69,11 +78,50 @@ class SecAggServer(StageServer):
     NAME = "server"
     STAGES = STAGES
 
-    def __init__(self, spec: RoundSpec, now: float = 0.0):
-        super().__init__(spec, now)
+    #: the schedule of a server built with a full spec and ``schedule=None``
+    SCHEDULE = "construction"
+
+    def __init__(self, spec: RoundSpec | SetupSpec, now: float = 0.0, schedule: str | None = None):
+        full = isinstance(spec, RoundSpec)
+        if not full and not isinstance(spec, SetupSpec):
+            raise ConfigError(bad_value("spec", type(spec).__name__, "give a RoundSpec or (late-bound input) a SetupSpec"))
+        schedule = ("late" if not full else self.SCHEDULE) if schedule is None else schedule
+        if schedule not in SCHEDULES or (not full and schedule != "late"):
+            raise ConfigError(bad_value("schedule", schedule, f"use one of {SCHEDULES}; a SetupSpec runs 'late'"))
+        super().__init__(spec if schedule == "construction" else spec.setup, now)
+        self.schedule = schedule
+        self._key_digest = self.spec.digest  # what AdvertiseKeys (and share items) are signed over
+        self._pending = spec.input_spec if (full and schedule == "late") else None
         self.received: dict[int, object] = {}
         self._keys: dict[int, AdvertiseKeys] = {}
+        self._bindings: dict[int, bytes] = {}
         self._probe = crypto.x25519_keypair()[0]
+
+    def receive(self, data: bytes, now: float = 0.0) -> list[tuple[int, bytes]]:
+        if self.stage == "ready":  # between the share stage and open_input no client message is expected
+            self._reject(sender_of(data), UnexpectedMessageError(
+                "server in stage 'ready' (waiting for the input part): no client message expected; discarded"))
+            return []
+        return super().receive(data, now)
+
+    def open_input(self, input_spec: InputSpec, now: float = 0.0) -> list[tuple[int, bytes]]:
+        """Late-bound schedule: bind the input part after the share stage (stage ``ready`` → ``masked``, with the
+        ``masked`` deadline from ``now``). The server then expects the clients' MaskedInputs signed over the full
+        digest of the joined spec; the coordinator sends each site the same input part with its request. Returns
+        ``[]`` (nothing to relay). Any error aborts the machine (fail closed)."""
+        try:
+            if self.schedule != "late" or self.stage != "ready":
+                raise ProtocolError(f"server: open_input is for a late-bound round in stage 'ready', not a "
+                                    f"{self.schedule!r} round in stage {self.stage!r}")
+            spec = self.spec.bind(input_spec)
+        except Exception as exc:
+            self._abort_on(exc)
+            raise
+        self.spec = spec
+        self.stage = "masked"
+        self.deadline = now + spec.timeout("masked")
+        self.received = {}
+        return []
 
     def _clear(self) -> None:
         self.received = {}
@@ -96,8 +144,8 @@ class SecAggServer(StageServer):
         spec = self.spec
         self._accept(msg)
         crypto.verify(spec.identity_keys[msg.sender], msg.signature,
-                      advert_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.c_pk, msg.s_pk,
-                                     msg.commit), what=f"client {msg.sender}'s advertised keys")
+                      advert_payload(spec.session_id, spec.round_index, msg.sender, self._key_digest, msg.c_pk,
+                                     msg.s_pk, msg.commit), what=f"client {msg.sender}'s advertised keys")
         if msg.c_pk == msg.s_pk:
             raise AuthenticationError(f"server: client {msg.sender} advertised one key twice; discarded")
         for pk in (msg.c_pk, msg.s_pk):
@@ -124,15 +172,19 @@ class SecAggServer(StageServer):
         self._accept(msg)
         if msg.bits != fp.modulus_bits or len(msg.data) != spec.length * np.dtype(fp.dtype).itemsize:
             raise DecodeError(f"server: masked input of client {u} has the wrong size or modulus; discarded")
-        crypto.verify(spec.identity_keys[u], msg.signature,
-                      masked_payload(spec.session_id, spec.round_index, spec.digest, u, msg.bits, msg.data, msg.peers),
-                      what=f"client {u}'s masked input")
+        binding = input_hash(msg.data, msg.peers)
+        if self.schedule == "construction":
+            payload = masked_payload(spec.session_id, spec.round_index, spec.digest, u, msg.bits, msg.data, msg.peers)
+        else:
+            payload = bound_masked_payload(spec.session_id, spec.round_index, spec.digest, u, msg.bits, binding)
+        crypto.verify(spec.identity_keys[u], msg.signature, payload, what=f"client {u}'s masked input")
         allowed = self._dealt[u] & self._dealers[u]
         if not set(msg.peers) <= allowed:
             raise ProtocolError(f"server: client {u} claims to have masked with {sorted(set(msg.peers) - allowed)}, "
                                 "with whom it exchanged no shares; discarded (client dropped)")
         if len(msg.peers) < spec.threshold:
             raise ProtocolError(f"server: client {u} masked with only {len(msg.peers)} peers; discarded")
+        self._bindings[u] = binding
         self.received[u] = msg
 
     def _on_signature(self, msg: ConsistencySignature) -> None:
@@ -160,7 +212,8 @@ class SecAggServer(StageServer):
     def _advance(self, stage: str, now: float, expected: set) -> None:
         self.dropped_at[self.stage] = tuple(sorted(self.expected - set(self.received)))
         self.stage = stage
-        self.deadline = now + self.spec.timeout(stage)
+        # "ready" (late-bound schedule): no deadline while the coordinator has no input part to bind
+        self.deadline = float("inf") if stage == "ready" else now + self.spec.timeout(stage)
         self.expected = set(expected)
         self.received = {}
 
@@ -205,11 +258,15 @@ class SecAggServer(StageServer):
             self._dealt = {u: dealt[u] & u2 for u in u2}
             self._dealers = {u: {v for v in u2 if u in dealt[v]} for u in u2}
             self._items = {u: {it.peer: it for it in self.received[u].items} for u in u2}
-            self._advance("masked", now, u2)
+            late = self.schedule == "late"
+            self._advance("ready" if late else "masked", now, u2)  # late: wait for the input part (open_input)
             for u in sorted(u2):
                 items = tuple(ShareItem(v, self._items[v][u].ciphertext, self._items[v][u].h_b, self._items[v][u].h_s,
                                         self._items[v][u].signature) for v in sorted(self._dealers[u]))
                 self._send(out, u, ForwardedShares(sid, rnd, u, items))
+            if late and self._pending is not None:  # built with the full spec: bind the input part at once
+                pending, self._pending = self._pending, None
+                self.open_input(pending, now)
         elif self.stage == "masked":
             sent = dict(self.received)
             self._peer_sets = {u: set(m.peers) for u, m in sent.items()}
@@ -230,8 +287,13 @@ class SecAggServer(StageServer):
             self._advance("consistency", now, u3)
             left_out = set(sent) - u3  # sent a masked input that is not consistent: dropped after masking
             self.dropped_at["masked"] = tuple(sorted(set(self.dropped_at["masked"]) | left_out))
-            for u in self._u3:
-                self._send(out, u, ConsistencyRequest(sid, rnd, u, self._u3))
+            if self.schedule == "construction":
+                for u in self._u3:
+                    self._send(out, u, ConsistencyRequest(sid, rnd, u, self._u3))
+            else:  # every member's signed binding of its masked input to the full digest, for every signer to check
+                bindings = tuple(InputDigest(u, self._bindings[u], sent[u].signature) for u in self._u3)
+                for u in self._u3:
+                    self._send(out, u, BoundConsistencyRequest(sid, rnd, u, self._u3, bindings))
         elif self.stage == "consistency":
             signers = set(self.received)
             q = spec.signatures_needed
