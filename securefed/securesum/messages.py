@@ -40,7 +40,8 @@ __all__ = [
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
     "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
-    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest", "BoundConsistencyRequest",
+    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest", "BoundConsistencyRequest", "ProofInput",
+    "SecretEntry", "SumProof",
 ]
 
 VERSION = 2
@@ -340,10 +341,56 @@ class BoundConsistencyRequest(_Message):
     inputs: tuple
 
 
+@dataclass(frozen=True)
+class ProofInput:
+    """A survivor's masked input inside a :class:`SumProof`, as it signed it (sender, peer set, words, signature)."""
+
+    FIELDS: ClassVar = (("sender", "u32"), ("peers", "ids"), ("data", "bytes"), ("signature", "b64"))
+    sender: int
+    peers: tuple
+    data: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class SecretEntry:
+    """A secret the server reconstructed, inside a :class:`SumProof`: a survivor's self-mask seed b_u or a dropped
+    client's X25519 mask key s_v (raw 32 bytes), checked by every verifier against what ``owner`` committed to."""
+
+    FIELDS: ClassVar = (("owner", "u32"), ("secret", "b32"))
+    owner: int
+    secret: bytes
+
+
+@dataclass(frozen=True)
+class SumProof(_Message):
+    """SecAgg+, server → every survivor after the round: everything needed to recompute the released sum and check
+    it against the survivors' own signatures (:mod:`.secagg_proof`). ``schedule`` 0 = construction, 1 = late-bound;
+    ``digest`` the full spec digest; ``total`` the claimed sum (``bits``-bit words); ``inputs`` the survivors'
+    signed masked inputs (in the order of ``survivors``); ``signatures`` the consistency signatures on U (≥ q);
+    ``keys`` the signed advertisements of every survivor and every dropped client a survivor masked with;
+    ``seeds`` b_u of every survivor; ``mask_keys`` s_v of every such dropped client."""
+
+    TYPE: ClassVar[int] = 19
+    FIELDS: ClassVar = (("schedule", "u8"), ("digest", "b32"), ("survivors", "ids"), ("bits", "u8"),
+                        ("total", "bytes"), ("inputs", ProofInput), ("signatures", SignatureEntry), ("keys", KeyEntry),
+                        ("seeds", SecretEntry), ("mask_keys", SecretEntry))
+    schedule: int
+    digest: bytes
+    survivors: tuple
+    bits: int
+    total: bytes
+    inputs: tuple
+    signatures: tuple
+    keys: tuple
+    seeds: tuple
+    mask_keys: tuple
+
+
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (
     AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
     ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
-    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest, BoundConsistencyRequest)}
+    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest, BoundConsistencyRequest, SumProof)}
 
 #: Messages a client sends (sender id first in the body); the rest are server → client (recipient first).
 CLIENT_MESSAGES = (AdvertiseKeys, EncryptedShares, MaskedInput, ConsistencySignature, UnmaskResponse,

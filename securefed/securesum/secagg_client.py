@@ -388,3 +388,14 @@ class SecAggClient(StageClient):
         self._held = {}
         return [encode(UnmaskResponse(spec.session_id, spec.round_index, self.id, tuple(self_shares),
                                       tuple(key_shares), sig))]
+
+    def verify_sum(self, proof: bytes) -> np.ndarray:
+        """After the round (``done``): check the server's :meth:`~.secagg_server.SecAggServer.proof` against this
+        client's own view — its spec, schedule, the survivor set it signed and the masked input it sent — and
+        return the total words it proves, or raise :class:`~.secagg_proof.SumProofError` naming what is wrong."""
+        from .secagg_proof import verify_sum
+
+        if self.state != "done":
+            raise ProtocolError(f"client {self.id}: a sum proof is checked after the round, not in state {self.state!r}")
+        return verify_sum(proof, self.spec, self.id, schedule=self.schedule, survivors=self._survivors,
+                          own_input_hash=self._input_hash)

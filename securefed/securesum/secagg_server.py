@@ -28,6 +28,9 @@ What the server checks, so that a wrong sum is never output (the threat model is
   the dealer's commitment, a mask key its advertised public key — else the round aborts naming the dealer
   (:attr:`blame`); the unmasked sum must lie in the fixed-point plan's range (a guard bit makes a seed other
   than the committed one fail this with probability ≥ 1/2 per coordinate).
+
+After a completed round, :meth:`SecAggServer.proof` returns the evidence every survivor can check the released
+total against (:mod:`.secagg_proof`); :meth:`SecAggServer.forget` drops it.
 """
 
 from __future__ import annotations
@@ -40,10 +43,9 @@ from .machine import StageServer, UnexpectedMessageError
 from .messages import (AdvertiseKeys, BoundConsistencyRequest, ConsistencyRequest, ConsistencySignature,
                        EncryptedShares, ForwardedShares, InputDigest, KeyEntry, KeysBroadcast, MaskedInput, ShareItem,
                        SignatureEntry, UnmaskRequest, UnmaskResponse, sender_of)
-from .quantize import overflow_bound
 from .secagg import (SCHEDULES, STAGES, InputSpec, RoundSpec, SetupSpec, advert_payload, bound_masked_payload,
-                     commitment, consistency_payload, input_hash, masked_payload, pair_info, self_info, share_hash,
-                     unmask_payload)
+                     commitment, consistency_payload, input_hash, masked_payload, share_hash, unmask_payload)
+from .secagg_proof import build_proof, range_excess, unmasked_sum
 
 __all__ = ["SecAggServer"]
 
@@ -95,6 +97,9 @@ class SecAggServer(StageServer):
         self.received: dict[int, object] = {}
         self._keys: dict[int, AdvertiseKeys] = {}
         self._bindings: dict[int, bytes] = {}
+        self._masked: dict[int, MaskedInput] = {}
+        self._signatures: tuple = ()
+        self._evidence: dict | None = None
         self._probe = crypto.x25519_keypair()[0]
 
     def receive(self, data: bytes, now: float = 0.0) -> list[tuple[int, bytes]]:
@@ -128,6 +133,7 @@ class SecAggServer(StageServer):
         self._keys = {}
         self._inputs = {}
         self._items = {}
+        self._masked, self._evidence = {}, None
 
     def _stage_complete(self) -> bool:
         return set(self.received) >= self.expected
@@ -282,6 +288,7 @@ class SecAggServer(StageServer):
                 self._fail(f"only {len(u3)} consistent masked inputs, the quorum is {q}", timed_out)
             self._u3 = tuple(sorted(u3))
             fp = spec.fixed_point
+            self._masked = {u: sent[u] for u in self._u3}  # kept for the sum proof
             self._inputs = {u: np.frombuffer(sent[u].data, dtype=fp.dtype) for u in self._u3}
             self._needed_ok(u3, timed_out, "masked")
             self._advance("consistency", now, u3)
@@ -301,6 +308,7 @@ class SecAggServer(StageServer):
                 self._fail(f"only {len(signers)} survivors confirmed the survivor set, the quorum is {q}", timed_out)
             self._needed_ok(signers, timed_out, "consistency")
             sigs = tuple(SignatureEntry(v, self.received[v].signature) for v in sorted(signers))
+            self._signatures = sigs
             self._advance("unmask", now, signers)
             for u in sorted(signers):
                 self._send(out, u, UnmaskRequest(sid, rnd, u, self._u3, sigs))
@@ -329,13 +337,10 @@ class SecAggServer(StageServer):
 
     def _finish(self, timed_out: bool) -> None:
         spec, t = self.spec, self.spec.threshold
-        sid, rnd, fp = spec.session_id, spec.round_index, spec.fixed_point
+        sid, rnd = spec.session_id, spec.round_index
         u3 = set(self._u3)
         self.dropped_at[self.stage] = tuple(sorted(self.expected - set(self.received)))
-        acc = np.zeros(spec.length, dtype=fp.dtype)
-        for u in self._u3:
-            np.add(acc, self._inputs[u], out=acc)
-        buf = bytearray(acc.nbytes + 16)
+        seeds, mask_keys = {}, {}
         for u in self._u3:
             pts = self._points(u, b"b")
             if len(pts) < t:
@@ -345,11 +350,10 @@ class SecAggServer(StageServer):
                 self.blame = (u,)
                 self._fail(f"client {u} dealt shares of a self-mask seed other than the one it committed to (its "
                            "signed share hashes are the evidence); exclude it and rerun", False, "sum withheld")
-            crypto.add_mask_inplace(acc, b, session_id=sid, info=self_info(rnd, u), sign=-1, buf=buf)
+            seeds[u] = b
         for u in sorted(self._u2 - u3):
-            partners = sorted(self._holders(u, u3))
-            if not partners:
-                continue
+            if not self._holders(u, u3):
+                continue  # nobody in U masked with it: nothing to remove
             pts = self._points(u, b"s")
             if len(pts) < t:
                 self._fail(f"only {len(pts)} valid shares of client {u}'s mask key (threshold {t})", timed_out)
@@ -359,22 +363,30 @@ class SecAggServer(StageServer):
                 self.blame = (u,)
                 self._fail(f"client {u} dealt shares of a mask key other than the one it advertised (its signed "
                            "share hashes are the evidence); exclude it and rerun", False, "sum withheld")
-            for v in partners:
-                shared = crypto.x25519_shared(s_sk, self._keys[v].s_pk)
-                # survivor v added +m when v < u, −m when v > u: remove it
-                crypto.add_mask_inplace(acc, shared, session_id=sid, info=pair_info(rnd, u, v),
-                                        sign=-1 if v < u else +1, buf=buf)
-        if fp.modulus_bits not in (32, 64):
-            acc &= fp.dtype((1 << fp.modulus_bits) - 1)
-        from .quantize import dequantize
-
-        bound = overflow_bound(fp.clip, fp.fractional_bits, fp.weight_total, fp.active_clients)
-        worst = float(np.max(np.abs(dequantize(acc, fp)))) * fp.scale if acc.size else 0.0
-        if worst > bound and not spec.integer:  # integer inputs: the sum lives mod 2^k (the encoder bounds its wrap)
+            mask_keys[u] = s_sk
+        acc = unmasked_sum(spec, self._inputs, seeds, mask_keys, self._peer_sets,
+                           {v: a.s_pk for v, a in self._keys.items()})
+        worst, bound = range_excess(spec, acc)
+        if worst > bound:  # integer inputs: the sum lives mod 2^k (the encoder bounds its wrap), no range
             self._fail(f"the unmasked sum lies outside its public range (|word| {worst:.3g} > {bound:.3g}): a client "
                        "masked with a seed other than the one it committed to, or sent garbage", False, "sum withheld")
         self.result = acc
         self.survivors = self._u3
         self.stage = "done"
         self.received = {}
+        self._evidence = {"seeds": seeds, "mask_keys": mask_keys}
         self._inputs = {}
+
+    def proof(self) -> bytes:
+        """The proof that :attr:`result` is the sum over the survivors (:mod:`.secagg_proof`; the same bytes for every
+        survivor). Only after the round is ``done``; :meth:`forget` drops the evidence it is built from."""
+        if self.stage != "done" or self._evidence is None:
+            raise ProtocolError(f"server: no sum proof in stage {self.stage!r} (a proof exists only for a completed "
+                                "round whose evidence was not forgotten)")
+        ev = self._evidence
+        return build_proof(self.spec, self.schedule, self._u3, self.result, self._masked, self._signatures, self._keys,
+                           ev["seeds"], ev["mask_keys"])
+
+    def forget(self) -> None:
+        """Drop the evidence kept for :meth:`proof` (the survivors' masked inputs: |U|·d words)."""
+        self._evidence, self._masked = None, {}
