@@ -29,6 +29,12 @@ What the server checks, so that a wrong sum is never output (the threat model is
   (:attr:`blame`); the unmasked sum must lie in the fixed-point plan's range (a guard bit makes a seed other
   than the committed one fail this with probability ≥ 1/2 per coordinate).
 
+Who is named when a round breaks (issue 25 item 6; docs/threat-model-secure-sum.md §5): a client whose *signed*
+masked input has the wrong word size or length, or (k < 32) words ≥ 2^k that no honest encoder produces, is
+named in :attr:`blame`, its input discarded and its messages refused from then on, and the round goes on without
+it. A masked input with valid words but a value out of range underneath cannot be attributed without opening a
+site's masked input: the round aborts ("sum withheld") naming the survivors as :attr:`suspects`.
+
 After a completed round, :meth:`SecAggServer.proof` returns the evidence every survivor can check the released
 total against (:mod:`.secagg_proof`); :meth:`SecAggServer.forget` drops it.
 """
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AuthenticationError, ConfigError, DecodeError, ProtocolError, bad_value
+from ..errors import AuthenticationError, ConfigError, ProtocolError, bad_value
 from . import crypto, shamir
 from .machine import StageServer, UnexpectedMessageError
 from .messages import (AdvertiseKeys, BoundConsistencyRequest, ConsistencyRequest, ConsistencySignature,
@@ -45,6 +51,7 @@ from .messages import (AdvertiseKeys, BoundConsistencyRequest, ConsistencyReques
                        SignatureEntry, UnmaskRequest, UnmaskResponse, sender_of)
 from .secagg import (SCHEDULES, STAGES, InputSpec, RoundSpec, SetupSpec, advert_payload, bound_masked_payload,
                      commitment, consistency_payload, input_hash, masked_payload, share_hash, unmask_payload)
+from .quantize import dequantize
 from .secagg_proof import build_proof, range_excess, unmasked_sum
 
 __all__ = ["SecAggServer"]
@@ -100,6 +107,10 @@ class SecAggServer(StageServer):
         self._masked: dict[int, MaskedInput] = {}
         self._signatures: tuple = ()
         self._evidence: dict | None = None
+        self._convicted: set = set()
+        #: un-identifiable failure (an in-encoding masked input whose value is out of range): the sites any of
+        #: which could be responsible — the survivors; () otherwise
+        self.suspects: tuple = ()
         self._probe = crypto.x25519_keypair()[0]
 
     def receive(self, data: bytes, now: float = 0.0) -> list[tuple[int, bytes]]:
@@ -107,7 +118,11 @@ class SecAggServer(StageServer):
             self._reject(sender_of(data), UnexpectedMessageError(
                 "server in stage 'ready' (waiting for the input part): no client message expected; discarded"))
             return []
-        return super().receive(data, now)
+        convicted = len(self._convicted)
+        out = super().receive(data, now)
+        if len(self._convicted) > convicted and not self.done and self._stage_complete():
+            return self._guarded(now, False)  # the named client was the last one the stage waited for
+        return out
 
     def open_input(self, input_spec: InputSpec, now: float = 0.0) -> list[tuple[int, bytes]]:
         """Late-bound schedule: bind the input part after the share stage (stage ``ready`` → ``masked``, with the
@@ -136,10 +151,12 @@ class SecAggServer(StageServer):
         self._masked, self._evidence = {}, None
 
     def _stage_complete(self) -> bool:
-        return set(self.received) >= self.expected
+        return set(self.received) | self._convicted >= self.expected  # nothing more is accepted from a named client
 
     def _accept(self, msg) -> None:
         u = msg.sender
+        if u in self._convicted:
+            raise ProtocolError(f"server: client {u} was named for a signed deviation; its messages are refused")
         if u not in self.expected:
             raise ProtocolError(f"server: client {u} is not expected in stage {self.stage!r}; discarded")
         if u in self.received:
@@ -176,14 +193,22 @@ class SecAggServer(StageServer):
     def _on_masked(self, msg: MaskedInput) -> None:
         spec, fp, u = self.spec, self.spec.fixed_point, msg.sender
         self._accept(msg)
-        if msg.bits != fp.modulus_bits or len(msg.data) != spec.length * np.dtype(fp.dtype).itemsize:
-            raise DecodeError(f"server: masked input of client {u} has the wrong size or modulus; discarded")
+        nbytes = spec.length * np.dtype(fp.dtype).itemsize
         binding = input_hash(msg.data, msg.peers)
         if self.schedule == "construction":
             payload = masked_payload(spec.session_id, spec.round_index, spec.digest, u, msg.bits, msg.data, msg.peers)
         else:
             payload = bound_masked_payload(spec.session_id, spec.round_index, spec.digest, u, msg.bits, binding)
         crypto.verify(spec.identity_keys[u], msg.signature, payload, what=f"client {u}'s masked input")
+        # signed by u: from here on a malformed vector is u's own, provable deviation (issue 25 item 6)
+        k = fp.modulus_bits
+        if msg.bits != k:
+            self._convict(u, f"signed a masked input of {msg.bits}-bit words, the spec has {k}")
+        if len(msg.data) != nbytes:
+            self._convict(u, f"signed a masked input of {len(msg.data)} bytes, the spec has {nbytes}")
+        if k not in (32, 64) and np.any(np.frombuffer(msg.data, dtype=fp.dtype) >> fp.dtype(k)):
+            self._convict(u, f"signed a masked input with words >= 2^{k}, which no honest encoder produces (masked "
+                             f"words are reduced mod 2^{k})")
         allowed = self._dealt[u] & self._dealers[u]
         if not set(msg.peers) <= allowed:
             raise ProtocolError(f"server: client {u} claims to have masked with {sorted(set(msg.peers) - allowed)}, "
@@ -192,6 +217,15 @@ class SecAggServer(StageServer):
             raise ProtocolError(f"server: client {u} masked with only {len(msg.peers)} peers; discarded")
         self._bindings[u] = binding
         self.received[u] = msg
+
+    def _convict(self, u: int, why: str) -> None:
+        """``u`` provably deviated (its own signature is the evidence): name it in :attr:`blame`, refuse every further
+        message from it, and discard this one (``u`` is then treated as dropped; the round goes on without it)."""
+        if u not in self.blame:
+            self.blame = tuple(self.blame) + (u,)
+        self._convicted.add(u)
+        raise ProtocolError(f"server: client {u} {why}; discarded and client {u} named (blame), the round goes on "
+                            "without it")
 
     def _on_signature(self, msg: ConsistencySignature) -> None:
         spec = self.spec
@@ -368,8 +402,15 @@ class SecAggServer(StageServer):
                            {v: a.s_pk for v, a in self._keys.items()})
         worst, bound = range_excess(spec, acc)
         if worst > bound:  # integer inputs: the sum lives mod 2^k (the encoder bounds its wrap), no range
-            self._fail(f"the unmasked sum lies outside its public range (|word| {worst:.3g} > {bound:.3g}): a client "
-                       "masked with a seed other than the one it committed to, or sent garbage", False, "sum withheld")
+            self.suspects = self._u3
+            outside = int(np.count_nonzero(np.abs(dequantize(acc, spec.fixed_point)) * spec.fixed_point.scale > bound))
+            self._fail(f"the unmasked sum lies outside its public range at {outside} of {spec.length} coordinates "
+                       f"(|word| {worst:.3g} > {bound:.3g}): the masked input of at least one survivor encodes a value "
+                       "no honest site sends (garbage under honest-looking words, or masked with a seed other than the "
+                       "one it committed to). Which one is not identifiable without opening a site's masked input, "
+                       "which would expose an honest site's input (docs/threat-model-secure-sum.md §5); sites that could "
+                       f"be responsible: {list(self._u3)} (SecAggServer.suspects). Do not rerun this sum over a subset "
+                       "of them", False, "sum withheld")
         self.result = acc
         self.survivors = self._u3
         self.stage = "done"
