@@ -1,7 +1,7 @@
 """Naming the site that breaks a SecAgg+ round (issue 25 item 6): what is identified, what it costs, and what a sound
 identifying check for the rest would cost if built here.
 
-    OMP_NUM_THREADS=1 nice -n 5 python benchmarks/protocols_secagg_blame.py
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 python benchmarks/protocols_secagg_blame.py
 
 Three parts, in one run:
 

@@ -1,7 +1,7 @@
 """Late-bound input and verifiable aggregates (issues 24 item 2 and 26 item 1): their cost beside the round itself.
 
-    OMP_NUM_THREADS=1 nice -n 5 python benchmarks/protocols_secagg_proof.py                  # N = 10, 50, 100; d = 1e3, 1e5
-    OMP_NUM_THREADS=1 python benchmarks/protocols_secagg_proof.py --clients 10 --lengths 1000   # quick
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 python benchmarks/protocols_secagg_proof.py   # N = 10, 50, 100; d = 1e3, 1e5
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/protocols_secagg_proof.py --clients 10 --lengths 1000   # quick
 
 For every configuration (N clients, vector length d, no dropout or 10 % of the clients dropping after the share
 stage — the server must then remove their pairwise masks), one SecAgg+ round runs in process (every client and
@@ -30,19 +30,17 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+from securefed.securesum import crypto
+from securefed.securesum.graph import choose_parameters
+from securefed.securesum.machine import drive_round
+from securefed.securesum.messages import BoundConsistencyRequest, peek_header
+from securefed.securesum.quantize import dequantize, plan_fixed_point
+from securefed.securesum.runner import MESSAGE_STAGE
+from securefed.securesum.secagg import DEFAULT_TIMEOUTS, STAGES, RoundSpec
+from securefed.securesum.secagg_client import SecAggClient
+from securefed.securesum.secagg_server import SecAggServer
 
-from securefed.securesum import crypto  # noqa: E402
-from securefed.securesum.graph import choose_parameters  # noqa: E402
-from securefed.securesum.machine import drive_round  # noqa: E402
-from securefed.securesum.messages import BoundConsistencyRequest, peek_header  # noqa: E402
-from securefed.securesum.quantize import dequantize, plan_fixed_point  # noqa: E402
-from securefed.securesum.runner import MESSAGE_STAGE  # noqa: E402
-from securefed.securesum.secagg import DEFAULT_TIMEOUTS, STAGES, RoundSpec  # noqa: E402
-from securefed.securesum.secagg_client import SecAggClient  # noqa: E402
-from securefed.securesum.secagg_server import SecAggServer  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def one(n: int, d: int, dropout: float, seed: int, repeats: int) -> list[dict]:
@@ -52,7 +50,7 @@ def one(n: int, d: int, dropout: float, seed: int, repeats: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     xs = [rng.uniform(-1, 1, d) for _ in range(n)]
     fp = plan_fixed_point(1.0, np.ones(n), modulus_bits=32)
-    drops = {i: "masked" for i in range(n - int(round(dropout * n)), n)}
+    drops = {i: "masked" for i in range(n - round(dropout * n), n)}
     rows = []
     for schedule in ("construction", "late") * repeats:  # interleaved: the load of a shared machine hits both
         sid = os.urandom(16)
@@ -111,7 +109,8 @@ def machine() -> dict:
         model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         model = platform.processor()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": model,
             "cores": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()],
             "python": platform.python_version(), "commit": commit.strip()}

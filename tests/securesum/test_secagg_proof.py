@@ -98,7 +98,7 @@ def test_the_honest_proof_verifies_at_every_survivor(integer, drop):
 
 
 def test_a_forged_total_one_word_changed_is_detected_by_every_survivor():
-    spec, server, clients, xs, out = run(drop={7: "masked"})
+    _, server, clients, _, out = run(drop={7: "masked"})
     proof = server.proof()
     total = bytearray(M.decode(proof).total)
     total[4] ^= 1
@@ -111,7 +111,7 @@ def test_a_wrong_count_vector_with_the_same_total_count_is_detected():
     n, d = 6, 5
     rng = np.random.default_rng(3)
     counts = [np.bincount(rng.integers(0, d, 40), minlength=d).astype(float) for _ in range(n)]
-    spec, server, clients, xs, out = run(n=n, d=d, xs=counts)
+    spec, server, clients, _, out = run(n=n, d=d, xs=counts)
     proof = server.proof()
     fake = np.frombuffer(M.decode(proof).total, dtype=np.uint32).copy()
     fake[0] += 1
@@ -121,7 +121,7 @@ def test_a_wrong_count_vector_with_the_same_total_count_is_detected():
 
 
 def test_a_forged_total_backed_by_a_changed_input_is_detected():
-    spec, server, clients, xs, out = run()
+    _, server, clients, _, out = run()
     p = M.decode(proof := server.proof())
     total = np.frombuffer(p.total, dtype=np.uint32).copy()
     total[0] += 5
@@ -136,10 +136,13 @@ def test_a_forged_total_backed_by_a_changed_input_is_detected():
 
 
 def test_a_proof_that_drops_a_survivor_is_detected():
-    spec, server, clients, xs, out = run()
+    spec, server, clients, _, out = run()
     p = M.decode(proof := server.proof())
     v = 3
-    keep = lambda lst, f: tuple(e for e in lst if f(e) != v)  # noqa: E731
+
+    def keep(lst, f):
+        return tuple(e for e in lst if f(e) != v)
+
     bad = forge(proof, survivors=tuple(u for u in p.survivors if u != v), inputs=keep(p.inputs, lambda e: e.sender),
                 seeds=keep(p.seeds, lambda e: e.owner), signatures=keep(p.signatures, lambda e: e.signer),
                 keys=keep(p.keys, lambda e: e.sender))
@@ -153,7 +156,7 @@ def test_a_proof_that_drops_a_survivor_is_detected():
 
 
 def test_a_proof_that_adds_a_dropped_client_is_detected():
-    spec, server, clients, xs, out = run(drop={7: "masked", 6: "advertise"})
+    spec, server, clients, _, out = run(drop={7: "masked", 6: "advertise"})
     p = M.decode(proof := server.proof())
     # 6 dropped at advertise: no survivor masked with it; the server adds a key of its own for it
     sk, pk = crypto.x25519_keypair()
@@ -171,7 +174,7 @@ def test_a_proof_that_adds_a_dropped_client_is_detected():
 
 
 def test_secrets_not_matching_their_commitments_are_detected():
-    spec, server, clients, xs, out = run(drop={7: "masked"})
+    _, server, clients, _, out = run(drop={7: "masked"})
     p = M.decode(proof := server.proof())
     seeds = (dataclasses.replace(p.seeds[0], secret=os.urandom(32)),) + p.seeds[1:]
     refused_by_all(clients, out.survivors, forge(proof, seeds=seeds), {"seed-commitment"})
@@ -181,7 +184,7 @@ def test_secrets_not_matching_their_commitments_are_detected():
 
 
 def test_a_missing_signature_is_detected():
-    spec, server, clients, xs, out = run()
+    spec, server, clients, _, out = run()
     p = M.decode(proof := server.proof())
     q = spec.signatures_needed
     refused_by_all(clients, out.survivors, forge(proof, signatures=p.signatures[:q - 1]), {"consistency-signatures"})
@@ -190,7 +193,7 @@ def test_a_missing_signature_is_detected():
 
 
 def test_a_proof_of_another_round_or_malformed_is_refused():
-    spec, server, clients, xs, out = run()
+    _, server, clients, _, _ = run()
     _, other, _, _, _ = run()
     with pytest.raises(SumProofError, match="malformed"):
         clients[0].verify_sum(other.proof())  # another session
@@ -203,7 +206,7 @@ def test_a_proof_of_another_round_or_malformed_is_refused():
 
 
 def test_proof_only_after_done_and_until_forgotten():
-    spec, server, clients, xs, out = run()
+    spec, server, _, _, _ = run()
     server.forget()
     with pytest.raises(ProtocolError, match="no sum proof"):
         server.proof()
