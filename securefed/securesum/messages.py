@@ -24,6 +24,11 @@ commitment to the self-mask seed, every share item, MaskedInput with the peer se
 ConsistencySignature, UnmaskResponse, PublicContext, SignedInput, DecryptedSum); the sender id is the
 first body field of every client → server message (:func:`sender_of`), so a relay can check it against
 the node a message came from.
+
+Types 18 (:class:`BoundConsistencyRequest`, the late-bound SecAgg+ schedule's survivor set with every member's
+signed input binding) and 19 (:class:`SumProof`, the evidence a survivor checks a released SecAgg+ total against)
+were added without a version change: they are server → client, and a build that does not know them refuses them
+as unknown types.
 """
 
 from __future__ import annotations
