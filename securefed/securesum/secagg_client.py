@@ -259,12 +259,16 @@ class SecAggClient(StageClient):
             return self._bind(decode_input(raw), update, self._weight)
         return []
 
-    def provide_input(self, input_spec: InputSpec, update, weight: float = 1.0, now: float = 0.0) -> list[bytes]:
+    def provide_input(self, input_spec: InputSpec, update, weight: float = 1.0, now: float = 0.0, *,
+                      min_survivors: int | None = None) -> list[bytes]:
         """Late-bound schedule, state ``ready``: bind the input part, quantise and mask ``update`` and return the
         MaskedInput (signed over the full digest of the joined spec). Allowed exactly once; in any other state
         the client aborts (a second masked input of one round would give the server the difference of two
-        inputs under one mask). A bad ``update`` or ``weight`` raises ConfigError / DataError with nothing sent
-        and the client still ``ready``."""
+        inputs under one mask). A bad ``update``, ``weight`` or ``min_survivors`` raises ConfigError / DataError
+        with nothing sent and the client still ``ready``.
+
+        ``min_survivors`` raises (never lowers) the floor on the survivor set this client will sign, for floors
+        that depend on the input part (e.g. a DP plan's t + dp-colluders under distributed noise)."""
         if self.schedule != "late" or self.state != "ready":
             state = self.state
             self._abort()
@@ -272,7 +276,13 @@ class SecAggClient(StageClient):
                                 f"{self.schedule!r} client in state {state!r}; aborted")
         if not isinstance(input_spec, InputSpec):
             raise ConfigError(bad_value("input_spec", type(input_spec).__name__, "give an InputSpec (decode_input)"))
+        n = self.spec.n_clients
+        if min_survivors is not None and (isinstance(min_survivors, bool) or not isinstance(
+                min_survivors, (int, np.integer)) or not 1 <= min_survivors <= n):
+            raise ConfigError(bad_value("min_survivors", min_survivors, f"use an integer in [1, {n}]"))
         update = _check_update(input_spec, update, weight)
+        if min_survivors is not None:
+            self.min_survivors = max(self.min_survivors, int(min_survivors))
         return self._bind(input_spec, update, float(weight))
 
     def _bind(self, input_spec: InputSpec, update, weight: float) -> list[bytes]:

@@ -400,6 +400,29 @@ def test_misuse_fails_closed():
         SecAggServer(full, schedule="sometimes")
 
 
+def test_a_floor_known_only_with_the_input_part_can_be_raised_at_provide_input():
+    """Distributed DP: the plan (and with it t_DP + dp-colluders) comes with the input request; a client raises its
+    survivor-set floor then, and refuses to sign a smaller set (nothing revealed)."""
+    n, d = 6, 3
+    (su, server, stored), = set_up_rounds(n, 1)
+    priv = identities(n)[0]
+    inp = input_part(n, d)
+    server.open_input(inp)
+    clients = {i: load_client(b, su, priv[i]) for i, b in stored.items()}
+    with pytest.raises(ConfigError, match="min_survivors"):
+        clients[0].provide_input(inp, np.ones(d), min_survivors=n + 1)
+    assert clients[0].state == "ready"
+    out = []
+    for i in range(n - 1):  # site 5 never sends its masked input: U has 5 members
+        out += server.receive(clients[i].provide_input(inp, np.ones(d), min_survivors=n if i == 0 else None)[0])
+    out += server.tick(server.deadline)
+    assert server.stage == "consistency"
+    replies = {rid: clients[rid] for rid, _ in out}
+    with pytest.raises(SecureFedError, match="refuses a survivor set of 5"):
+        replies[0].receive(dict(out)[0])
+    assert replies[1].receive(dict(out)[1])  # floor not raised: site 1 signs
+
+
 def test_the_ready_server_has_no_deadline_and_the_masked_stage_times_out_from_open_input():
     _, server, _ = _ready_clients()
     assert server.tick(1e12) == [] and server.stage == "ready"
