@@ -242,7 +242,9 @@ class RoundOutcome:
     None when the round aborted; ``timings`` is ``{stage: {"clients": s, "server": s}}``; ``client_errors``
     names the clients that raised (treated as dropped from then on); ``rejected`` lists the messages a
     machine refused or the relay dropped (``"client i: Type: message"``); ``blame`` the clients a machine
-    proved to have cheated (e.g. inconsistent shares).
+    proved to have cheated (e.g. inconsistent shares, a signed masked input no honest encoder produces);
+    ``suspects`` the clients any of which could have caused an un-identifiable failure (SecAgg+: a sum outside
+    its range).
     """
 
     result: np.ndarray | None
@@ -258,6 +260,7 @@ class RoundOutcome:
     client_errors: dict = field(default_factory=dict)
     decryptor: int | None = None
     blame: tuple = ()
+    suspects: tuple = ()
 
     @property
     def aborted(self) -> bool:
@@ -417,4 +420,5 @@ def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: di
         error=error, timings=relay.timings, bytes_up=relay.bytes_up, bytes_down=relay.bytes_down,
         clipped={i: int(getattr(c, "clipped", 0)) for i, c in enumerate(clients)}, dropped_at=dict(server.dropped_at),
         revealed=relay.revealed, rejected=relay.rejected, client_errors=relay.client_errors,
-        decryptor=getattr(server, "decryptor", None), blame=tuple(getattr(server, "blame", ())))
+        decryptor=getattr(server, "decryptor", None), blame=tuple(getattr(server, "blame", ())),
+        suspects=tuple(getattr(server, "suspects", ())))

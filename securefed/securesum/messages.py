@@ -25,6 +25,11 @@ commitment to the self-mask seed, every share item, MaskedInput with the peer se
 ConsistencySignature, UnmaskResponse, PublicContext, SignedInput, DecryptedSum); the sender id is the
 first body field of every client → server message (:func:`sender_of`), so a relay can check it against
 the node a message came from.
+
+Types 18 (:class:`BoundConsistencyRequest`, the late-bound SecAgg+ schedule's survivor set with every member's
+signed input binding) and 19 (:class:`SumProof`, the evidence a survivor checks a released SecAgg+ total against)
+were added without a version change: they are server → client, and a build that does not know them refuses them
+as unknown types.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ __all__ = [
     "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
     "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
     "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
-    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest",
+    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest", "BoundConsistencyRequest", "ProofInput",
+    "SecretEntry", "SumProof",
 ]
 
 VERSION = 2
@@ -263,7 +269,9 @@ class DecryptedSum(_Message):
 
 @dataclass(frozen=True)
 class InputDigest:
-    """CKKS: ``sender``'s Ed25519 signature over the SHA-256 digest of its ciphertext upload."""
+    """``sender``'s Ed25519 signature over the SHA-256 digest of its upload: CKKS, the ciphertext chunks; SecAgg+
+    (late-bound schedule), :func:`~.secagg.input_hash` of its masked vector and peer set, signed with the full
+    spec digest (:func:`~.secagg.bound_masked_payload`)."""
 
     sender: Annotated[int, "u32"]
     digest: Annotated[bytes, "b32"]
@@ -302,10 +310,65 @@ class DecryptRequest(_Message):
     chunks: Annotated[tuple, "blobs"]
 
 
+@dataclass(frozen=True)
+class BoundConsistencyRequest(_Message):
+    """Stage 3 of a late-bound SecAgg+ round, server → client: the survivor set U and, for every member of U in
+    order, its signed input binding (:class:`InputDigest`: the hash of its masked vector and peer set, signed over
+    the full spec digest). A client signs U only if every member bound its masked input to the same full digest
+    — the setup was shared before the input part existed, so without this a server could put in U a site that
+    masked under another input part (docs/threat-model-secure-sum.md §2, late-bound input)."""
+
+    TYPE: ClassVar[int] = 18
+    recipient: Annotated[int, "u32"]
+    survivors: Annotated[tuple, "ids"]
+    inputs: Annotated[tuple, InputDigest]
+
+
+@dataclass(frozen=True)
+class ProofInput:
+    """A survivor's masked input inside a :class:`SumProof`, as it signed it (sender, peer set, words, signature)."""
+
+    sender: Annotated[int, "u32"]
+    peers: Annotated[tuple, "ids"]
+    data: Annotated[bytes, "bytes"]
+    signature: Annotated[bytes, "b64"]
+
+
+@dataclass(frozen=True)
+class SecretEntry:
+    """A secret the server reconstructed, inside a :class:`SumProof`: a survivor's self-mask seed b_u or a dropped
+    client's X25519 mask key s_v (raw 32 bytes), checked by every verifier against what ``owner`` committed to."""
+
+    owner: Annotated[int, "u32"]
+    secret: Annotated[bytes, "b32"]
+
+
+@dataclass(frozen=True)
+class SumProof(_Message):
+    """SecAgg+, server → every survivor after the round: everything needed to recompute the released sum and check
+    it against the survivors' own signatures (:mod:`.secagg_proof`). ``schedule`` 0 = construction, 1 = late-bound;
+    ``digest`` the full spec digest; ``total`` the claimed sum (``bits``-bit words); ``inputs`` the survivors'
+    signed masked inputs (in the order of ``survivors``); ``signatures`` the consistency signatures on U (≥ q);
+    ``keys`` the signed advertisements of every survivor and every dropped client a survivor masked with;
+    ``seeds`` b_u of every survivor; ``mask_keys`` s_v of every such dropped client."""
+
+    TYPE: ClassVar[int] = 19
+    schedule: Annotated[int, "u8"]
+    digest: Annotated[bytes, "b32"]
+    survivors: Annotated[tuple, "ids"]
+    bits: Annotated[int, "u8"]
+    total: Annotated[bytes, "bytes"]
+    inputs: Annotated[tuple, ProofInput]
+    signatures: Annotated[tuple, SignatureEntry]
+    keys: Annotated[tuple, KeyEntry]
+    seeds: Annotated[tuple, SecretEntry]
+    mask_keys: Annotated[tuple, SecretEntry]
+
+
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (
     AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
     ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
-    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest)}
+    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest, BoundConsistencyRequest, SumProof)}
 
 #: Messages a client sends (sender id first in the body); the rest are server → client (recipient first).
 CLIENT_MESSAGES = (AdvertiseKeys, EncryptedShares, MaskedInput, ConsistencySignature, UnmaskResponse,

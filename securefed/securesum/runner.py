@@ -131,21 +131,25 @@ def tamper_intercept(kind: str, spec: RoundSpec):
 
 def run_secagg_round(spec: RoundSpec, identity_private, updates, weights, rng: np.random.Generator,
                      drop_at: dict | None = None, tamper: str | None = None, min_survivors: int = 1,
-                     colluders: int | None = None, intercept=None, clients=None) -> RoundOutcome:
+                     colluders: int | None = None, intercept=None, clients=None,
+                     schedule: str | None = None) -> RoundOutcome:
     """Run one SecAgg+ round in-process over the real state machines and the byte codec.
 
     ``min_survivors`` and ``colluders`` go to every :class:`SecAggClient` (its floor on the survivor set it
     signs; the c it checks the spec against). ``intercept`` (tests) rewrites messages on the wire, ``tamper``
     applies one of ``TAMPER_KINDS``; ``clients`` replaces the honest client machines (tests of malicious
-    clients). Returns a :class:`RoundOutcome` whose ``result`` (``words``) is the sum mod 2^k.
+    clients). ``schedule`` (``"construction"`` or ``"late"``, None: the machines' default) runs the round in that
+    schedule; ``"late"`` binds the input part right after the share stage (:mod:`.secagg_client`), so the same
+    dropout schedules and faults apply. Returns a :class:`RoundOutcome` whose ``result`` (``words``) is the sum
+    mod 2^k.
     """
     if tamper is not None:
         if intercept is not None:
             raise ConfigError(bad_value("tamper", tamper, "give either tamper or intercept"))
         intercept = tamper_intercept(tamper, spec)
     n = spec.n_clients
-    server = SecAggServer(spec, 0.0)
+    server = SecAggServer(spec, 0.0, schedule=schedule)
     if clients is None:
         clients = [SecAggClient(spec, i, identity_private[i], updates[i], weights[i], rng, min_survivors=min_survivors,
-                                colluders=colluders) for i in range(n)]
+                                colluders=colluders, schedule=schedule) for i in range(n)]
     return drive_round(server, clients, MESSAGE_STAGE, STAGES, drop_at=drop_at, intercept=intercept)

@@ -3,10 +3,20 @@
 * :func:`encode_spec` / :func:`decode_spec` — the public :class:`~securefed.securesum.secagg.RoundSpec`
   the server announces at the start of a round (JSON + hex bytes; strictly checked; defined in
   :mod:`.secagg`, whose spec digest every signature covers).
+* :func:`encode_setup` / :func:`decode_setup`, :func:`encode_input` / :func:`decode_input` — the two parts of
+  a late-bound round's spec (:class:`~securefed.securesum.secagg.SetupSpec`, announced at the start with the
+  advertise stage; :class:`~securefed.securesum.secagg.InputSpec`, announced with the input request).
 * :func:`dump_client` / :func:`load_client` — a site's :class:`~securefed.securesum.secagg.SecAggClient`
   between two messages of a deployment that keeps no process alive between them (Flower starts a fresh
   ``ClientApp`` per message): the machine is stored in the site's own state (it never leaves the site).
-  X25519 private keys are stored as raw bytes, the Generator as its bit-generator state.
+  X25519 private keys are stored as raw bytes, the Generator as its bit-generator state. Every state
+  serialises, the late-bound ``ready`` state included (a site may hold several rounds in ``ready`` at once).
+
+**Which spec to pass to load_client.** The machine's spec is not stored, only the digests it signed with;
+``load_client`` checks the spec it is given against them and refuses another one (DecodeError). A
+construction-schedule client needs its full RoundSpec. A late-bound client needs its setup part until its input
+is bound (a SetupSpec, or any RoundSpec with that setup part — only the setup part is used), and from
+``provide_input`` on the full spec it was bound to (``setup.bind(input_spec)``; store it, or store both parts).
 """
 
 from __future__ import annotations
@@ -17,12 +27,15 @@ import numpy as np
 
 from ..errors import DecodeError, ProtocolError
 from . import crypto
-from .secagg import RoundSpec, decode_spec, encode_spec
+from .secagg import (RoundSpec, SetupSpec, decode_input, decode_setup, decode_spec, encode_input, encode_setup,
+                     encode_spec)
 from .secagg_client import SecAggClient
 
-__all__ = ["encode_spec", "decode_spec", "dump_client", "load_client"]
+__all__ = ["encode_spec", "decode_spec", "encode_setup", "decode_setup", "encode_input", "decode_input",
+           "dump_client", "load_client"]
 
-STATE_VERSION = 2
+#: 3: the late-bound schedule (schedule, signed digests, pending input); version-2 states still load
+STATE_VERSION = 3
 
 
 # --------------------------------------------------------------------------------- client state codec
@@ -84,16 +97,45 @@ def dump_client(client: SecAggClient) -> bytes:
     return json.dumps({"v": STATE_VERSION, "attrs": attrs, "rng": client._rng.bit_generator.state}).encode()
 
 
-def load_client(blob: bytes, spec: RoundSpec, identity_key) -> SecAggClient:
-    """Rebuild the client saved by :func:`dump_client` for ``spec`` with its identity key."""
-    doc = json.loads(bytes(blob).decode())
-    if doc.get("v") != STATE_VERSION:
-        raise DecodeError(f"stored client state version {doc.get('v')!r} is not {STATE_VERSION}")
+def load_client(blob: bytes, spec: RoundSpec | SetupSpec, identity_key) -> SecAggClient:
+    """Rebuild the client saved by :func:`dump_client` with its identity key and ``spec`` (module docstring:
+    which spec; another spec than the one the client signed with is refused with DecodeError)."""
+    try:
+        doc = json.loads(bytes(blob).decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"stored SecAgg client state is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("v") not in (2, STATE_VERSION):
+        raise DecodeError(f"stored client state version {doc.get('v') if isinstance(doc, dict) else None!r} is not "
+                          f"{STATE_VERSION}")
     client = SecAggClient.__new__(SecAggClient)
-    client.spec, client._identity = spec, identity_key
+    client._identity = identity_key
     rng = np.random.default_rng()
     rng.bit_generator.state = doc["rng"]
     client._rng = rng
     for k, v in doc["attrs"].items():
         setattr(client, k, _dec(v))
+    if doc["v"] == 2:  # before the late-bound schedule: every client signed its full spec digest
+        if not isinstance(spec, RoundSpec):
+            raise DecodeError("a version-2 client state needs its full RoundSpec")
+        client.schedule, client._key_digest, client._bound_digest = "construction", spec.digest, spec.digest
+        client._pending, client._input_hash = None, None
+    client.spec = _spec_for(client, spec)
     return client
+
+
+def _spec_for(client: SecAggClient, spec):
+    """The spec the stored ``client`` holds, given what the site passed (module docstring)."""
+    if not isinstance(spec, (RoundSpec, SetupSpec)):
+        raise DecodeError(f"load_client needs a RoundSpec or a SetupSpec, not {type(spec).__name__}")
+    if client.schedule == "construction":
+        if not isinstance(spec, RoundSpec) or spec.digest != client._key_digest:
+            raise DecodeError(f"stored SecAgg client {client.id} was built for another round spec; refused")
+        return spec
+    if spec.setup.digest != client._key_digest:
+        raise DecodeError(f"stored SecAgg client {client.id} was set up for another setup part; refused")
+    if client._bound_digest is None:
+        return spec.setup  # not bound yet: only the setup part is known to the machine
+    if not isinstance(spec, RoundSpec) or spec.digest != client._bound_digest:
+        raise DecodeError(f"stored SecAgg client {client.id} is bound to another input part; pass the full spec it was "
+                          "bound to (setup.bind(input_spec)); refused")
+    return spec

@@ -74,8 +74,9 @@ def check_secagg_spec(spec, options: dict | None = None, *, weight: float | None
 
     Parameters
     ----------
-    spec : RoundSpec
-        As decoded from the server's ``secagg-start``.
+    spec : RoundSpec or SetupSpec
+        As decoded from the server's ``secagg-start`` (late-bound schedule: the setup part at set-up time, then
+        the joined full spec with ``weight`` when the input part arrives).
     options : dict
         The site's options (module docstring).
     weight : float, optional
@@ -110,10 +111,12 @@ def check_secagg_spec(spec, options: dict | None = None, *, weight: float | None
         min_surv = max(min_surv, need)
     if min_surv > n:
         _refuse(f"secagg-min-survivors = {floor} exceeds the {n} sites of the round", "Lower secagg-min-survivors")
-    fp = spec.fixed_point
-    if weight is not None and not (math.isfinite(weight) and 0 <= weight <= fp.weight_total):
-        _refuse(f"this site's own weight {weight:g} does not fit the fixed-point plan's total weight "
-                f"{fp.weight_total:g} (the sum could overflow)", "The server must plan with the sites' announced weights")
+    if weight is not None:  # a late-bound round's setup part has no plan yet: check it again with the full spec
+        fp = spec.fixed_point
+        if not (math.isfinite(weight) and 0 <= weight <= fp.weight_total):
+            _refuse(f"this site's own weight {weight:g} does not fit the fixed-point plan's total weight "
+                    f"{fp.weight_total:g} (the sum could overflow)", "The server must plan with the sites' announced "
+                    "weights")
     return SecAggFloors(c, q, min_surv)
 
 

@@ -13,7 +13,9 @@ including the one that gives one side exactly the quorum, and the *padded* split
 members of A, a set large enough for B to sign (a client signs no set smaller than the quorum) that only B ∪ Z
 ever sign — there the unmask-stage quorum check alone keeps side B from revealing (without it both sides reveal
 and these tests fail). Plus an exhaustive check of every split in the protocol's counting model for n ≤ 9 (which
-does find victims when the quorum is below the bound).
+does find victims when the quorum is below the bound). Both SecAgg+ schedules (the ``schedule`` fixture): input at
+construction, and input late-bound after the share stage, where the attacker sends each side its survivor set with
+every member's signed input binding (it holds them all).
 """
 
 import itertools
@@ -25,11 +27,11 @@ import pytest
 from securefed.errors import SecureFedError
 from securefed.securesum import crypto, shamir
 from securefed.securesum.graph import choose_parameters
-from securefed.securesum.messages import (ConsistencyRequest, MaskedInput, SignatureEntry,
-                                          UnmaskRequest, decode, encode, peek_header)
+from securefed.securesum.messages import (BoundConsistencyRequest, ConsistencyRequest, InputDigest, MaskedInput,
+                                          SignatureEntry, UnmaskRequest, decode, encode, peek_header)
 from securefed.securesum.quantize import dequantize, plan_fixed_point
-from securefed.securesum.secagg import (DEFAULT_TIMEOUTS, RoundSpec, commitment, consistency_payload, pair_info,
-                                        self_info)
+from securefed.securesum.secagg import (DEFAULT_TIMEOUTS, RoundSpec, commitment, consistency_payload, input_hash,
+                                        pair_info, self_info)
 from securefed.securesum.secagg_client import SecAggClient
 from securefed.securesum.secagg_codec import dump_client, load_client
 from securefed.securesum.secagg_server import SecAggServer
@@ -94,6 +96,17 @@ def unmask(r, v, b_pts, s_pts):
     return dequantize(acc, fp)
 
 
+def consistency_request(r, u, survivors):
+    """The message that asks u to sign a survivor set, in the round's schedule. Late-bound: the set comes with every
+    member's signed input binding — the attacker holds the masked input of every client, so it sends them all."""
+    spec = r["spec"]
+    if r["clients"][u].schedule == "construction":
+        return ConsistencyRequest(spec.session_id, spec.round_index, u, survivors)
+    inputs = tuple(InputDigest(v, input_hash(r["masked"][v].data, r["masked"][v].peers), r["masked"][v].signature)
+                   for v in survivors)
+    return BoundConsistencyRequest(spec.session_id, spec.round_index, u, survivors, inputs)
+
+
 def equivocate(r, A: set, B: set, Z: set, pad: frozenset = frozenset()) -> dict:
     """Mount the split on forked client machines; returns who signed, who revealed and who was unmasked.
 
@@ -110,7 +123,7 @@ def equivocate(r, A: set, B: set, Z: set, pad: frozenset = frozenset()) -> dict:
     sigs = {"A": {}, "B": {}}
     for u, side in sorted(side_of.items()):
         try:
-            sigs[side][u] = decode(forks[u].receive(encode(ConsistencyRequest(sid, rnd, u, sets[side])))[0]).signature
+            sigs[side][u] = decode(forks[u].receive(encode(consistency_request(r, u, sets[side])))[0]).signature
         except SecureFedError:
             pass
     for z in Z:  # the colluders sign both sets
@@ -184,6 +197,7 @@ def attack_n(n):
     return gp, outcomes
 
 
+@pytest.mark.usefixtures("schedule")
 @pytest.mark.parametrize("n", range(3, 13))
 def test_equivocation_unmasks_nobody_with_the_default_parameters(n):
     gp, outcomes = attack_n(n)
@@ -194,6 +208,7 @@ def test_equivocation_unmasks_nobody_with_the_default_parameters(n):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("schedule")
 def test_equivocation_unmasks_nobody_for_13_to_30_sites():
     for n in range(13, 31):
         attack_n(n)

@@ -11,6 +11,9 @@
   revealer lying about a share) each give the exact sum over the others or an abort naming the culprit.
 * A signed low-order X25519 key or signed garbage share ciphertexts from one client: the round completes
   without that client (before: every honest neighbour aborted).
+
+Every SecAgg+ case runs under both schedules (the ``schedule`` fixture of conftest.py): input at construction, and
+input late-bound after the share stage.
 """
 
 import collections
@@ -169,6 +172,7 @@ def fuzz_secagg(cases: int, seed: int = 20250113):
     return counts, by_key
 
 
+@pytest.mark.usefixtures("schedule")
 def test_fuzz_corpus_secagg_gives_no_wrong_sum():
     counts, by_key = fuzz_secagg(300)
     assert counts["wrong_silent"] == counts["wrong_flagged"] == 0, {k: dict(v) for k, v in by_key.items()
@@ -177,6 +181,7 @@ def test_fuzz_corpus_secagg_gives_no_wrong_sum():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("schedule")
 def test_fuzz_corpus_secagg_2000_rounds():
     counts, by_key = fuzz_secagg(2000, seed=7)
     assert counts["wrong_silent"] == counts["wrong_flagged"] == 0, {k: dict(v) for k, v in by_key.items()
@@ -230,12 +235,13 @@ def test_fuzz_corpus_ckks_150_rounds(verify):
 
 
 def _only(cls, direction, who, fn):
-    done = [False]
+    done = set()  # the sessions it fired in: once per round (the same intercept serves both schedules)
 
     def intercept(d, w, data):
-        if done[0] or d != direction or peek_header(data)[0] is not cls or w != who:
+        head = peek_header(data)
+        if head[1] in done or d != direction or head[0] is not cls or w != who:
             return [data]
-        done[0] = True
+        done.add(head[1])
         return fn(decode(data))
     return intercept
 
@@ -295,6 +301,7 @@ NAMED = {  # name → (intercept, client factory, vector length, expected: ("cor
 }
 
 
+@pytest.mark.usefixtures("schedule")
 @pytest.mark.parametrize("name", sorted(NAMED))
 def test_named_integrity_case(name):
     intercept, factory, d, (want, who) = NAMED[name]
@@ -339,6 +346,7 @@ class _GarbageShares(SecAggClient):
         return [encode(EncryptedShares(m.session_id, m.round_index, self.id, tuple(items)))]
 
 
+@pytest.mark.usefixtures("schedule")
 @pytest.mark.parametrize("bad", [_LowOrderKey, _GarbageShares])
 @pytest.mark.parametrize("n", [5, 10])
 def test_one_bad_client_is_dropped_and_the_round_completes(bad, n):

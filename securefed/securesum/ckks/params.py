@@ -39,6 +39,7 @@ import numpy as np
 
 from ...errors import ConfigError, DecodeError, OverflowRiskError, bad_value
 from .. import crypto
+from ..task import NO_TASK
 
 __all__ = ["CKKS_STAGES", "CKKS_TIMEOUTS", "VERIFY_MODES", "MAX_COEFF_BITS", "CKKSParams", "CKKSRoundSpec",
            "choose_ckks_parameters", "check_ckks_params", "ckks_error_bound", "flood_sigma", "flood_shift",
@@ -248,6 +249,10 @@ class CKKSRoundSpec:
     fallbacks : tuple of int or None
         The only clients besides the key holder that receive the secret key (fallback decryptors); every
         other client gets the public context only. None: the lowest id other than the key holder.
+    task_digest : bytes
+        32 bytes naming what the sites sum (:func:`securefed.securesum.task.task_digest` of the request's fields;
+        32 zero bytes, the default, mean "none" and encode exactly as a spec without the field). It enters
+        :attr:`digest`, so every signature of the round covers it (docs/threat-model-secure-sum.md §3).
     """
 
     session_id: bytes
@@ -264,6 +269,7 @@ class CKKSRoundSpec:
     max_abs_sum: float = 0.0
     flood_bits: int = FLOOD_BITS
     fallbacks: tuple | None = None
+    task_digest: bytes = NO_TASK
 
     def __post_init__(self):
         if not isinstance(self.session_id, bytes) or len(self.session_id) != 16:
@@ -298,6 +304,9 @@ class CKKSRoundSpec:
         object.__setattr__(self, "fallbacks", fb)
         if len(set(fb)) != len(fb) or self.key_holder in fb or any(not 0 <= i < self.n_clients for i in fb):
             raise ConfigError(bad_value("fallbacks", fb, "give distinct client ids other than the key holder"))
+        if not isinstance(self.task_digest, bytes) or len(self.task_digest) != 32:
+            raise ConfigError(bad_value("task_digest", self.task_digest, "use 32 bytes (SHA-256 of the request's "
+                                        "fields, securefed.securesum.task.task_digest) or NO_TASK"))
         if not 1 <= int(self.flood_bits) <= 256:
             raise ConfigError(bad_value("flood_bits", self.flood_bits, "use λ in [1, 256], e.g. 40"))
         problems = check_ckks_params(self.params, self.n_clients, self.max_abs_sum, self.flood_bits, self.queries)
@@ -347,6 +356,8 @@ def encode_ckks_spec(spec: CKKSRoundSpec) -> bytes:
            "max_abs_sum": spec.max_abs_sum, "flood_bits": spec.flood_bits, "fallbacks": list(spec.fallbacks),
            "params": [p.poly_modulus_degree, list(p.coeff_mod_bit_sizes), p.scale_bits, p.step, p.slots, p.length],
            "identity_keys": [k.hex() for k in spec.identity_keys], "timeouts": [[k, v] for k, v in spec.timeouts]}
+    if spec.task_digest != NO_TASK:  # only then: a spec without a task digest encodes (and digests) as before
+        doc["task"] = spec.task_digest.hex()
     return json.dumps(doc, sort_keys=True).encode()
 
 
@@ -365,10 +376,15 @@ def decode_ckks_spec(data: bytes) -> CKKSRoundSpec:
         keys = tuple(bytes.fromhex(h) for h in doc["identity_keys"])
         if any(len(k) != 32 for k in keys):
             raise DecodeError("CKKS round spec: identity keys must be 32 bytes")
+        task = NO_TASK
+        if "task" in doc:
+            task = bytes.fromhex(doc["task"]) if isinstance(doc["task"], str) else b""
+            if len(task) != 32 or task == NO_TASK:
+                raise DecodeError(f"CKKS round spec: task digest {doc['task']!r} is not 32 non-zero bytes in hex")
         fields = (bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
                   int(doc["key_holder"]), params, float(doc["clip"]), keys, int(doc["min_survivors"]),
                   str(doc["verify"]), tuple((str(a), float(b)) for a, b in doc["timeouts"]), int(doc["quorum"]),
-                  float(doc["max_abs_sum"]), int(doc["flood_bits"]), tuple(int(i) for i in doc["fallbacks"]))
+                  float(doc["max_abs_sum"]), int(doc["flood_bits"]), tuple(int(i) for i in doc["fallbacks"]), task)
     except DecodeError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -11,6 +11,7 @@ from ..machine import RoundOutcome, drive_round
 from ..messages import (AdvertiseKeys, ConsistencySignature, ContextHandoff, DecryptedSum, DecryptRequest, KeysBroadcast,
                         PublicContext, SignedInput, decode, encode, peek_header)
 from .machines import CKKSClient, CKKSServer
+from ..task import NO_TASK
 from .params import CKKS_STAGES, CKKS_TIMEOUTS, FLOOD_BITS, CKKSParams, CKKSRoundSpec
 
 __all__ = ["CKKS_TAMPER_KINDS", "MESSAGE_STAGE", "run_ckks_round", "ckks_tamper_intercept"]
@@ -71,14 +72,14 @@ def run_ckks_round(params: CKKSParams, identity_private, identity_public, update
                    round_index: int = 0, tamper: str | None = None, *, min_survivors: int | None = None,
                    verify: str = "recompute", timeouts: dict | None = None, quorum: int | None = None,
                    max_abs_sum: float | None = None, fallbacks=None, flood_bits: int = FLOOD_BITS, intercept=None,
-                   clients=None) -> RoundOutcome:
+                   clients=None, task_digest: bytes = NO_TASK) -> RoundOutcome:
     """One CKKS round in-process: the :class:`CKKSClient` / :class:`CKKSServer` machines over the codec.
 
     ``drop_at`` maps client → stage in ``CKKS_STAGES`` (from that stage on the client processes and sends
     nothing; a client dropping at ``decrypt`` neither confirms the survivor set nor decrypts). A client that
     raises is dropped. ``min_survivors`` (None: ``min(2, n)``), ``quorum`` (None: majority), ``verify``,
-    ``timeouts``, ``max_abs_sum`` (None: Σ weights × clip), ``fallbacks`` and ``flood_bits`` go into the
-    :class:`CKKSRoundSpec`. ``tamper`` / ``intercept`` inject faults; ``clients`` replaces the client machines.
+    ``timeouts``, ``max_abs_sum`` (None: Σ weights × clip), ``fallbacks``, ``flood_bits`` and ``task_digest`` go into
+    the :class:`CKKSRoundSpec`. ``tamper`` / ``intercept`` inject faults; ``clients`` replaces the client machines.
     Returns a :class:`RoundOutcome` (``result`` / ``total``: the released sum; ``decryptor``).
     """
     n = len(updates)
@@ -88,7 +89,7 @@ def run_ckks_round(params: CKKSParams, identity_private, identity_public, update
     spec = CKKSRoundSpec(session_id or os.urandom(16), round_index, n, key_holder, params, float(clip),
                          tuple(identity_public), min(2, n) if min_survivors is None else int(min_survivors), verify,
                          tuple(tmo.items()), int(quorum or 0), float(max_abs_sum), int(flood_bits),
-                         None if fallbacks is None else tuple(fallbacks))
+                         None if fallbacks is None else tuple(fallbacks), task_digest)
     if tamper is not None:
         if intercept is not None:
             raise ConfigError(bad_value("tamper", tamper, "give either tamper or intercept"))
