@@ -221,6 +221,10 @@ def _check_input(spec) -> None:
 class _SetupMixin:
     """What a machine needs of the setup part: the neighbour graph, timeouts and the quorum."""
 
+    timeouts: tuple
+    quorum: int
+    n_clients: int
+
     def timeout(self, stage: str) -> float:
         return dict(self.timeouts)[stage]
 

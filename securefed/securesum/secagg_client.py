@@ -137,7 +137,8 @@ class SecAggClient(StageClient):
         self._update = update if schedule == "construction" else None
         self._weight = float(weight)
         # late schedule built with the full spec: the input part and the input, provided as soon as ready
-        self._pending = (encode_input(spec.input_spec), update) if (full and schedule == "late") else None
+        self._pending = (encode_input(spec.input_spec), update) \
+            if (full and schedule == "late" and isinstance(spec, RoundSpec)) else None
         self._rng = check_random_state(random_state)
         self.state = "init"
         self.clipped = 0

@@ -102,7 +102,7 @@ class SecAggServer(StageServer):
         super().__init__(spec if schedule == "construction" else spec.setup, now)
         self.schedule = schedule
         self._key_digest = self.spec.digest  # what AdvertiseKeys (and share items) are signed over
-        self._pending = spec.input_spec if (full and schedule == "late") else None
+        self._pending = spec.input_spec if (full and schedule == "late" and isinstance(spec, RoundSpec)) else None
         self.received: dict[int, Any] = {}  # this stage's message of each client (its class depends on the stage)
         self._keys: dict[int, AdvertiseKeys] = {}
         self._bindings: dict[int, bytes] = {}

@@ -22,7 +22,11 @@ def _instances():
     se = M.SignatureEntry(1, B64)
     dg = M.InputDigest(2, B32, B64)
     ie = M.InputEntry(2, (b"chunk-a", b"", b"chunk-b"))
+    pi = M.ProofInput(2, (0, 1), b"\x01\x02" * 4, B64)
+    sc = M.SecretEntry(1, B32)
     return {
+        "BoundConsistencyRequest": M.BoundConsistencyRequest(SID, RND, 4, (0, 2), (dg, dg)),
+        "SumProof": M.SumProof(SID, RND, 1, B32, (0, 2), 32, b"\x00" * 8, (pi,), (se,), (ke,), (sc,), (sc,)),
         "AdvertiseKeys": M.AdvertiseKeys(SID, RND, 3, B32, B32[::-1], bytes(32), B64),
         "KeysBroadcast": M.KeysBroadcast(SID, RND, 1, (ke, M.KeyEntry(5, B32, B32, B32, B64[::-1]))),
         "EncryptedShares": M.EncryptedShares(SID, RND, 2, (si,)),
@@ -43,8 +47,11 @@ def _instances():
     }
 
 
-# recorded from the codec of commit 1e40bd4 (FIELDS tuples beside the annotations)
+# recorded from the codec of commit 1e40bd4 (FIELDS tuples beside the annotations); the two late-bound / proof
+# messages from the FIELDS codec of their branch (4f5c1bf) before they were restated as annotations
 GOLDEN = {
+    "BoundConsistencyRequest": (248, "3f4bd1a686b625cbea3af1acfc45d5be2a48d90b9649e8480db47f289ae23568"),
+    "SumProof": (502, "2c1532e627578256e51c70389f9d9ba204fd1e694787119b42c8046b4b040355"),
     "AdvertiseKeys": (192, "81d3a077d9d1cbd69a4e3456044c1f61fd8c73cb8be10987ee75a236df88c9bd"),
     "ConsistencyRequest": (52, "cab0b7b6fd80176c5e724746a47af45c84545b68af6cf0edd17d2a31d8ca9157"),
     "ConsistencySignature": (96, "4e5e4d6e511be2236511c0bee2f553530dadd4711b94cf759476b20895782281"),
