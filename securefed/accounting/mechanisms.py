@@ -46,7 +46,10 @@ Every release draws its noise from the CSPRNG (:func:`~securefed.accounting.nois
 ChaCha20 keyed by ``os.urandom``). Reproducible noise exists only for tests, behind
 ``insecure_noise_seed_for_testing=<int>``; then anyone who knows the seed can subtract the noise, so
 ``report()`` says ``"epsilon_void": True`` and every ledger event records ``noise_source: "seeded-testing"``.
-``random_state`` seeds only the Poisson subsampling (a statistics RNG), never noise.
+The Poisson sample is as secret as the noise (the subsampling amplification assumes nobody knows which records a
+step used): it comes from the OS source too (:func:`~securefed.accounting.noise.secure_uniform`), never from a
+run's printed seed or ``random_state``; with ``insecure_noise_seed_for_testing`` it is reproducible from that seed
+(tests only; the ε is void anyway).
 
 Sensitivity and the projection
 ------------------------------
@@ -79,7 +82,7 @@ from .accountants import (
 )
 from .bounds import check_bound, clip_records, default_tau_y, enforced_upsilon, project_spectral
 from .ledger import PrivacyLedger, array_digest
-from .noise import secure_standard_normal, seed_entropy, seed_tag, seeded_standard_normal
+from .noise import secure_standard_normal, secure_uniform, seed_entropy, seed_tag, seeded_standard_normal
 from .sensitivity import SENSITIVITY_RULES, data_sensitivity, gradient_sensitivity
 
 __all__ = ["GradientPerturbation", "DataPerturbation", "perturb_data", "DataPerturbationEvent", "data_perturbation_sigma",
@@ -87,6 +90,7 @@ __all__ = ["GradientPerturbation", "DataPerturbation", "perturb_data", "DataPert
 
 _DATA_ROUND = None  # data perturbation is one-shot, outside the FedDL rounds
 _DATA_KEY = 2**31  # seeded-noise key component for data releases
+_SAMPLE_KEY = 2**31 + 1  # seeded-testing key component of the Poisson sample
 
 
 SEEDED_NOISE = "seeded-testing"
@@ -125,6 +129,13 @@ class _NoiseSource:
     @property
     def name(self) -> str:
         return SECURE_NOISE if self.secure else SEEDED_NOISE
+
+    def uniform(self, key, n: int) -> np.ndarray:
+        """``n`` uniforms in [0, 1): the OS source, or (seeded testing) PCG64 keyed by ``key``."""
+        if self.secure:
+            return secure_uniform(n)
+        ss = np.random.SeedSequence(self.entropy, spawn_key=tuple(int(k) for k in key))
+        return np.random.Generator(np.random.PCG64(ss)).random(n)
 
     def normal(self, key, shape):
         if self.secure:
@@ -175,7 +186,8 @@ class GradientPerturbation:
     budget : float, optional
         ε budget (default: ``epsilon``). With a ledger, it must agree with the ledger's budget.
     random_state : None, int or Generator
-        Seed of the fallback **subsampling** RNG only (when :meth:`batch` gets no ``rng``). Never noise.
+        Accepted for old callers; it seeds nothing: the noise and the Poisson sample come from the OS source (or,
+        for tests, from ``insecure_noise_seed_for_testing``).
     insecure_noise_seed_for_testing : int, optional
         Reproducible (PCG64) noise for tests. Anyone who knows the seed can subtract the noise: the
         report then carries ``"epsilon_void": True`` and every ledger event ``noise_source:
@@ -257,10 +269,6 @@ class GradientPerturbation:
         self._noise = _NoiseSource(insecure_noise_seed_for_testing)
         #: the testing seed (None = secret noise); public so that a run plan can pass it on to the sites
         self.insecure_noise_seed_for_testing = _check_testing_seed(insecure_noise_seed_for_testing)
-        if isinstance(random_state, np.random.Generator):
-            self._stats_rng = random_state
-        else:
-            self._stats_rng = np.random.default_rng(None if random_state is None else int(random_state) + 1)
         self._prepared = False
         self._plan_rechecked = False
         self._pending: dict[tuple, dict[int, str]] = {}
@@ -383,7 +391,9 @@ class GradientPerturbation:
 
         Full batch: ``(X, n_p)`` with ``n_p = sizes[site]``, the public announced size (``len(X)`` must equal
         it: σ was calibrated for that count). Poisson subsampling: each record independently with
-        probability ``q`` (from ``rng``, else the statistics RNG seeded by ``random_state``), and the fixed
+        probability ``q`` — from the OS source (:func:`~.noise.secure_uniform`), as secret as the noise: the
+        amplification by subsampling holds only for a sample nobody can predict; ``rng`` is accepted for the caller
+        protocol and never used (seeded only with ``insecure_noise_seed_for_testing``, keyed by the coordinates) — and the fixed
         normaliser ``q·sizes[site]`` — public, hence identical on add/remove neighbours, which is what the
         add/remove Δ assumes (``q·len(X)`` would change with the added record).
         """
@@ -397,8 +407,7 @@ class GradientPerturbation:
                 raise ConfigError(bad_value("len(X)", len(X), f"site {site} announced {n_pub} records and its noise was "
                                             "calibrated for that count; pass the site's announced records"))
             return X, n_pub
-        rng = self._stats_rng if rng is None else rng
-        mask = rng.random(len(X)) < self.sample_rate
+        mask = self._noise.uniform((site, int(round), int(step), _SAMPLE_KEY), len(X)) < self.sample_rate
         return X[mask], self.sample_rate * n_pub
 
     def project(self, Y):
