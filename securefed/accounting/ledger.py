@@ -47,6 +47,7 @@ Semantics
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import hashlib
@@ -65,6 +66,12 @@ __all__ = ["PrivacyLedger", "release_id", "array_digest"]
 
 _VERSION = 1
 _TOL = 1e-9
+
+
+def _elsewhere_note(other: float, runs) -> str:
+    if not other:
+        return ""
+    return f" + ε={other:.4g} this site spent in {len(runs)} other run(s) ({', '.join(runs)})"
 
 
 def release_id(run_id: str, site: int, round, step, attempt: int) -> str:
@@ -158,7 +165,7 @@ class PrivacyLedger:
     """
 
     def __init__(self, path, run_id: str, budget_epsilon=None, delta: float = 1e-5, accountant: str = "exact",
-                 site_budgets=None, *, read_only: bool = False):
+                 site_budgets=None, *, read_only: bool = False, site_budget=None):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ConfigError(bad_value("run_id", run_id, "use a non-empty string without '/'"))
         if accountant not in ACCOUNTANTS:
@@ -177,6 +184,8 @@ class PrivacyLedger:
         self._z: dict[str, float] = {}  # release id -> effective noise multiplier (after settlement)
         self._plan: dict[int, tuple[float, float, int, float]] = {}
         self.read_only = bool(read_only)
+        #: the site-wide budget over all runs (:class:`~.site_budget.SiteBudget`), or None (this run only)
+        self.site_budget = site_budget
         self._lock_fd: int | None = None
         if self.read_only and (self.path is None or not os.path.exists(self.path)):
             raise LedgerError(bad_value("path", self.path, "read_only=True opens an existing ledger file; it does not exist"))
@@ -196,6 +205,8 @@ class PrivacyLedger:
                             "accountant": accountant, "budget_epsilon": self.budget_epsilon,
                             "site_budgets": {str(k): v for k, v in self.site_budgets.items()},
                             "created": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+            if self.site_budget is not None:
+                self._header["site_index"] = os.path.basename(self.site_budget.index_path)
             if self.path is not None:
                 self._create()
 
@@ -297,6 +308,8 @@ class PrivacyLedger:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if self.site_budget is not None:
+                self.site_budget.sync()  # the new line enters the site's hash-chained index
         self._ingest(event)
 
     def _load(self) -> None:
@@ -508,8 +521,11 @@ class PrivacyLedger:
         """
         eps = self.epsilon_of([(float(noise_multiplier), float(sample_rate), int(count))])
         budget = self.budget_for(site)
-        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("privacy plan", f"site {site}: ε={eps:.4g} at δ={self.delta:g}",
+        with self._site_locked():
+            other, runs = self._elsewhere()
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
+            raise BudgetExceededError(bad_value("privacy plan", f"site {site}: ε={eps:.4g} at δ={self.delta:g}"
+                                                + _elsewhere_note(other, runs),
                                                 f"exceeds the budget ε={budget:g}; raise the noise multiplier, "
                                                 "lower rounds/local steps or raise the budget"))
         self._plan[int(site)] = (float(noise_multiplier), float(sample_rate), int(count), eps)
@@ -537,9 +553,11 @@ class PrivacyLedger:
         spent_n = sum(c for _, _, c in self.history(site))
         eps, _ = self._epsilon_with(site, [(float(noise_multiplier), float(sample_rate), count)])
         budget = self.budget_for(site)
-        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
+        with self._site_locked():
+            other, runs = self._elsewhere()
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
             raise BudgetExceededError(bad_value("remaining plan", f"site {site}: {spent_n} release(s) already spent + {count} "
-                                                f"planned reach ε={eps:.4g} at δ={self.delta:g}",
+                                                f"planned reach ε={eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
                                                 f"exceeds the budget ε={budget:g}; nothing was released — the run cannot "
                                                 "finish within its budget (a resumed run redoes releases that were already "
                                                 "sent). Start a new run with a larger budget or more noise"))
@@ -563,13 +581,36 @@ class PrivacyLedger:
     def check(self, site: int, noise_multiplier: float, sample_rate: float = 1.0) -> float:
         """Raise :class:`BudgetExceededError` if one more release would exceed ``site``'s budget."""
         eps, _ = self.prospective_epsilon(site, noise_multiplier, sample_rate)
-        self._refuse_over_budget(site, eps)
+        with self._site_locked():
+            self._refuse_over_budget(site, eps)
         return eps
+
+    def _site_locked(self):
+        """The site-wide lock, the index checked (:meth:`SiteBudget.sync`) — or nothing without a site budget."""
+        if self.site_budget is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.site_budget.locked())
+        try:
+            self.site_budget.sync()
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def _elsewhere(self) -> tuple[float, list]:
+        """ε this site spent in its other runs (0 without a site budget); under :meth:`_site_locked`."""
+        if self.site_budget is None:
+            return 0.0, []
+        eps, _, runs = self.site_budget.spent_elsewhere(self.run_id)
+        return eps, runs
 
     def _refuse_over_budget(self, site: int, eps: float) -> None:
         budget = self.budget_for(site)
-        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("release", f"site {site}: ε would reach {eps:.4g} at δ={self.delta:g}",
+        other, runs = self._elsewhere()
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
+            raise BudgetExceededError(bad_value("release", f"site {site}: ε would reach {eps:.4g} at δ={self.delta:g}"
+                                                + _elsewhere_note(other, runs),
                                                 f"exceeds the budget ε={budget:g}; nothing was sent — stop here, "
                                                 "or start a new run with a larger budget or more noise"))
 
@@ -593,7 +634,13 @@ class PrivacyLedger:
             if not (isinstance(v, (int, float, np.floating)) and math.isfinite(float(v)) and float(v) > 0):
                 raise ConfigError(bad_value(name, v, "must be a positive finite number"))
         eps_after, exact = self.prospective_epsilon(site, noise_multiplier, sample_rate)
-        self._refuse_over_budget(site, eps_after)
+        with self._site_locked():  # checked and booked atomically against every run of this site
+            self._refuse_over_budget(site, eps_after)
+            return self._book_release(rid, site, round, step, attempt, mechanism, sensitivity, sigma, noise_multiplier,
+                                      sample_rate, eps_after, exact, extra)
+
+    def _book_release(self, rid, site, round, step, attempt, mechanism, sensitivity, sigma, noise_multiplier, sample_rate,
+                      eps_after, exact, extra) -> dict:
         hist = self.history(site, extra=[(noise_multiplier, sample_rate)])
         ev = {
             "type": "release", "id": rid, "run_id": self.run_id, "site": site, "round": round, "step": step,
@@ -629,7 +676,8 @@ class PrivacyLedger:
         ev = {"type": "settle", "id": sid, "run_id": self.run_id, "round": round, "step": step,
               "survivors": [int(s) for s in survivors], "releases": clean,
               "time": _dt.datetime.now(_dt.timezone.utc).isoformat()}
-        self._append(ev)
+        with self._site_locked():
+            self._append(ev)
         for rid in clean:
             site = self._by_id[rid]["site"]
             budget = self.budget_for(site)

@@ -138,6 +138,8 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
         o = {"site-name": name, **opts}
         if plan.aggregation == "plain":
             o.setdefault("allow-plain", True)  # the user of this simulation chose plain aggregation for every site
+        if plan.noise == "distributed":
+            o.setdefault("allow-distributed-noise", True)  # ... and noise shares for every site
         if plan.dp:
             budget = float(plan.epsilon or 0.0) + float(plan.rows_epsilon or 0.0)
             o.setdefault("epsilon-budget", budget if plan.epsilon is not None else 1e12)

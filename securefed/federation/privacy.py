@@ -15,8 +15,8 @@ announced sizes, so σ_p, Δ_p and the noise multiplier are computed by the same
   distributed-noise aggregations with the actual survivors and reports the privacy block.
 * A **site** (:func:`site_mechanism`) never takes the server's σ on trust: it rebuilds the mechanism
   from the public plan with its **own** ledger (site option ``ledger-path``, one file per run) and its
-  **own** budget (``epsilon-budget``, the total over all its runs: a new run gets what its other ledgers
-  leave, :func:`earlier_spending`), refuses (``BudgetExceededError``) if the plan or any release would
+  **own** budget (``epsilon-budget``, the total over all its runs, checked and booked atomically per release under
+  one site-wide lock and a hash-chained index of all its ledgers: :mod:`securefed.accounting.site_budget`), refuses (``BudgetExceededError``) if the plan or any release would
   exceed that budget, refuses if the server's σ is smaller than its own calibration, clips its records to
   ``τ_X``, adds its noise and writes each release to its ledger (fsync'd) **before** the reply leaves.
 
@@ -57,7 +57,7 @@ from .wire import dumps
 __all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
            "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
            "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
-           "earlier_spending", "open_site_ledger", "integer_mechanism", "integer_claim", "site_integer_mechanism",
+           "site_ledger_dir", "open_site_ledger", "check_noise_mode", "integer_mechanism", "integer_claim", "site_integer_mechanism",
            "site_integer_release"]
 
 def public_plan(plan, run_id: str, sizes, gamma: float, weights, n_features: int | None = None) -> dict:
@@ -133,14 +133,32 @@ def _truthy(v) -> bool:
 MEMORY = ":memory:"
 
 
-def site_ledger_path(node_config: dict, run_id: str) -> str:
-    """``<ledger-path>/<run-id>.jsonl``: the site's ledger of this run (default directory ``securefed-ledgers``
-    in the SuperNode's working directory). A restarted SuperNode reopens the same file."""
+def site_ledger_dir(node_config: dict) -> str:
+    """The site's ledger folder (site option ``ledger-path``; default ``securefed-ledgers`` in the SuperNode's
+    working directory), created if missing."""
     d = str(node_config.get("ledger-path") or "securefed-ledgers")
-    if not run_id or "/" in run_id or run_id.startswith("."):
-        raise ProtocolError(f"bad DP run id {run_id!r} from the server")
     os.makedirs(d, exist_ok=True)
-    return os.path.join(d, run_id + ".jsonl")
+    return d
+
+
+def site_ledger_path(node_config: dict, run_id: str) -> str:
+    """``<ledger-path>/<run-id>.jsonl``: the site's ledger of this run. A restarted SuperNode reopens the same
+    file."""
+    if not run_id or "/" in run_id or run_id.startswith(".") or run_id + ".jsonl" == "site-index.jsonl":
+        raise ProtocolError(f"bad DP run id {run_id!r} from the server")
+    return os.path.join(site_ledger_dir(node_config), run_id + ".jsonl")
+
+
+def check_noise_mode(noise, node_config: dict) -> None:
+    """A site adds a share σ/√t instead of its full σ only where its operator agreed (site option
+    ``allow-distributed-noise``, default false): the coordinator's plan cannot lower a site's noise. A plan asking a
+    site without that option for a share is refused (:class:`ConfigError`) before anything is computed or booked;
+    the site does not silently add its full σ instead (the sum would carry more noise than the run reports)."""
+    if noise == "distributed" and not _truthy(node_config.get("allow-distributed-noise", False)):
+        raise ConfigError(bad_value("noise", "distributed", "this site adds its full σ to every release: it adds only a "
+                                    "share σ/√t inside a secure sum where its operator allows it (site option "
+                                    "allow-distributed-noise=true, trusting that at least t sites' shares are in every "
+                                    "sum revealed); run with noise local, or set that option on every site"))
 
 
 def site_mechanism_checks(plan: dict, node_config: dict) -> float:
@@ -185,42 +203,24 @@ def plan_digest(plan: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def earlier_spending(node_config: dict, run_id: str) -> dict:
-    """What this site spent in **other** runs: the ε (and δ) of every other ledger in its ``ledger-path``.
+def _site_budget(node_config: dict, budget: float, memo: dict):
+    """The site-wide budget of this site's ``ledger-path`` (:class:`~securefed.accounting.site_budget.SiteBudget`):
+    one lock and one hash-chained index over the ledgers of all its runs; other runs' ledgers are read read-only
+    with the site's memoised accountant."""
+    from ..accounting.site_budget import SiteBudget
 
-    Runs compose sequentially; the site adds them up (basic composition: a record's privacy loss over
-    runs with (ε_i, δ_i) is at most (Σ ε_i, Σ δ_i)). Each ledger is read from a private copy, so a
-    ledger file is never modified here. Returns ``{"epsilon", "delta", "runs"}``.
-    """
-    import shutil
-    import tempfile
+    def open_ledger(path, head):
+        return _memo_ledger(memo, path, head["run_id"], delta=head["delta"], accountant=head["accountant"],
+                            read_only=True)
 
-    from ..accounting import PrivacyLedger
-
-    d = os.path.dirname(site_ledger_path(node_config, run_id))
-    eps, delta, runs = 0.0, 0.0, []
-    for name in sorted(os.listdir(d)):
-        path = os.path.join(d, name)
-        if not name.endswith(".jsonl") or name == run_id + ".jsonl" or not os.path.isfile(path):
-            continue
-        with open(path, "rb") as fh:
-            head = json.loads(fh.readline() or b"{}")
-        if head.get("type") != "header":
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            copy = shutil.copy(path, os.path.join(tmp, name))
-            spent = PrivacyLedger(copy, head["run_id"], delta=head["delta"], accountant=head["accountant"],
-                                  read_only=True).spent()[0]
-        if spent > 0:
-            eps, delta = eps + float(spent), delta + float(head["delta"])
-            runs.append(head["run_id"])
-    return {"epsilon": eps, "delta": delta, "runs": runs}
+    return SiteBudget(site_ledger_dir(node_config), budget, open_ledger)
 
 
 def open_site_ledger(plan: dict, node_config: dict, cache: dict):
-    """The site's ledger of this run (``<ledger-path>/<run-id>.jsonl``), its budget what is left of its
-    ``epsilon-budget`` after its other runs (:func:`earlier_spending`, read once per run and kept in
-    ``cache``). A new run with nothing left is refused with :class:`BudgetExceededError`."""
+    """The site's ledger of this run (``<ledger-path>/<run-id>.jsonl``) under the site-wide budget: every check and
+    booking of a release holds the site's lock and adds what the site spent in all its other runs
+    (:class:`~securefed.accounting.site_budget.SiteBudget`; a tampered earlier ledger is refused with
+    :class:`LedgerError` naming it). A new run with nothing left is refused with :class:`BudgetExceededError`."""
     budget = site_mechanism_checks(plan, node_config)
     memo = cache.setdefault("eps", {})
     kw = dict(delta=plan["delta"], accountant=plan["accountant"])
@@ -229,17 +229,20 @@ def open_site_ledger(plan: dict, node_config: dict, cache: dict):
             cache["memory_ledger"] = _memo_ledger(memo, None, plan["run_id"], budget_epsilon=budget, **kw)
         return cache["memory_ledger"]
     path = site_ledger_path(node_config, plan["run_id"])
-    if os.path.exists(path):  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
-        return _memo_ledger(memo, path, plan["run_id"], **kw)
-    before = cache.setdefault("earlier", {}).get(plan["run_id"])
-    if before is None:
-        before = cache["earlier"][plan["run_id"]] = earlier_spending(node_config, plan["run_id"])
-    left = budget - before["epsilon"]
-    if not left > 1e-12:
-        raise BudgetExceededError(bad_value("node config epsilon-budget", budget, f"this site already spent ε = "
-                                            f"{before['epsilon']:.4g} in {len(before['runs'])} earlier run(s) "
-                                            f"({', '.join(before['runs'])}); nothing is left for run {plan['run_id']}"))
-    return _memo_ledger(memo, path, plan["run_id"], budget_epsilon=left, **kw)
+    guard = _site_budget(node_config, budget, memo)
+    with guard.locked():
+        guard.sync()
+        if not os.path.exists(path):
+            before, _, runs = guard.spent_elsewhere(plan["run_id"])
+            if not budget - before > 1e-12:
+                raise BudgetExceededError(bad_value("node config epsilon-budget", budget, f"this site already spent ε = "
+                                                    f"{before:.4g} in {len(runs)} earlier run(s) ({', '.join(runs)}); "
+                                                    f"nothing is left for run {plan['run_id']}"))
+            led = _memo_ledger(memo, path, plan["run_id"], budget_epsilon=budget, site_budget=guard, **kw)
+        else:  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
+            led = _memo_ledger(memo, path, plan["run_id"], site_budget=guard, **kw)
+        guard.sync()  # a new ledger's header enters the index
+    return led
 
 
 def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None = None):
@@ -257,6 +260,7 @@ def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None 
     site = int(site)
     if not 0 <= site < len(plan["sizes"]):
         raise ProtocolError(f"site index {site} outside the plan's {len(plan['sizes'])} sites")
+    check_noise_mode(plan.get("noise"), node_config)
     cache = {} if cache is None else cache
     zs = cache.setdefault("z", {})
     ledger = open_site_ledger(plan, node_config, cache)
@@ -264,11 +268,9 @@ def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None 
     try:
         gp = build_mechanism(plan, ledger, zs.get(digest))  # set_plan inside checks the whole plan against the budget
     except BudgetExceededError as exc:
-        before = cache.get("earlier", {}).get(plan["run_id"]) or {"epsilon": 0.0, "runs": []}
-        raise BudgetExceededError(f"this site refuses run {plan['run_id']}: its plan needs more than the "
-                                  f"ε = {ledger.budget_for(site):.4g} left of its epsilon-budget "
-                                  f"{site_mechanism_checks(plan, node_config):g} (spent in {len(before['runs'])} earlier "
-                                  f"run(s): {before['epsilon']:.4g}); nothing was computed or sent. ({exc})") from None
+        raise BudgetExceededError(f"this site refuses run {plan['run_id']}: its plan does not fit what is left of its "
+                                  f"epsilon-budget {site_mechanism_checks(plan, node_config):g} after its other runs; "
+                                  f"nothing was computed or sent. ({exc})") from None
     zs[digest] = float(gp.z)
     claimed = (plan.get("sigma") or [None] * len(plan["sizes"]))[site]
     if claimed is not None and float(claimed) < gp.sigma[site] * (1 - 1e-9):
@@ -683,6 +685,7 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     from .wire import get_array
 
     plan = json.loads(fields["billboard"])
+    check_noise_mode(plan.get("noise"), node_config)
     release = int(fields["release"])
     if release not in (0, 1, 2):
         raise ProtocolError(f"unknown billboard release {release}")
