@@ -116,9 +116,16 @@ def _tamper(path, how):
     elif how == "release-dropped":
         lines = text.splitlines()
         path.write_text("\n".join(lines[:-1]) + "\n")
+    elif how == "release-altered":  # a valid event claiming 100× the noise: ε of that release nearly 0
+        lines = text.splitlines()
+        ev = json.loads(lines[-1])
+        ev["noise_multiplier"] *= 100
+        ev["sigma"] *= 100
+        path.write_text("\n".join(lines[:-1] + [json.dumps(ev, sort_keys=True)]) + "\n")
 
 
-@pytest.mark.parametrize("how", ["emptied", "renamed", "header-type", "garbage-header", "deleted", "release-dropped"])
+@pytest.mark.parametrize("how", ["emptied", "renamed", "header-type", "garbage-header", "deleted", "release-dropped",
+                                 "release-altered"])
 def test_a_tampered_earlier_ledger_is_refused_never_forgotten(sites, tmp_path, how):
     workers = _workers(sites, tmp_path)
     first = _drive(_plan("run-a"), workers, tmp_path)
