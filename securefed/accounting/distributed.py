@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -332,19 +331,6 @@ _wrap_probability_fn = wrap_probability  # the mechanisms' parameter of the same
 # ---------------------------------------------------------------------------------------------- mechanisms
 
 
-@dataclass(frozen=True)
-class _Plan:
-    dim: int
-    padded_dim: int
-    granularity: float
-    l2_int: float
-    l1_int: float
-    noise: Fraction | float  # σ² (DDG, exact rational) or λ (Skellam)
-    modulus_bits: int
-    wrap_probability: float
-    epsilon: float
-
-
 def _pos(name, v):
     try:
         f = float(v)
@@ -488,15 +474,22 @@ class _DistributedInteger:
         multiplier (:meth:`ledger_noise_multiplier`) at ``sample_rate = 1``; the exact μ-GDP and PRV
         accountants are tight for Gaussian noise only and would not be upper bounds here.
         """
-        if getattr(ledger, "accountant_name", None) != "rdp":
+        if getattr(ledger, "accountant_name", None) != "rdp":  # the ledger would refuse the event (it does not support it)
             raise ConfigError(bad_value("ledger accountant", getattr(ledger, "accountant_name", None),
                                         f"{self.mechanism} releases compose by Rényi DP: open the ledger with accountant='rdp'"))
-        z = self.ledger_noise_multiplier()
-        return ledger.record_release(site=site, round=round, step=step, attempt=attempt, mechanism=self.mechanism,
-                                     sensitivity=float(self.l2_int), sigma=float(z * self.l2_int), noise_multiplier=float(z),
-                                     sample_rate=1.0, noise="distributed-integer", noise_source=noise_source,
-                                     min_survivors=self.min_survivors, modulus_bits=self.modulus_bits,
-                                     granularity=self.granularity, adjacency=self.adjacency)
+        return ledger.record(self.release_event(), site=site, round=round, step=step, attempt=attempt,
+                             noise="distributed-integer", noise_source=noise_source, min_survivors=self.min_survivors,
+                             modulus_bits=self.modulus_bits, granularity=self.granularity, adjacency=self.adjacency)
+
+    def release_event(self, count: int = 1):
+        """The event of one site's release (:mod:`.events`): integer noise (``discrete-gaussian`` / ``skellam``) on
+        the integer L2 sensitivity, accounted at the Gaussian whose Rényi divergence dominates the mechanism's at every
+        order (:meth:`ledger_noise_multiplier`), full participation. Only the RDP accountant supports it."""
+        from .events import gaussian_release
+
+        z = float(self.ledger_noise_multiplier())
+        return gaussian_release(self.mechanism, sigma=float(z * self.l2_int), sensitivity=float(self.l2_int),
+                                noise_multiplier=z, count=int(count))
 
     def release(self, x, *, site: int, round: int, step: int, ledger=None, attempt: int = 0) -> np.ndarray:
         """:meth:`record_release` (when a ledger is given), then :meth:`encode` — the write-ahead order."""

@@ -61,6 +61,7 @@ import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, LedgerError, bad_value
 from .accountants import ACCOUNTANTS, check_delta, check_epsilon, get_accountant
+from .events import ComposedEvent, ReleaseEvent, gaussian_release, history_of
 
 __all__ = ["PrivacyLedger", "release_id", "array_digest"]
 
@@ -182,6 +183,7 @@ class PrivacyLedger:
         self._by_id: dict[str, dict] = {}
         self._by_coord: dict[tuple, list[dict]] = defaultdict(list)
         self._z: dict[str, float] = {}  # release id -> effective noise multiplier (after settlement)
+        self._release: dict[str, ReleaseEvent] = {}  # release id -> its event (as written)
         self._plan: dict[int, tuple[float, float, int, float]] = {}
         self.read_only = bool(read_only)
         #: the site-wide budget over all runs (:class:`~.site_budget.SiteBudget`), or None (this run only)
@@ -414,6 +416,17 @@ class PrivacyLedger:
             want = release_id(self.run_id, ev["site"], ev["round"], ev["step"], ev["attempt"])
             if ev["id"] != want:
                 raise LedgerError(bad_value(f"{where} id", ev["id"], f"does not match its coordinates (expected {want!r}); {_FIX_LINE}"))
+            if "event" in ev:
+                try:
+                    e = ReleaseEvent.from_dict(ev["event"])
+                except ConfigError as exc:
+                    raise LedgerError(bad_value(f"{where} event", ev["event"], f"is not a release event ({exc}); "
+                                                f"{_FIX_LINE}")) from None
+                flat = (ev["mechanism"], float(ev["sensitivity"]), float(ev["sigma"]), float(ev["noise_multiplier"]),
+                        float(ev["sample_rate"]))
+                if (e.mechanism, e.sensitivity, e.noise.sigma, e.noise_multiplier, e.sample_rate) != flat or e.count != 1:
+                    raise LedgerError(bad_value(f"{where} event", ev["event"], "disagrees with the line's mechanism, "
+                                                f"sensitivity, sigma, noise_multiplier or sample_rate; {_FIX_LINE}"))
         else:
             for rid in ev["releases"]:
                 if rid not in self._by_id or self._by_id[rid]["type"] != "release":
@@ -427,6 +440,7 @@ class PrivacyLedger:
             self._events.append(ev)
             self._by_id[ev["id"]] = ev
             self._by_coord[(ev["site"], ev["round"], ev["step"])].append(ev)
+            self._release[ev["id"]] = self._event_of(ev)
             self._z[ev["id"]] = float(ev["noise_multiplier"])
         elif t == "settle":
             self._events.append(ev)
@@ -438,6 +452,35 @@ class PrivacyLedger:
             raise LedgerError(bad_value("event type", t, "unknown ledger event; the file is not a securefed ledger of this version"))
 
     # ------------------------------------------------------------------ queries
+
+    @staticmethod
+    def _event_of(ev: dict) -> ReleaseEvent:
+        """The release event of a validated line: its ``"event"``, or (older ledgers) built from its flat fields."""
+        return ReleaseEvent.from_dict(ev["event"]) if "event" in ev else ReleaseEvent.from_ledger_fields(ev)
+
+    def release_events(self, site: int) -> ComposedEvent:
+        """Everything ``site`` released in this run, as one event tree (settled noise multipliers)."""
+        return ComposedEvent(tuple(self._release[e["id"]].settled(self._z[e["id"]]) for e in self._events
+                                   if e["type"] == "release" and e["site"] == int(site)))
+
+    def check_event(self, site: int, event) -> float:
+        """Refuse (:class:`BudgetExceededError`, before anything is released) when what ``site`` spent plus ``event``
+        (e.g. all the releases a plan will still make, as one :class:`~.events.ComposedEvent`) would exceed its
+        budget, over all its runs; returns that prospective ε of this run."""
+        if not self.accountant.supports(event):
+            self.accountant._refuse_unsupported(event)
+        eps, _ = self._epsilon_with(int(site), history_of(event))
+        with self._site_locked():
+            other, runs = self._elsewhere()
+        budget = self.budget_for(site)
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
+            n = sum(c for _, _, c in self.history(int(site)))
+            raise BudgetExceededError(bad_value("planned releases", f"site {site}: {n} release(s) already spent + the "
+                                                f"plan's reach ε={eps:.4g} at δ={self.delta:g}"
+                                                + _elsewhere_note(other, runs),
+                                                f"exceeds the budget ε={budget:g}; nothing was released — start a new "
+                                                "run with a larger budget or more noise"))
+        return eps
 
     def events(self, type: str | None = None) -> list[dict]:
         """All events in file order (optionally of one ``type``: ``"release"`` or ``"settle"``)."""
@@ -472,7 +515,7 @@ class PrivacyLedger:
                 continue
             if max_round is not None and (e["round"] is None or e["round"] > max_round):
                 continue
-            c[(self._z[e["id"]], float(e["sample_rate"]))] += 1
+            c[(self._z[e["id"]], self._release[e["id"]].sample_rate)] += 1
         for item in extra:
             z, q = item[0], item[1]
             c[(float(z), float(q))] += int(item[2]) if len(item) > 2 else 1
@@ -618,42 +661,50 @@ class PrivacyLedger:
 
     def record_release(self, *, site: int, round, step, attempt: int, mechanism: str, sensitivity: float, sigma: float,
                        noise_multiplier: float, sample_rate: float = 1.0, **extra) -> dict:
-        """Check the budget, then append and fsync one release event; returns it.
+        """:meth:`record` of the release these flat fields describe (:func:`.events.gaussian_release`; the noise
+        share, if any, from ``extra["noise_share"]``) — the form a site's reported line arrives in."""
+        share = extra.get("noise_share")
+        event = gaussian_release(mechanism, sigma=sigma, sensitivity=sensitivity, noise_multiplier=noise_multiplier,
+                                 sample_rate=sample_rate, share=None if share is None else float(share))
+        return self.record(event, site=site, round=round, step=step, attempt=attempt, **extra)
 
-        Raises :class:`BudgetExceededError` (nothing written) when the release would exceed the budget,
-        and :class:`LedgerError` when the id already exists (callers reuse existing events instead).
+    def record(self, event: ReleaseEvent, *, site: int, round, step, attempt: int, **extra) -> dict:
+        """Check the budget, then append and fsync one release ``event`` (its :class:`~.events.ReleaseEvent` and its
+        flat fields); returns the line as a dict.
+
+        Raises :class:`ConfigError` when this ledger's accountant does not :meth:`~.accountants.Accountant.supports`
+        the event or it is not one release, :class:`BudgetExceededError` (nothing written) when the release would
+        exceed the budget, and :class:`LedgerError` when the id already exists (callers reuse existing events).
         """
         self._check_writable()
+        if not isinstance(event, ReleaseEvent) or event.count != 1:
+            raise ConfigError(bad_value("event", event, "record one release (a ReleaseEvent with count 1) per line"))
+        if not self.accountant.supports(event):
+            self.accountant._refuse_unsupported(event)
         site = int(site)
         round = None if round is None else int(round)
         step = None if step is None else int(step)
         rid = release_id(self.run_id, site, round, step, attempt)
         if rid in self._by_id:
             raise LedgerError(bad_value("release id", rid, "is already in the ledger; reuse the existing event (idempotent redo)"))
-        for name, v in (("sensitivity", sensitivity), ("sigma", sigma), ("noise_multiplier", noise_multiplier)):
-            if not (isinstance(v, (int, float, np.floating)) and math.isfinite(float(v)) and float(v) > 0):
-                raise ConfigError(bad_value(name, v, "must be a positive finite number"))
-        eps_after, exact = self.prospective_epsilon(site, noise_multiplier, sample_rate)
+        z, q = event.noise_multiplier, event.sample_rate
+        eps_after, exact = self.prospective_epsilon(site, z, q)
         with self._site_locked():  # checked and booked atomically against every run of this site
             self._refuse_over_budget(site, eps_after)
-            return self._book_release(rid, site, round, step, attempt, mechanism, sensitivity, sigma, noise_multiplier,
-                                      sample_rate, eps_after, exact, extra)
-
-    def _book_release(self, rid, site, round, step, attempt, mechanism, sensitivity, sigma, noise_multiplier, sample_rate,
-                      eps_after, exact, extra) -> dict:
-        hist = self.history(site, extra=[(noise_multiplier, sample_rate)])
-        ev = {
-            "type": "release", "id": rid, "run_id": self.run_id, "site": site, "round": round, "step": step,
-            "attempt": int(attempt), "mechanism": mechanism, "sensitivity": float(sensitivity), "sigma": float(sigma),
-            "noise_multiplier": float(noise_multiplier), "sample_rate": float(sample_rate),
-            "accountant_state": {"accountant": self.accountant_name, "delta": self.delta,
-                                 "history": [list(h) for h in hist],
-                                 ("epsilon_after" if exact else "epsilon_after_at_most"): eps_after},
-            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        }
-        ev.update(extra)
-        self._append(ev)
-        return dict(ev)
+            hist = self.history(site, extra=[(z, q)])
+            ev = {
+                "type": "release", "id": rid, "run_id": self.run_id, "site": site, "round": round, "step": step,
+                "attempt": int(attempt), "mechanism": event.mechanism, "sensitivity": event.sensitivity,
+                "sigma": event.noise.sigma, "noise_multiplier": z, "sample_rate": q,
+                "accountant_state": {"accountant": self.accountant_name, "delta": self.delta,
+                                     "history": [list(h) for h in hist],
+                                     ("epsilon_after" if exact else "epsilon_after_at_most"): eps_after},
+                "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            }
+            ev.update(extra)
+            ev["event"] = event.as_dict()
+            self._append(ev)
+            return dict(ev)
 
     def record_settlement(self, *, round, step, survivors, releases: dict[str, float], attempt: int = 0) -> dict | None:
         """Append the actual noise multipliers of releases after a distributed-noise aggregation.

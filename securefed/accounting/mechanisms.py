@@ -69,7 +69,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, LedgerError, bad_value
+from ..errors import ConfigError, bad_value
 from .accountants import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -81,11 +81,13 @@ from .accountants import (
     paper_epsilon,
 )
 from .bounds import check_bound, clip_records, default_tau_y, enforced_upsilon, project_spectral
+from .events import ReleaseEvent, gaussian_release
 from .ledger import PrivacyLedger, array_digest
 from .noise import secure_standard_normal, secure_uniform, seed_entropy, seed_tag, seeded_standard_normal
 from .sensitivity import SENSITIVITY_RULES, data_sensitivity, gradient_sensitivity
 
 __all__ = ["GradientPerturbation", "DataPerturbation", "perturb_data", "DataPerturbationEvent", "data_perturbation_sigma",
+           "data_perturbation_event",
            "classical_gaussian_sigma", "analytic_gaussian_sigma"]
 
 _DATA_ROUND = None  # data perturbation is one-shot, outside the FedDL rounds
@@ -142,8 +144,10 @@ class _NoiseSource:
             return secure_standard_normal(tuple(shape))
         return seeded_standard_normal(self.entropy, key, shape)
 
-    def release(self, ledger: PrivacyLedger, value: np.ndarray, *, site, round, step, key, sigma, **fields):
-        """Return ``value + N(0, σ²)`` after its ledger event is on disk (or the identical earlier release)."""
+    def release(self, ledger: PrivacyLedger, value: np.ndarray, *, event: ReleaseEvent, site, round, step, key, **fields):
+        """Return ``value + N(0, σ²)`` (σ: the event's noise share, else its σ) after the release's ``event`` is on disk
+        (or the identical earlier release)."""
+        sigma = event.noise.share if event.noise.share is not None else event.noise.sigma
         existing = ledger.releases_at(site, round, step)
         if not self.secure:
             for ev in existing:
@@ -156,7 +160,7 @@ class _NoiseSource:
         extra = {"noise_source": self.name}
         if not self.secure:
             extra.update(seed_tag=self.tag, release_digest=array_digest(noisy))
-        ev = ledger.record_release(site=site, round=round, step=step, attempt=attempt, sigma=sigma, **fields, **extra)
+        ev = ledger.record(event, site=site, round=round, step=step, attempt=attempt, **fields, **extra)
         return noisy, ev, False
 
 
@@ -434,12 +438,19 @@ class GradientPerturbation:
         if not self._plan_rechecked:
             self.check_remaining_plan(round=round, step=step)
         noisy, ev, _ = self._noise.release(
-            self.ledger, g, site=site, round=round, step=step, key=(site, round, step), sigma=float(self.sigma[site]),
-            mechanism=self.mechanism, sensitivity=float(self.sens[site].value), noise_multiplier=float(self.z),
-            sample_rate=self.sample_rate, noise=self.noise, nominal_noise_multiplier=float(self.z),
-            min_survivors=self.t, sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
+            self.ledger, g, event=self.release_event(site), site=site, round=round, step=step, key=(site, round, step),
+            noise=self.noise, nominal_noise_multiplier=float(self.z), min_survivors=self.t,
+            sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
         self._pending.setdefault((round, step), {})[site] = ev["id"]
         return noisy
+
+    def release_event(self, site: int, count: int = 1) -> ReleaseEvent:
+        """The event of one of ``site``'s noisy gradients (Qiao et al. §5.2): Gaussian noise of std σ_p (its share under
+        distributed noise) on Δ_p, accounted at the plan's z (under distributed noise the worst case over every
+        survivor set of at least t sites), at the Poisson rate q."""
+        self._need_prepared()
+        return gaussian_release(self.mechanism, sigma=float(self.sigma[int(site)]), sensitivity=float(self.sens[int(site)].value),
+                                noise_multiplier=float(self.z), sample_rate=self.sample_rate, count=int(count))
 
     def remaining_releases(self, round: int, step: int, site: int) -> int:
         """Releases ``site`` will still make from ``(round, step)`` on (this one included), counting a
@@ -636,19 +647,6 @@ class GradientPerturbation:
             "ledger_recovered": self.ledger.recovered or None,
         }
 
-    def get_state(self) -> dict:
-        """Checkpoint state: ties a checkpoint to this run's ledger."""
-        return {"run_id": self.ledger.run_id, "releases": len(self.ledger.events("release"))}
-
-    def set_state(self, state: dict) -> None:
-        """Check that a resumed checkpoint belongs to this ledger and that no release is missing from it."""
-        if state.get("run_id") != self.ledger.run_id:
-            raise LedgerError(bad_value("checkpoint run_id", state.get("run_id"), f"the ledger is for run {self.ledger.run_id!r}; "
-                                        "resume with the matching ledger"))
-        if len(self.ledger.events("release")) < int(state.get("releases", 0)):
-            raise LedgerError(bad_value("ledger", self.ledger.path, "holds fewer releases than the checkpoint records; "
-                                        "the ledger was truncated or replaced — spent budget would be lost"))
-
 
 # ----------------------------------------------------------------------------------------------
 # data perturbation (Sec. 5.1, corrected Theorem 3)
@@ -710,6 +708,12 @@ class DataPerturbationEvent:
     epsilon_void: bool = False
 
 
+def data_perturbation_event(sigma: float, sensitivity: float) -> ReleaseEvent:
+    """The event of one site's perturbed rows (Qiao et al. §5.1): one Gaussian release of every record, std σ per
+    coordinate, sensitivity ``2τ_X`` (replace-one)."""
+    return gaussian_release("gaussian-data", sigma=sigma, sensitivity=sensitivity)
+
+
 def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: int = 0,
                  insecure_noise_seed_for_testing=None, secure_mode=None):
     """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (Qiao et al. §5.1, Theorem 3).
@@ -733,10 +737,10 @@ def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: 
     _check_legacy_secure_mode(secure_mode)
     src = _NoiseSource(insecure_noise_seed_for_testing)
     led = ledger if ledger is not None else PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", delta=check_delta(delta))
-    noisy, ev, _ = src.release(led, Xc, site=int(site), round=_DATA_ROUND, step=None, key=(int(site), _DATA_KEY, 0),
-                               sigma=float(sigma), mechanism="gaussian-data", sensitivity=float(sens),
-                               noise_multiplier=float(sigma / sens), sample_rate=1.0, method=used,
-                               n_records=int(len(Xc)), epsilon_requested=float(epsilon))
+    event = data_perturbation_event(float(sigma), float(sens))
+    noisy, ev, _ = src.release(led, Xc, event=event, site=int(site), round=_DATA_ROUND, step=None,
+                               key=(int(site), _DATA_KEY, 0), method=used, n_records=int(len(Xc)),
+                               epsilon_requested=float(epsilon))
     event = DataPerturbationEvent(site=int(site), epsilon=float(epsilon), delta=float(delta), sigma=float(sigma),
                                   sensitivity=float(sens), noise_multiplier=float(sigma / sens), method=used,
                                   n_records=int(len(Xc)), n_clipped=nc, sigma_theorem3=sig_c, sigma_analytic=sig_a,

@@ -425,7 +425,7 @@ def site_integer_release(gp, mech, plan: dict, grad: np.ndarray, *, site: int, r
 # ---------------------------------------------------------------------------------------------- server
 
 _MIRROR_SKIP = ("type", "id", "run_id", "accountant_state", "time", "site", "round", "step", "attempt", "mechanism",
-                "sensitivity", "sigma", "noise_multiplier", "sample_rate")
+                "sensitivity", "sigma", "noise_multiplier", "sample_rate", "event")
 
 
 def mirror_release(ledger, site: int, ev: dict) -> None:
@@ -437,10 +437,16 @@ def mirror_release(ledger, site: int, ev: dict) -> None:
         return
     if ev.get("run_id") != ledger.run_id or int(ev.get("site", -1)) != int(site):
         raise ProtocolError(f"site {site} reported a release of another run or site: {ev.get('id')}")
+    from ..accounting.events import ReleaseEvent
+
     extra = {k: v for k, v in ev.items() if k not in _MIRROR_SKIP}
-    ledger.record_release(site=int(site), round=ev["round"], step=ev["step"], attempt=int(ev["attempt"]),
-                          mechanism=ev["mechanism"], sensitivity=float(ev["sensitivity"]), sigma=float(ev["sigma"]),
-                          noise_multiplier=float(ev["noise_multiplier"]), sample_rate=float(ev["sample_rate"]), **extra)
+    try:
+        event = ReleaseEvent.from_ledger_fields(ev)
+        if "event" in ev and ReleaseEvent.from_dict(ev["event"]) != event:
+            raise ProtocolError(f"site {site} reported a release whose event disagrees with its fields: {ev.get('id')}")
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"site {site} reported a malformed release {ev.get('id')}: {exc}") from None
+    ledger.record(event, site=int(site), round=ev["round"], step=ev["step"], attempt=int(ev["attempt"]), **extra)
 
 
 class ServerPrivacy:
