@@ -63,7 +63,7 @@ from ..errors import BudgetExceededError, ConfigError, LedgerError, bad_value
 from .accountants import ACCOUNTANTS, check_delta, check_epsilon, get_accountant
 from .events import ComposedEvent, ReleaseEvent, gaussian_release, history_of
 
-__all__ = ["PrivacyLedger", "release_id", "array_digest"]
+__all__ = ["PrivacyLedger", "release_id", "array_digest", "memo_ledger"]
 
 _VERSION = 1
 _TOL = 1e-9
@@ -749,3 +749,18 @@ class PrivacyLedger:
                 "releases": sum(1 for e in self._events if e["type"] == "release"),
                 "seeded_testing_releases": seeded, "epsilon_void": seeded > 0,
                 "path": self.path, "recovered": self.recovered or None}
+
+
+def memo_ledger(memo: dict, *args, **kw):
+    """A :class:`PrivacyLedger` whose ε computations are memoised in ``memo`` (ε of an accountant history is a
+    deterministic function of it). A site rebuilds its mechanism for every Flower message (fresh ClientApp
+    process), and the numerical accountants (PRV, RDP) take seconds per ε; the memo lives in the site's
+    own SuperNode state, so the site still computes every figure itself, once."""
+    class _MemoLedger(PrivacyLedger):
+        def epsilon_of(self, history) -> float:
+            key = json.dumps([self.accountant_name, self.delta, [[float(z), float(q), int(n)] for z, q, n in history]])
+            if key not in memo:
+                memo[key] = float(PrivacyLedger.epsilon_of(self, history))
+            return memo[key]
+
+    return _MemoLedger(*args, **kw)

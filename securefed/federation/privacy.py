@@ -1,6 +1,10 @@
-"""Differential privacy across the federation: :class:`~securefed.accounting.GradientPerturbation` split
-between the coordinator (calibration from public numbers, the aggregate ledger, settlements) and each site
-(clipping, noise, its own write-ahead ledger and budget). The in-process run and the Flower run use it alike.
+"""The coordinator/site glue of differential privacy: what goes on the wire and what each side checks. The DP itself
+— mechanisms, their events, accountants, the ledger, the site's budget over runs, the billboard's split, the
+integer mechanisms' fit to the ledger and the check of their claims — lives in :mod:`securefed.accounting`; this
+module builds the public plans, opens a site's ledger under its site-wide budget, applies the site's options
+(``epsilon-budget``, ``allow-seeded-noise``, ``allow-distributed-noise``), checks the coordinator's claims against
+the site's own calibration, and keeps the coordinator's mirror ledger and report. The in-process run and the Flower
+run use it alike.
 
 What is public and what each side does
 --------------------------------------
@@ -45,13 +49,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 
 import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, ProtocolAbortedError, ProtocolError, bad_value
 from ..plan import INTEGER_MECHANISMS
+from ..accounting.distributed import check_integer_claim, integer_claim
 from .wire import dumps
 
 __all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
@@ -181,20 +185,10 @@ def site_mechanism_checks(plan: dict, node_config: dict) -> float:
 
 
 def _memo_ledger(memo: dict, *args, **kw):
-    """A :class:`PrivacyLedger` whose ε computations are memoised in ``memo`` (ε of an accountant history is a
-    deterministic function of it). A site rebuilds its mechanism for every Flower message (fresh ClientApp
-    process), and the numerical accountants (PRV, RDP) take seconds per ε; the memo lives in the site's
-    own SuperNode state, so the site still computes every figure itself, once."""
-    from ..accounting import PrivacyLedger
+    """:func:`securefed.accounting.ledger.memo_ledger`: the site's ε memo lives in its SuperNode state."""
+    from ..accounting.ledger import memo_ledger
 
-    class _MemoLedger(PrivacyLedger):
-        def epsilon_of(self, history) -> float:
-            key = json.dumps([self.accountant_name, self.delta, [[float(z), float(q), int(n)] for z, q, n in history]])
-            if key not in memo:
-                memo[key] = float(PrivacyLedger.epsilon_of(self, history))
-            return memo[key]
-
-    return _MemoLedger(*args, **kw)
+    return memo_ledger(memo, *args, **kw)
 
 
 def plan_digest(plan: dict) -> str:
@@ -312,45 +306,15 @@ def release_events(gp, site: int, rnd: int, steps) -> list:
 
 
 def integer_mechanism(gp, plan: dict):
-    """The run's distributed discrete Gaussian or Skellam mechanism (:mod:`securefed.accounting.distributed`), built
-    by the coordinator and by every site from the same public plan (deterministic, so both get the same numbers).
+    """The run's integer mechanism from the public plan (:func:`securefed.accounting.distributed.fit_integer_mechanism`:
+    the same numbers on the coordinator and on every site)."""
+    from ..accounting.distributed import fit_integer_mechanism
 
-    Its input is a site's weighted gradient ``w_p ∇f_p`` (Qiao et al. Eq. 13; ``w_p`` the plan's normalised weight);
-    record sensitivity ``max_p w_p Δ_p`` and clip ``max_p w_p ‖∇f_p‖`` bound (:meth:`GradientPerturbation.
-    distributed_mechanism`); the rotation seed is the public run id; ``releases = S·Q``; ``t`` the plan's min survivors.
-
-    The ε target is the plan's; if the ledger's dominating Gaussian (``ledger_noise_multiplier``: KLS Prop. 14 /
-    AKL's bound, each dominated for every α) would exceed it over the planned releases, the target is lowered
-    until it fits — more noise, never less — so that the write-ahead ledger never refuses a planned release.
-    """
     kind = plan["distributed_mechanism"]
     if kind not in INTEGER_MECHANISMS:
         raise ConfigError(bad_value("distributed_mechanism", kind, f"use one of {', '.join(INTEGER_MECHANISMS)}"))
-    target = float(gp.epsilon_target)
-    R = int(gp.releases_planned)
-    eps = target
-    for _ in range(40):
-        mech = gp.distributed_mechanism(kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]),
-                                        weights=plan["weights"], epsilon=eps)
-        led = float(gp.ledger.epsilon_of([(float(mech.ledger_noise_multiplier()), 1.0, R)]))
-        if led <= target * (1 - 1e-9):
-            mech.ledger_epsilon = led
-            mech.epsilon_plan_target = target
-            return mech
-        eps *= min(0.999, target * (1 - 1e-6) / led)
-    raise ConfigError(bad_value("epsilon", target, f"the {kind} mechanism's ledger bound does not fit this ε; "
-                                "raise it or use distributed-mechanism gaussian"))  # pragma: no cover
-
-
-def integer_claim(mech) -> dict:
-    """What the coordinator tells the sites it computed (they check it against their own computation)."""
-    noise = str(mech.sigma2) if hasattr(mech, "sigma2") else repr(float(mech.lam))
-    return {"mechanism": mech.mechanism, "noise": noise, "modulus_bits": int(mech.modulus_bits),
-            "granularity": float(mech.granularity), "padded_dim": int(mech.padded_dim), "clip": float(mech.clip)}
-
-
-def _noise_of(mech) -> float:
-    return float(mech.sigma2) if hasattr(mech, "sigma2") else float(mech.lam)
+    return fit_integer_mechanism(gp, kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]),
+                                 weights=plan["weights"])
 
 
 def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
@@ -371,23 +335,7 @@ def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
         raise ProtocolError(f"the DP plan weighs this site {plan['weights'][site]!r}, its own rule "
                             f"({plan.get('weights_rule', 'records')}) gives {own[site]!r}; refusing")
     mech = gp.integer  # the site's own calibration from the public plan (build_mechanism)
-    claim = plan.get("integer_claim")
-    if claim is None:
-        raise ProtocolError("the DP plan names an integer mechanism but carries no claim of its parameters; refusing")
-    if claim.get("mechanism") != mech.mechanism:
-        raise ProtocolError(f"the server claims mechanism {claim.get('mechanism')!r}, the plan gives {mech.mechanism!r}; refusing")
-    from fractions import Fraction
-
-    if float(Fraction(str(claim["noise"]))) < _noise_of(mech) * (1 - 1e-9):
-        raise ProtocolError(f"the server asks for per-site noise {claim['noise']} but this site's own calibration of "
-                            f"{mech.mechanism} gives {_noise_of(mech):.6g} (integer units); refusing")
-    if int(claim["modulus_bits"]) < mech.modulus_bits:
-        raise ProtocolError(f"the server announces a modulus of 2^{claim['modulus_bits']} but this site's wrap-around "
-                            f"bound needs 2^{mech.modulus_bits}; refusing")
-    if not np.isclose(float(claim["granularity"]), mech.granularity, rtol=1e-12) or \
-            int(claim["padded_dim"]) != mech.padded_dim:
-        raise ProtocolError(f"the server's granularity {claim['granularity']} / dimension {claim['padded_dim']} differ "
-                            f"from this site's {mech.granularity} / {mech.padded_dim}; refusing")
+    check_integer_claim(mech, plan.get("integer_claim"))
     return mech
 
 
@@ -609,7 +557,7 @@ def noise_share_note(plan: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- the DP billboard
 
-_BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts", "gaussian-density")
+from ..accounting.billboard import BILLBOARD_MECHANISMS as _BILLBOARD_MECHANISMS  # noqa: E402
 
 
 def billboard_plan(plan, run_id: str, sizes) -> dict:
@@ -667,7 +615,7 @@ class BillboardPrivacy:
                 "epsilon_target": self.plan["epsilon"], "mu": n["mu"],
                 "mu_per_release": [n["mu1"], n["mu2"], n["mu3"]][:k],
                 "sigma_per_release": [n["sigma1"], n["sigma2"], n["sigma3"]][:k],
-                "sensitivity_per_release": [2.0, 2.0 ** 0.5, 2.0 ** 0.5][:k], "releases": k, "noise": self.plan["noise"],
+                "sensitivity_per_release": list(n["sensitivities"][:k]), "releases": k, "noise": self.plan["noise"],
                 "noise_share": self.noise_note, "adjacency": "replace one record",
                 "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
                 "tau_x": self.public["tau_x"], "feature_scale": self.public["feature_scale"],
@@ -687,7 +635,8 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     fsync'd — before returning. Returns ``(noisy vector, [ledger event as JSON])``."""
     from ..accounting.noise import secure_standard_normal, seeded_standard_normal
     from ..landmarks.cells import cell_counts
-    from ..landmarks.merf import COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, rff, rff_frequencies
+    from ..accounting.billboard import billboard_events, billboard_plan_event
+    from ..landmarks.merf import billboard_noise, rff, rff_frequencies
     from .wire import get_array
 
     plan = json.loads(fields["billboard"])
@@ -706,11 +655,7 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     if release == 2 and not noise["sigma3"]:
         raise ProtocolError("a density release was asked for, but the billboard plan spends no budget on it "
                             "(density_share 0); refusing")
-    sigma = (noise["sigma1"], noise["sigma2"], noise["sigma3"])[release]
-    sens = RFF_SENSITIVITY if release == 0 else COUNT_SENSITIVITY
     ledger = open_site_ledger({**plan, "noise_seed": plan.get("noise_seed")}, node_config, cache)
-    if release == 0 and not ledger.releases_at(site, 0, 0):
-        ledger.check_plan(site, 1.0 / noise["mu"], 1.0, 1)  # all releases together: μ = √(μ₁² + μ₂² + μ₃²) fits?
     if release == 0:
         d = F.shape[1]
         W = rff_frequencies(d, int(fields["n_freq"]), tuple(float(v) for v in fields["lengthscales"]))
@@ -720,7 +665,7 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     else:
         u = _site_density(fields, F, int(plan["density_grid"]))
     if plan["noise"] == "local":
-        share = sigma
+        t = 1
     elif plan["noise"] == "distributed":
         if op == "plain":
             raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the billboard's noise "
@@ -728,18 +673,19 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         t = int(plan["t"])
         if not 1 <= t <= len(plan["sizes"]):
             raise ProtocolError(f"the billboard plan's t = {t} is not a number of sites (1..{len(plan['sizes'])})")
-        share = sigma / math.sqrt(t)  # the sum over ≥ t sites carries std ≥ σ (docs/maths.md §10)
     else:
         raise ProtocolError(f"the billboard plan asks for {plan['noise']!r} noise; expected local or distributed")
+    if release == 0 and not ledger.releases_at(site, 0, 0):
+        ledger.check_event(site, billboard_plan_event(noise, t=t))  # all releases together fit what is left?
+    event = billboard_events(noise, t=t)[release]  # the share σ/√t: the sum over ≥ t sites carries σ (maths.md §10)
+    share = event.noise.share
     attempt = len(ledger.releases_at(site, 0, release))
     if plan.get("noise_seed") is None:
         e = secure_standard_normal(u.shape)
     else:
         e = seeded_standard_normal(int(plan["noise_seed"]), (site, 0, release, attempt), u.shape)
-    ev = ledger.record_release(site=site, round=0, step=release, attempt=attempt, mechanism=_BILLBOARD_MECHANISMS[release],
-                               sensitivity=sens, sigma=sigma, noise_multiplier=sigma / sens, sample_rate=1.0,
-                               noise=plan["noise"], noise_share=share,
-                               noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
+    ev = ledger.record(event, site=site, round=0, step=release, attempt=attempt, noise=plan["noise"], noise_share=share,
+                       noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
     return u + share * e, [dumps(ev)]
 
 
