@@ -40,6 +40,7 @@ def test_exact_composition_of_a_heterogeneous_tree_is_the_pld_figure():
     assert get_accountant("exact").epsilon(1.0 / mu, 1, 1e-5) == pytest.approx(eps, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_subsampled_events_need_an_accountant_that_supports_them():
     ev = gaussian_release("gaussian-gradient", sigma=1.2, sensitivity=1.0, sample_rate=0.1, count=50)
     assert not get_accountant("exact").supports(ev)
