@@ -25,6 +25,10 @@ the run ids and whatever happens to the files:
   (``"site_index"``); if the index is then missing, the site refuses (an index deleted with a ledger would
   otherwise forget that ledger).
 
+Cost: each :class:`SiteBudget` object (a site builds one per message) verifies the whole folder at its first sync and
+again whenever a file's size, modification time or inode changed (``BENCHMARKS.md``: about 1.7× the wall time of
+a 40-release run on a shared VM); an edit that restores all three within one message is seen at the next message.
+
 What the index cannot see: the index and a ledger deleted together with every header that named the index, or the
 whole folder replaced by an older copy (a backup restored over newer spending). Keep the folder on storage whose
 history the operator controls; the coordinator's aggregate ledger of each run is an independent copy to compare.
@@ -89,9 +93,12 @@ class SiteBudget:
     open_ledger : callable
         ``open_ledger(path, header) -> PrivacyLedger`` opening a run ledger read-only (the caller's memoised
         accountant); used to read what other runs spent.
+    spent_cache : dict, optional
+        ``{file: [hash of its last line, ε, δ]}`` kept by the caller between messages (a site rebuilds this object
+        for every message): a run ledger is read again only when it has changed.
     """
 
-    def __init__(self, directory: str, budget_epsilon: float, open_ledger):
+    def __init__(self, directory: str, budget_epsilon: float, open_ledger, spent_cache: dict | None = None):
         self.directory = os.fspath(directory)
         os.makedirs(self.directory, exist_ok=True)
         self.budget_epsilon = float(budget_epsilon)
@@ -100,8 +107,9 @@ class SiteBudget:
         self._open_ledger = open_ledger
         self._fd: int | None = None
         self._depth = 0
-        self._spent: dict[str, tuple[str, float, float]] = {}  # file -> (last line hash, ε, δ)
+        self._spent: dict = {} if spent_cache is None else spent_cache  # file -> [last line hash, ε, δ]
         self._files: dict[str, list[str]] = {}  # file -> hashes of its indexed lines (after sync)
+        self._synced: tuple | None = None  # the folder's stamp after the last full sync
 
     # ------------------------------------------------------------------ the lock
 
@@ -177,6 +185,9 @@ class SiteBudget:
             malformed ledger the index does not name yet, or of a missing index that a ledger names.
         """
         self._need_lock()
+        stamp = self._stamp()
+        if stamp == self._synced:
+            return  # nothing changed since this object verified the folder (a new object, e.g. per message, verifies)
         entries, prev = self._read_index()
         indexed: dict[str, list[str]] = {}
         for e in entries:
@@ -210,7 +221,7 @@ class SiteBudget:
                     raise LedgerError(bad_value("ledger", path, f"line {k} differs from what the site's index recorded "
                                                 f"(altered); {_FIX}"))
             if len(lines) > len(hashes):
-                self._validate(path)
+                self._check_lines(path, lines, len(hashes))
                 new += [(f, k, _sha(raw)) for k, raw in enumerate(lines[len(hashes):], start=len(hashes) + 1)]
             self._files[f] = hashes + [h for g, _, h in new if g == f]
         for f in present:
@@ -232,6 +243,18 @@ class SiteBudget:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        self._synced = self._stamp()
+
+    def _stamp(self) -> tuple:
+        """Size, modification time and inode of the index and every ledger: what :meth:`sync` last verified."""
+        out = []
+        for f in [INDEX_NAME] + self._ledger_files():
+            try:
+                st = os.stat(os.path.join(self.directory, f))
+            except FileNotFoundError:
+                continue
+            out.append((f, st.st_size, st.st_mtime_ns, st.st_ino))
+        return tuple(out)
 
     def _header(self, path: str) -> dict:
         try:
@@ -243,6 +266,17 @@ class SiteBudget:
             raise LedgerError(bad_value("ledger", path, f"has no ledger header on line 1 (not a securefed ledger, or "
                                         f"damaged); {_FIX}"))
         return head
+
+    def _check_lines(self, path: str, lines: list, start: int) -> None:
+        """New lines of an indexed ledger (its writer's appends, validated before they were written): each must be a
+        JSON object with a ledger event type; the writer's own load validates them in full."""
+        for k, raw in enumerate(lines[start:], start=start + 1):
+            try:
+                ev = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                ev = None
+            if not isinstance(ev, dict) or ev.get("type") not in ("release", "settle"):
+                raise LedgerError(bad_value("ledger", path, f"line {k} is not a ledger event; {_FIX}"))
 
     def _validate(self, path: str) -> None:
         """Load a ledger read-only: every line validated by :class:`PrivacyLedger` (LedgerError naming the file)."""
@@ -278,7 +312,7 @@ class SiteBudget:
                 path = os.path.join(self.directory, f)
                 head = self._header(path)
                 led = self._open_ledger(path, head)
-                got = (key, float(led.spent()[0]), float(head["delta"]))
+                got = [key, float(led.spent()[0]), float(head["delta"])]
                 self._spent[f] = got
             if got[1] > 0:
                 eps, delta = eps + got[1], delta + got[2]

@@ -207,7 +207,7 @@ def _site_budget(node_config: dict, budget: float, memo: dict):
         return _memo_ledger(memo, path, head["run_id"], delta=head["delta"], accountant=head["accountant"],
                             read_only=True)
 
-    return SiteBudget(site_ledger_dir(node_config), budget, open_ledger)
+    return SiteBudget(site_ledger_dir(node_config), budget, open_ledger, memo.setdefault("site-spent", {}))
 
 
 def open_site_ledger(plan: dict, node_config: dict, cache: dict):
