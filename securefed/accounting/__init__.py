@@ -1,7 +1,13 @@
 """Differential privacy for securefed: enforced bounds, sensitivity, accountants, mechanisms, ledger.
 
-See Qiao et al. §5 (Theorems 3 and 5) and docs/maths.md. Public API:
+See Qiao et al. §5 (Theorems 3 and 5) and docs/maths.md. Every release is a frozen
+:class:`~securefed.accounting.events.ReleaseEvent` (mechanism, noise, sensitivity, sampling, count) that its
+mechanism produces; every accountant says what it ``supports`` and then ``compose``-s it; the ledger stores events.
+Public API:
 
+* events: :class:`ReleaseEvent`, :class:`ComposedEvent`, :func:`gaussian_release` (:mod:`.events`)
+* the billboard's μ split and events: :mod:`securefed.accounting.billboard`
+* a site's budget over all its runs (one lock, a hash-chained index): :class:`SiteBudget` (:mod:`.site_budget`)
 * bounds: :func:`clip_records`, :func:`default_tau_x`, :func:`project_spectral`, :func:`enforced_upsilon`
 * sensitivity: :func:`gradient_sensitivity` → :class:`Sensitivity`
 * accountants: :func:`get_accountant`, :func:`calibrate_noise_multiplier`, :func:`epsilon_from_noise`,
@@ -29,6 +35,8 @@ from .accountants import (
     paper_noise_multiplier,
 )
 from .budget import budget_figures
+from .events import ComposedEvent, ReleaseEvent, gaussian_release
+from .site_budget import SiteBudget
 from .distributed import DistributedDiscreteGaussian, DistributedSkellam
 from .bounds import clip_records, default_tau_x, default_tau_y, enforced_upsilon, project_spectral
 from .ledger import PrivacyLedger
@@ -73,4 +81,8 @@ __all__ = [
     "DistributedDiscreteGaussian",
     "DistributedSkellam",
     "budget_figures",
+    "ReleaseEvent",
+    "ComposedEvent",
+    "gaussian_release",
+    "SiteBudget",
 ]

@@ -19,9 +19,14 @@
   (the exact figure at full participation, which upper-bounds any subsampled run, since Poisson
   subsampling never increases ε), so every ε it prints is a valid upper bound.
 
-A *history* is a list of ``(noise_multiplier, sample_rate, count)`` triples (Opacus' format); every
-accountant takes one through :meth:`Accountant.epsilon_history`, so heterogeneous releases (dropouts
-under distributed noise, data-perturbation rows) compose correctly.
+Every accountant takes the releases as events (:mod:`.events`): :meth:`Accountant.supports` says whether it can
+account an event tree (``exact``: Gaussian noise at full participation; ``prv``: Gaussian noise, any Poisson rate;
+``rdp``: every kind — the integer mechanisms through the Gaussian that dominates their Rényi divergence;
+``paper``: Gaussian noise), :meth:`Accountant.compose` adds one to what it has composed, :meth:`Accountant.get_epsilon`
+returns the ε of all of it (dp-accounting's ``supports`` / ``compose`` / ``get_epsilon``). Internally an event tree
+is a *history*, a list of ``(noise_multiplier, sample_rate, count)`` triples (Opacus' format;
+:func:`.events.history_of`), which :meth:`Accountant.epsilon_history` composes — so heterogeneous releases
+(dropouts under distributed noise, data-perturbation rows, the billboard's releases) compose correctly.
 """
 
 from __future__ import annotations
@@ -213,9 +218,58 @@ History = Sequence[tuple[float, float, int]]
 
 
 class Accountant:
-    """Base: ``epsilon(z, R, δ, q)`` and ``epsilon_history(history, δ)``."""
+    """Base: ``supports(event)``, ``compose(event)``, ``get_epsilon(δ)``; ``epsilon(z, R, δ, q)`` and
+    ``epsilon_history(history, δ)`` for the numeric forms."""
 
     name = "?"
+    #: noise kinds this accountant composes (:data:`.events.NOISE_KINDS`), and whether it takes Poisson sampling
+    noise_kinds: tuple = ("gaussian",)
+    subsampling = True
+
+    def supports(self, event) -> bool:
+        """True when every release of ``event`` (a :class:`~.events.ReleaseEvent` or a composition) has a noise kind
+        and a sampling this accountant accounts soundly."""
+        from .events import leaves
+
+        return all(e.noise.kind in self.noise_kinds and (self.subsampling or e.sampling.rate == 1.0)
+                   for e in leaves(event))
+
+    def _refuse_unsupported(self, event) -> None:
+        from .events import leaves
+
+        for e in leaves(event):
+            if e.noise.kind not in self.noise_kinds:
+                raise ConfigError(bad_value("accountant", self.name, f"does not account {e.noise.kind} noise "
+                                            f"({e.mechanism}); use " + ("'rdp'" if e.noise.kind != "gaussian" else
+                                                                       "'exact', 'prv' or 'rdp'")))
+            if not self.subsampling and e.sampling.rate != 1.0:
+                raise ConfigError(bad_value("sample_rate", e.sampling.rate, f"the {self.name} accountant covers full "
+                                            "participation only; use accountant='prv' or 'rdp' for subsampled steps"))
+
+    def compose(self, event, count: int = 1) -> "Accountant":
+        """Add ``count`` times ``event`` to what this accountant has composed (ConfigError if it does not
+        :meth:`supports` it); returns the accountant."""
+        from .events import ComposedEvent, history_of
+
+        self._refuse_unsupported(event)
+        composed = getattr(self, "_composed", None)
+        if composed is None:
+            composed = []
+            self._composed: list = composed
+        composed.extend([event] * int(count))
+        self._composed_history = history_of(ComposedEvent(tuple(composed)))
+        return self
+
+    def get_epsilon(self, delta) -> float:
+        """ε at ``delta`` of everything :meth:`compose` added."""
+        return self.epsilon_history(getattr(self, "_composed_history", []), check_delta(delta))
+
+    def epsilon_of_event(self, event, delta) -> float:
+        """ε at ``delta`` of one event tree (ConfigError if not :meth:`supports`)."""
+        from .events import history_of
+
+        self._refuse_unsupported(event)
+        return self.epsilon_history(history_of(event), check_delta(delta))
 
     def epsilon(self, noise_multiplier, releases, delta, sample_rate=1.0) -> float:
         """ε after ``releases`` Gaussian releases at noise multiplier ``z = σ/Δ`` and rate ``q``."""
@@ -232,6 +286,7 @@ class ExactGDPAccountant(Accountant):
     """Exact accounting of full-participation Gaussian releases via μ-GDP (see module docstring)."""
 
     name = "exact"
+    subsampling = False
 
     @staticmethod
     def mu(history: History) -> float:
@@ -293,6 +348,9 @@ class OpacusAccountant(Accountant):
         if name not in ("prv", "rdp"):
             raise ConfigError(bad_value("accountant", name, "use 'prv' or 'rdp'"))
         self.name = name
+        # RDP composes the integer mechanisms through the Gaussian that dominates their Rényi divergence at every
+        # order (KLS 2021 Prop. 14, AKL 2021); PRV is tight for Gaussian noise only and would not bound them
+        self.noise_kinds = ("gaussian", "discrete-gaussian", "skellam") if name == "rdp" else ("gaussian",)
         self.eps_error = eps_error
 
     def epsilon_history(self, history, delta):

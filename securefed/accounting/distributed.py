@@ -98,6 +98,10 @@ __all__ = [
     "DistributedDiscreteGaussian",
     "DistributedSkellam",
     "RDP_ORDERS",
+    "fit_integer_mechanism",
+    "integer_claim",
+    "check_integer_claim",
+    "noise_of",
 ]
 
 #: integer Rényi orders: 2..128, then geometric up to 10^7 (small ε needs large orders)
@@ -478,15 +482,22 @@ class _DistributedInteger:
         multiplier (:meth:`ledger_noise_multiplier`) at ``sample_rate = 1``; the exact μ-GDP and PRV
         accountants are tight for Gaussian noise only and would not be upper bounds here.
         """
-        if getattr(ledger, "accountant_name", None) != "rdp":
+        if getattr(ledger, "accountant_name", None) != "rdp":  # the ledger would refuse the event (it does not support it)
             raise ConfigError(bad_value("ledger accountant", getattr(ledger, "accountant_name", None),
                                         f"{self.mechanism} releases compose by Rényi DP: open the ledger with accountant='rdp'"))
-        z = self.ledger_noise_multiplier()
-        return ledger.record_release(site=site, round=round, step=step, attempt=attempt, mechanism=self.mechanism,
-                                     sensitivity=float(self.l2_int), sigma=float(z * self.l2_int), noise_multiplier=float(z),
-                                     sample_rate=1.0, noise="distributed-integer", noise_source=noise_source,
-                                     min_survivors=self.min_survivors, modulus_bits=self.modulus_bits,
-                                     granularity=self.granularity, adjacency=self.adjacency)
+        return ledger.record(self.release_event(), site=site, round=round, step=step, attempt=attempt,
+                             noise="distributed-integer", noise_source=noise_source, min_survivors=self.min_survivors,
+                             modulus_bits=self.modulus_bits, granularity=self.granularity, adjacency=self.adjacency)
+
+    def release_event(self, count: int = 1):
+        """The event of one site's release (:mod:`.events`): integer noise (``discrete-gaussian`` / ``skellam``) on
+        the integer L2 sensitivity, accounted at the Gaussian whose Rényi divergence dominates the mechanism's at every
+        order (:meth:`ledger_noise_multiplier`), full participation. Only the RDP accountant supports it."""
+        from .events import gaussian_release
+
+        z = float(self.ledger_noise_multiplier())
+        return gaussian_release(self.mechanism, sigma=float(z * self.l2_int), sensitivity=float(self.l2_int),
+                                noise_multiplier=z, count=int(count))
 
     def release(self, x, *, site: int, round: int, step: int, ledger=None, attempt: int = 0) -> np.ndarray:
         """:meth:`record_release` (when a ledger is given), then :meth:`encode` — the write-ahead order."""
@@ -662,3 +673,71 @@ class DistributedSkellam(_DistributedInteger):
                     "central_std": self.granularity * math.sqrt(2 * self.lam * self.min_survivors),
                     "poisson_sampler": "PTRS (Hörmann 1993) on os.urandom uniforms; double-precision acceptance test"})
         return out
+
+
+# ------------------------------------------------------------------------------ fitting to the ledger, claims
+
+
+def fit_integer_mechanism(gp, kind: str, *, n_features: int, rotation_seed: str, weights):
+    """The run's distributed discrete Gaussian or Skellam mechanism (:mod:`securefed.accounting.distributed`), built
+    by the coordinator and by every site from the same public plan (deterministic, so both get the same numbers).
+
+    Its input is a site's weighted gradient ``w_p ∇f_p`` (Qiao et al. Eq. 13; ``w_p`` the plan's normalised weight);
+    record sensitivity ``max_p w_p Δ_p`` and clip ``max_p w_p ‖∇f_p‖`` bound (:meth:`GradientPerturbation.
+    distributed_mechanism`); the rotation seed is the public run id; ``releases = S·Q``; ``t`` the plan's min survivors.
+
+    The ε target is the plan's; if the ledger's dominating Gaussian (``ledger_noise_multiplier``: KLS Prop. 14 /
+    AKL's bound, each dominated for every α) would exceed it over the planned releases, the target is lowered
+    until it fits — more noise, never less — so that the write-ahead ledger never refuses a planned release.
+    """
+    from .events import history_of
+
+    target = float(gp.epsilon_target)
+    R = int(gp.releases_planned)
+    eps = target
+    for _ in range(40):
+        mech = gp.distributed_mechanism(kind, n_features=int(n_features), rotation_seed=str(rotation_seed),
+                                        weights=weights, epsilon=eps)
+        led = float(gp.ledger.epsilon_of(history_of(mech.release_event(count=R))))  # the ledger's ε of the whole plan
+        if led <= target * (1 - 1e-9):
+            mech.ledger_epsilon = led
+            mech.epsilon_plan_target = target
+            return mech
+        eps *= min(0.999, target * (1 - 1e-6) / led)
+    raise ConfigError(bad_value("epsilon", target, f"the {kind} mechanism's ledger bound does not fit this ε; "
+                                "raise it or use distributed-mechanism gaussian"))  # pragma: no cover
+
+
+def integer_claim(mech) -> dict:
+    """What the coordinator tells the sites it computed (they check it against their own computation)."""
+    noise = str(mech.sigma2) if hasattr(mech, "sigma2") else repr(float(mech.lam))
+    return {"mechanism": mech.mechanism, "noise": noise, "modulus_bits": int(mech.modulus_bits),
+            "granularity": float(mech.granularity), "padded_dim": int(mech.padded_dim), "clip": float(mech.clip)}
+
+
+def noise_of(mech) -> float:
+    return float(mech.sigma2) if hasattr(mech, "sigma2") else float(mech.lam)
+
+
+def check_integer_claim(mech, claim) -> None:
+    """Refuse (:class:`~securefed.errors.ProtocolError`) what the coordinator claims of the integer mechanism unless it
+    is this party's own calibration: the same mechanism, per-site noise (σ² or λ) and modulus bits not below its own,
+    the same granularity and padded dimension (the coordinator decodes with them)."""
+    from fractions import Fraction
+
+    from ..errors import ProtocolError
+
+    if claim is None:
+        raise ProtocolError("the DP plan names an integer mechanism but carries no claim of its parameters; refusing")
+    if claim.get("mechanism") != mech.mechanism:
+        raise ProtocolError(f"the server claims mechanism {claim.get('mechanism')!r}, the plan gives {mech.mechanism!r}; refusing")
+    if float(Fraction(str(claim["noise"]))) < noise_of(mech) * (1 - 1e-9):
+        raise ProtocolError(f"the server asks for per-site noise {claim['noise']} but this site's own calibration of "
+                            f"{mech.mechanism} gives {noise_of(mech):.6g} (integer units); refusing")
+    if int(claim["modulus_bits"]) < mech.modulus_bits:
+        raise ProtocolError(f"the server announces a modulus of 2^{claim['modulus_bits']} but this site's wrap-around "
+                            f"bound needs 2^{mech.modulus_bits}; refusing")
+    if not np.isclose(float(claim["granularity"]), mech.granularity, rtol=1e-12) or \
+            int(claim["padded_dim"]) != mech.padded_dim:
+        raise ProtocolError(f"the server's granularity {claim['granularity']} / dimension {claim['padded_dim']} differ "
+                            f"from this site's {mech.granularity} / {mech.padded_dim}; refusing")

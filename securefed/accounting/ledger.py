@@ -47,6 +47,7 @@ Semantics
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import hashlib
@@ -60,11 +61,18 @@ import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, LedgerError, bad_value
 from .accountants import ACCOUNTANTS, check_delta, check_epsilon, get_accountant
+from .events import ComposedEvent, ReleaseEvent, gaussian_release, history_of
 
-__all__ = ["PrivacyLedger", "release_id", "array_digest"]
+__all__ = ["PrivacyLedger", "release_id", "array_digest", "memo_ledger"]
 
 _VERSION = 1
 _TOL = 1e-9
+
+
+def _elsewhere_note(other: float, runs) -> str:
+    if not other:
+        return ""
+    return f" + ε={other:.4g} this site spent in {len(runs)} other run(s) ({', '.join(runs)})"
 
 
 def release_id(run_id: str, site: int, round, step, attempt: int) -> str:
@@ -158,7 +166,7 @@ class PrivacyLedger:
     """
 
     def __init__(self, path, run_id: str, budget_epsilon=None, delta: float = 1e-5, accountant: str = "exact",
-                 site_budgets=None, *, read_only: bool = False):
+                 site_budgets=None, *, read_only: bool = False, site_budget=None):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ConfigError(bad_value("run_id", run_id, "use a non-empty string without '/'"))
         if accountant not in ACCOUNTANTS:
@@ -175,8 +183,11 @@ class PrivacyLedger:
         self._by_id: dict[str, dict] = {}
         self._by_coord: dict[tuple, list[dict]] = defaultdict(list)
         self._z: dict[str, float] = {}  # release id -> effective noise multiplier (after settlement)
+        self._release: dict[str, ReleaseEvent] = {}  # release id -> its event (as written)
         self._plan: dict[int, tuple[float, float, int, float]] = {}
         self.read_only = bool(read_only)
+        #: the site-wide budget over all runs (:class:`~.site_budget.SiteBudget`), or None (this run only)
+        self.site_budget = site_budget
         self._lock_fd: int | None = None
         if self.read_only and (self.path is None or not os.path.exists(self.path)):
             raise LedgerError(bad_value("path", self.path, "read_only=True opens an existing ledger file; it does not exist"))
@@ -196,6 +207,8 @@ class PrivacyLedger:
                             "accountant": accountant, "budget_epsilon": self.budget_epsilon,
                             "site_budgets": {str(k): v for k, v in self.site_budgets.items()},
                             "created": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+            if self.site_budget is not None:
+                self._header["site_index"] = os.path.basename(self.site_budget.index_path)
             if self.path is not None:
                 self._create()
 
@@ -297,6 +310,8 @@ class PrivacyLedger:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if self.site_budget is not None:
+                self.site_budget.sync()  # the new line enters the site's hash-chained index
         self._ingest(event)
 
     def _load(self) -> None:
@@ -401,6 +416,17 @@ class PrivacyLedger:
             want = release_id(self.run_id, ev["site"], ev["round"], ev["step"], ev["attempt"])
             if ev["id"] != want:
                 raise LedgerError(bad_value(f"{where} id", ev["id"], f"does not match its coordinates (expected {want!r}); {_FIX_LINE}"))
+            if "event" in ev:
+                try:
+                    e = ReleaseEvent.from_dict(ev["event"])
+                except ConfigError as exc:
+                    raise LedgerError(bad_value(f"{where} event", ev["event"], f"is not a release event ({exc}); "
+                                                f"{_FIX_LINE}")) from None
+                flat = (ev["mechanism"], float(ev["sensitivity"]), float(ev["sigma"]), float(ev["noise_multiplier"]),
+                        float(ev["sample_rate"]))
+                if (e.mechanism, e.sensitivity, e.noise.sigma, e.noise_multiplier, e.sample_rate) != flat or e.count != 1:
+                    raise LedgerError(bad_value(f"{where} event", ev["event"], "disagrees with the line's mechanism, "
+                                                f"sensitivity, sigma, noise_multiplier or sample_rate; {_FIX_LINE}"))
         else:
             for rid in ev["releases"]:
                 if rid not in self._by_id or self._by_id[rid]["type"] != "release":
@@ -414,6 +440,7 @@ class PrivacyLedger:
             self._events.append(ev)
             self._by_id[ev["id"]] = ev
             self._by_coord[(ev["site"], ev["round"], ev["step"])].append(ev)
+            self._release[ev["id"]] = self._event_of(ev)
             self._z[ev["id"]] = float(ev["noise_multiplier"])
         elif t == "settle":
             self._events.append(ev)
@@ -425,6 +452,35 @@ class PrivacyLedger:
             raise LedgerError(bad_value("event type", t, "unknown ledger event; the file is not a securefed ledger of this version"))
 
     # ------------------------------------------------------------------ queries
+
+    @staticmethod
+    def _event_of(ev: dict) -> ReleaseEvent:
+        """The release event of a validated line: its ``"event"``, or (older ledgers) built from its flat fields."""
+        return ReleaseEvent.from_dict(ev["event"]) if "event" in ev else ReleaseEvent.from_ledger_fields(ev)
+
+    def release_events(self, site: int) -> ComposedEvent:
+        """Everything ``site`` released in this run, as one event tree (settled noise multipliers)."""
+        return ComposedEvent(tuple(self._release[e["id"]].settled(self._z[e["id"]]) for e in self._events
+                                   if e["type"] == "release" and e["site"] == int(site)))
+
+    def check_event(self, site: int, event) -> float:
+        """Refuse (:class:`BudgetExceededError`, before anything is released) when what ``site`` spent plus ``event``
+        (e.g. all the releases a plan will still make, as one :class:`~.events.ComposedEvent`) would exceed its
+        budget, over all its runs; returns that prospective ε of this run."""
+        if not self.accountant.supports(event):
+            self.accountant._refuse_unsupported(event)
+        eps, _ = self._epsilon_with(int(site), history_of(event))
+        with self._site_locked():
+            other, runs = self._elsewhere()
+        budget = self.budget_for(site)
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
+            n = sum(c for _, _, c in self.history(int(site)))
+            raise BudgetExceededError(bad_value("planned releases", f"site {site}: {n} release(s) already spent + the "
+                                                f"plan's reach ε={eps:.4g} at δ={self.delta:g}"
+                                                + _elsewhere_note(other, runs),
+                                                f"exceeds the budget ε={budget:g}; nothing was released — start a new "
+                                                "run with a larger budget or more noise"))
+        return eps
 
     def events(self, type: str | None = None) -> list[dict]:
         """All events in file order (optionally of one ``type``: ``"release"`` or ``"settle"``)."""
@@ -459,7 +515,7 @@ class PrivacyLedger:
                 continue
             if max_round is not None and (e["round"] is None or e["round"] > max_round):
                 continue
-            c[(self._z[e["id"]], float(e["sample_rate"]))] += 1
+            c[(self._z[e["id"]], self._release[e["id"]].sample_rate)] += 1
         for item in extra:
             z, q = item[0], item[1]
             c[(float(z), float(q))] += int(item[2]) if len(item) > 2 else 1
@@ -508,8 +564,11 @@ class PrivacyLedger:
         """
         eps = self.epsilon_of([(float(noise_multiplier), float(sample_rate), int(count))])
         budget = self.budget_for(site)
-        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("privacy plan", f"site {site}: ε={eps:.4g} at δ={self.delta:g}",
+        with self._site_locked():
+            other, runs = self._elsewhere()
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
+            raise BudgetExceededError(bad_value("privacy plan", f"site {site}: ε={eps:.4g} at δ={self.delta:g}"
+                                                + _elsewhere_note(other, runs),
                                                 f"exceeds the budget ε={budget:g}; raise the noise multiplier, "
                                                 "lower rounds/local steps or raise the budget"))
         self._plan[int(site)] = (float(noise_multiplier), float(sample_rate), int(count), eps)
@@ -537,9 +596,11 @@ class PrivacyLedger:
         spent_n = sum(c for _, _, c in self.history(site))
         eps, _ = self._epsilon_with(site, [(float(noise_multiplier), float(sample_rate), count)])
         budget = self.budget_for(site)
-        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
+        with self._site_locked():
+            other, runs = self._elsewhere()
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
             raise BudgetExceededError(bad_value("remaining plan", f"site {site}: {spent_n} release(s) already spent + {count} "
-                                                f"planned reach ε={eps:.4g} at δ={self.delta:g}",
+                                                f"planned reach ε={eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
                                                 f"exceeds the budget ε={budget:g}; nothing was released — the run cannot "
                                                 "finish within its budget (a resumed run redoes releases that were already "
                                                 "sent). Start a new run with a larger budget or more noise"))
@@ -563,13 +624,36 @@ class PrivacyLedger:
     def check(self, site: int, noise_multiplier: float, sample_rate: float = 1.0) -> float:
         """Raise :class:`BudgetExceededError` if one more release would exceed ``site``'s budget."""
         eps, _ = self.prospective_epsilon(site, noise_multiplier, sample_rate)
-        self._refuse_over_budget(site, eps)
+        with self._site_locked():
+            self._refuse_over_budget(site, eps)
         return eps
+
+    def _site_locked(self):
+        """The site-wide lock, the index checked (:meth:`SiteBudget.sync`) — or nothing without a site budget."""
+        if self.site_budget is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.site_budget.locked())
+        try:
+            self.site_budget.sync()
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def _elsewhere(self) -> tuple[float, list]:
+        """ε this site spent in its other runs (0 without a site budget); under :meth:`_site_locked`."""
+        if self.site_budget is None:
+            return 0.0, []
+        eps, _, runs = self.site_budget.spent_elsewhere(self.run_id)
+        return eps, runs
 
     def _refuse_over_budget(self, site: int, eps: float) -> None:
         budget = self.budget_for(site)
-        if budget is not None and eps > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("release", f"site {site}: ε would reach {eps:.4g} at δ={self.delta:g}",
+        other, runs = self._elsewhere()
+        if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
+            raise BudgetExceededError(bad_value("release", f"site {site}: ε would reach {eps:.4g} at δ={self.delta:g}"
+                                                + _elsewhere_note(other, runs),
                                                 f"exceeds the budget ε={budget:g}; nothing was sent — stop here, "
                                                 "or start a new run with a larger budget or more noise"))
 
@@ -577,36 +661,50 @@ class PrivacyLedger:
 
     def record_release(self, *, site: int, round, step, attempt: int, mechanism: str, sensitivity: float, sigma: float,
                        noise_multiplier: float, sample_rate: float = 1.0, **extra) -> dict:
-        """Check the budget, then append and fsync one release event; returns it.
+        """:meth:`record` of the release these flat fields describe (:func:`.events.gaussian_release`; the noise
+        share, if any, from ``extra["noise_share"]``) — the form a site's reported line arrives in."""
+        share = extra.get("noise_share")
+        event = gaussian_release(mechanism, sigma=sigma, sensitivity=sensitivity, noise_multiplier=noise_multiplier,
+                                 sample_rate=sample_rate, share=None if share is None else float(share))
+        return self.record(event, site=site, round=round, step=step, attempt=attempt, **extra)
 
-        Raises :class:`BudgetExceededError` (nothing written) when the release would exceed the budget,
-        and :class:`LedgerError` when the id already exists (callers reuse existing events instead).
+    def record(self, event: ReleaseEvent, *, site: int, round, step, attempt: int, **extra) -> dict:
+        """Check the budget, then append and fsync one release ``event`` (its :class:`~.events.ReleaseEvent` and its
+        flat fields); returns the line as a dict.
+
+        Raises :class:`ConfigError` when this ledger's accountant does not :meth:`~.accountants.Accountant.supports`
+        the event or it is not one release, :class:`BudgetExceededError` (nothing written) when the release would
+        exceed the budget, and :class:`LedgerError` when the id already exists (callers reuse existing events).
         """
         self._check_writable()
+        if not isinstance(event, ReleaseEvent) or event.count != 1:
+            raise ConfigError(bad_value("event", event, "record one release (a ReleaseEvent with count 1) per line"))
+        if not self.accountant.supports(event):
+            self.accountant._refuse_unsupported(event)
         site = int(site)
         round = None if round is None else int(round)
         step = None if step is None else int(step)
         rid = release_id(self.run_id, site, round, step, attempt)
         if rid in self._by_id:
             raise LedgerError(bad_value("release id", rid, "is already in the ledger; reuse the existing event (idempotent redo)"))
-        for name, v in (("sensitivity", sensitivity), ("sigma", sigma), ("noise_multiplier", noise_multiplier)):
-            if not (isinstance(v, (int, float, np.floating)) and math.isfinite(float(v)) and float(v) > 0):
-                raise ConfigError(bad_value(name, v, "must be a positive finite number"))
-        eps_after, exact = self.prospective_epsilon(site, noise_multiplier, sample_rate)
-        self._refuse_over_budget(site, eps_after)
-        hist = self.history(site, extra=[(noise_multiplier, sample_rate)])
-        ev = {
-            "type": "release", "id": rid, "run_id": self.run_id, "site": site, "round": round, "step": step,
-            "attempt": int(attempt), "mechanism": mechanism, "sensitivity": float(sensitivity), "sigma": float(sigma),
-            "noise_multiplier": float(noise_multiplier), "sample_rate": float(sample_rate),
-            "accountant_state": {"accountant": self.accountant_name, "delta": self.delta,
-                                 "history": [list(h) for h in hist],
-                                 ("epsilon_after" if exact else "epsilon_after_at_most"): eps_after},
-            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        }
-        ev.update(extra)
-        self._append(ev)
-        return dict(ev)
+        z, q = event.noise_multiplier, event.sample_rate
+        eps_after, exact = self.prospective_epsilon(site, z, q)
+        with self._site_locked():  # checked and booked atomically against every run of this site
+            self._refuse_over_budget(site, eps_after)
+            hist = self.history(site, extra=[(z, q)])
+            ev = {
+                "type": "release", "id": rid, "run_id": self.run_id, "site": site, "round": round, "step": step,
+                "attempt": int(attempt), "mechanism": event.mechanism, "sensitivity": event.sensitivity,
+                "sigma": event.noise.sigma, "noise_multiplier": z, "sample_rate": q,
+                "accountant_state": {"accountant": self.accountant_name, "delta": self.delta,
+                                     "history": [list(h) for h in hist],
+                                     ("epsilon_after" if exact else "epsilon_after_at_most"): eps_after},
+                "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            }
+            ev.update(extra)
+            ev["event"] = event.as_dict()
+            self._append(ev)
+            return dict(ev)
 
     def record_settlement(self, *, round, step, survivors, releases: dict[str, float], attempt: int = 0) -> dict | None:
         """Append the actual noise multipliers of releases after a distributed-noise aggregation.
@@ -629,7 +727,8 @@ class PrivacyLedger:
         ev = {"type": "settle", "id": sid, "run_id": self.run_id, "round": round, "step": step,
               "survivors": [int(s) for s in survivors], "releases": clean,
               "time": _dt.datetime.now(_dt.timezone.utc).isoformat()}
-        self._append(ev)
+        with self._site_locked():
+            self._append(ev)
         for rid in clean:
             site = self._by_id[rid]["site"]
             budget = self.budget_for(site)
@@ -650,3 +749,18 @@ class PrivacyLedger:
                 "releases": sum(1 for e in self._events if e["type"] == "release"),
                 "seeded_testing_releases": seeded, "epsilon_void": seeded > 0,
                 "path": self.path, "recovered": self.recovered or None}
+
+
+def memo_ledger(memo: dict, *args, **kw):
+    """A :class:`PrivacyLedger` whose ε computations are memoised in ``memo`` (ε of an accountant history is a
+    deterministic function of it). A site rebuilds its mechanism for every Flower message (fresh ClientApp
+    process), and the numerical accountants (PRV, RDP) take seconds per ε; the memo lives in the site's
+    own SuperNode state, so the site still computes every figure itself, once."""
+    class _MemoLedger(PrivacyLedger):
+        def epsilon_of(self, history) -> float:
+            key = json.dumps([self.accountant_name, self.delta, [[float(z), float(q), int(n)] for z, q, n in history]])
+            if key not in memo:
+                memo[key] = float(PrivacyLedger.epsilon_of(self, history))
+            return memo[key]
+
+    return _MemoLedger(*args, **kw)

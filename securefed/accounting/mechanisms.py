@@ -46,7 +46,10 @@ Every release draws its noise from the CSPRNG (:func:`~securefed.accounting.nois
 ChaCha20 keyed by ``os.urandom``). Reproducible noise exists only for tests, behind
 ``insecure_noise_seed_for_testing=<int>``; then anyone who knows the seed can subtract the noise, so
 ``report()`` says ``"epsilon_void": True`` and every ledger event records ``noise_source: "seeded-testing"``.
-``random_state`` seeds only the Poisson subsampling (a statistics RNG), never noise.
+The Poisson sample is as secret as the noise (the subsampling amplification assumes nobody knows which records a
+step used): it comes from the OS source too (:func:`~securefed.accounting.noise.secure_uniform`), never from a
+run's printed seed or ``random_state``; with ``insecure_noise_seed_for_testing`` it is reproducible from that seed
+(tests only; the ε is void anyway).
 
 Sensitivity and the projection
 ------------------------------
@@ -78,15 +81,18 @@ from .accountants import (
     paper_epsilon,
 )
 from .bounds import check_bound, clip_records, default_tau_y, enforced_upsilon, project_spectral
+from .events import ReleaseEvent, gaussian_release
 from .ledger import PrivacyLedger, array_digest
-from .noise import secure_standard_normal, seed_entropy, seed_tag, seeded_standard_normal
+from .noise import secure_standard_normal, secure_uniform, seed_entropy, seed_tag, seeded_standard_normal
 from .sensitivity import SENSITIVITY_RULES, data_sensitivity, gradient_sensitivity
 
 __all__ = ["GradientPerturbation", "DataPerturbation", "perturb_data", "DataPerturbationEvent", "data_perturbation_sigma",
+           "data_perturbation_event",
            "classical_gaussian_sigma", "analytic_gaussian_sigma"]
 
 _DATA_ROUND = None  # data perturbation is one-shot, outside the FedDL rounds
 _DATA_KEY = 2**31  # seeded-noise key component for data releases
+_SAMPLE_KEY = 2**31 + 1  # seeded-testing key component of the Poisson sample
 
 
 SEEDED_NOISE = "seeded-testing"
@@ -126,13 +132,22 @@ class _NoiseSource:
     def name(self) -> str:
         return SECURE_NOISE if self.secure else SEEDED_NOISE
 
+    def uniform(self, key, n: int) -> np.ndarray:
+        """``n`` uniforms in [0, 1): the OS source, or (seeded testing) PCG64 keyed by ``key``."""
+        if self.secure:
+            return secure_uniform(n)
+        ss = np.random.SeedSequence(self.entropy, spawn_key=tuple(int(k) for k in key))
+        return np.random.Generator(np.random.PCG64(ss)).random(n)
+
     def normal(self, key, shape):
         if self.secure:
             return secure_standard_normal(tuple(shape))
         return seeded_standard_normal(self.entropy, key, shape)
 
-    def release(self, ledger: PrivacyLedger, value: np.ndarray, *, site, round, step, key, sigma, **fields):
-        """Return ``value + N(0, σ²)`` after its ledger event is on disk (or the identical earlier release)."""
+    def release(self, ledger: PrivacyLedger, value: np.ndarray, *, event: ReleaseEvent, site, round, step, key, **fields):
+        """Return ``value + N(0, σ²)`` (σ: the event's noise share, else its σ) after the release's ``event`` is on disk
+        (or the identical earlier release)."""
+        sigma = event.noise.share if event.noise.share is not None else event.noise.sigma
         existing = ledger.releases_at(site, round, step)
         if not self.secure:
             for ev in existing:
@@ -145,7 +160,7 @@ class _NoiseSource:
         extra: dict = {"noise_source": self.name}
         if not self.secure:
             extra.update(seed_tag=self.tag, release_digest=array_digest(noisy))
-        ev = ledger.record_release(site=site, round=round, step=step, attempt=attempt, sigma=sigma, **fields, **extra)
+        ev = ledger.record(event, site=site, round=round, step=step, attempt=attempt, **fields, **extra)
         return noisy, ev, False
 
 
@@ -175,7 +190,8 @@ class GradientPerturbation:
     budget : float, optional
         ε budget (default: ``epsilon``). With a ledger, it must agree with the ledger's budget.
     random_state : None, int or Generator
-        Seed of the fallback **subsampling** RNG only (when :meth:`batch` gets no ``rng``). Never noise.
+        Accepted for old callers; it seeds nothing: the noise and the Poisson sample come from the OS source (or,
+        for tests, from ``insecure_noise_seed_for_testing``).
     insecure_noise_seed_for_testing : int, optional
         Reproducible (PCG64) noise for tests. Anyone who knows the seed can subtract the noise: the
         report then carries ``"epsilon_void": True`` and every ledger event ``noise_source:
@@ -257,10 +273,6 @@ class GradientPerturbation:
         self._noise = _NoiseSource(insecure_noise_seed_for_testing)
         #: the testing seed (None = secret noise); public so that a run plan can pass it on to the sites
         self.insecure_noise_seed_for_testing = _check_testing_seed(insecure_noise_seed_for_testing)
-        if isinstance(random_state, np.random.Generator):
-            self._stats_rng = random_state
-        else:
-            self._stats_rng = np.random.default_rng(None if random_state is None else int(random_state) + 1)
         self._prepared = False
         self._plan_rechecked = False
         self._pending: dict[tuple, dict[int, str]] = {}
@@ -383,7 +395,9 @@ class GradientPerturbation:
 
         Full batch: ``(X, n_p)`` with ``n_p = sizes[site]``, the public announced size (``len(X)`` must equal
         it: σ was calibrated for that count). Poisson subsampling: each record independently with
-        probability ``q`` (from ``rng``, else the statistics RNG seeded by ``random_state``), and the fixed
+        probability ``q`` — from the OS source (:func:`~.noise.secure_uniform`), as secret as the noise: the
+        amplification by subsampling holds only for a sample nobody can predict; ``rng`` is accepted for the caller
+        protocol and never used (seeded only with ``insecure_noise_seed_for_testing``, keyed by the coordinates) — and the fixed
         normaliser ``q·sizes[site]`` — public, hence identical on add/remove neighbours, which is what the
         add/remove Δ assumes (``q·len(X)`` would change with the added record).
         """
@@ -397,8 +411,7 @@ class GradientPerturbation:
                 raise ConfigError(bad_value("len(X)", len(X), f"site {site} announced {n_pub} records and its noise was "
                                             "calibrated for that count; pass the site's announced records"))
             return X, n_pub
-        rng = self._stats_rng if rng is None else rng
-        mask = rng.random(len(X)) < self.sample_rate
+        mask = self._noise.uniform((site, int(round), int(step), _SAMPLE_KEY), len(X)) < self.sample_rate
         return X[mask], self.sample_rate * n_pub
 
     def project(self, Y):
@@ -425,12 +438,19 @@ class GradientPerturbation:
         if not self._plan_rechecked:
             self.check_remaining_plan(round=round, step=step)
         noisy, ev, _ = self._noise.release(
-            self.ledger, g, site=site, round=round, step=step, key=(site, round, step), sigma=float(self.sigma[site]),
-            mechanism=self.mechanism, sensitivity=float(self.sens[site].value), noise_multiplier=float(self.z),
-            sample_rate=self.sample_rate, noise=self.noise, nominal_noise_multiplier=float(self.z),
-            min_survivors=self.t, sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
+            self.ledger, g, event=self.release_event(site), site=site, round=round, step=step, key=(site, round, step),
+            noise=self.noise, nominal_noise_multiplier=float(self.z), min_survivors=self.t,
+            sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
         self._pending.setdefault((round, step), {})[site] = ev["id"]
         return noisy
+
+    def release_event(self, site: int, count: int = 1) -> ReleaseEvent:
+        """The event of one of ``site``'s noisy gradients (Qiao et al. §5.2): Gaussian noise of std σ_p (its share under
+        distributed noise) on Δ_p, accounted at the plan's z (under distributed noise the worst case over every
+        survivor set of at least t sites), at the Poisson rate q."""
+        self._need_prepared()
+        return gaussian_release(self.mechanism, sigma=float(self.sigma[int(site)]), sensitivity=float(self.sens[int(site)].value),
+                                noise_multiplier=float(self.z), sample_rate=self.sample_rate, count=int(count))
 
     def remaining_releases(self, round: int, step: int, site: int) -> int:
         """Releases ``site`` will still make from ``(round, step)`` on (this one included), counting a
@@ -688,6 +708,12 @@ class DataPerturbationEvent:
     epsilon_void: bool = False
 
 
+def data_perturbation_event(sigma: float, sensitivity: float) -> ReleaseEvent:
+    """The event of one site's perturbed rows (Qiao et al. §5.1): one Gaussian release of every record, std σ per
+    coordinate, sensitivity ``2τ_X`` (replace-one)."""
+    return gaussian_release("gaussian-data", sigma=sigma, sensitivity=sensitivity)
+
+
 def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: int = 0,
                  insecure_noise_seed_for_testing=None, secure_mode=None):
     """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (Qiao et al. §5.1, Theorem 3).
@@ -711,10 +737,10 @@ def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: 
     _check_legacy_secure_mode(secure_mode)
     src = _NoiseSource(insecure_noise_seed_for_testing)
     led = ledger if ledger is not None else PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", delta=check_delta(delta))
-    noisy, ev, _ = src.release(led, Xc, site=int(site), round=_DATA_ROUND, step=None, key=(int(site), _DATA_KEY, 0),
-                               sigma=float(sigma), mechanism="gaussian-data", sensitivity=float(sens),
-                               noise_multiplier=float(sigma / sens), sample_rate=1.0, method=used,
-                               n_records=int(len(Xc)), epsilon_requested=float(epsilon))
+    release = data_perturbation_event(float(sigma), float(sens))
+    noisy, ev, _ = src.release(led, Xc, event=release, site=int(site), round=_DATA_ROUND, step=None,
+                               key=(int(site), _DATA_KEY, 0), method=used, n_records=int(len(Xc)),
+                               epsilon_requested=float(epsilon))
     event = DataPerturbationEvent(site=int(site), epsilon=float(epsilon), delta=float(delta), sigma=float(sigma),
                                   sensitivity=float(sens), noise_multiplier=float(sigma / sens), method=used,
                                   n_records=int(len(Xc)), n_clipped=nc, sigma_theorem3=sig_c, sigma_analytic=sig_a,

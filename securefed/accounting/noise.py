@@ -35,7 +35,7 @@ import typing
 
 import numpy as np
 
-__all__ = ["secure_standard_normal", "seeded_standard_normal", "seed_entropy", "seed_tag"]
+__all__ = ["secure_standard_normal", "secure_uniform", "seeded_standard_normal", "seed_entropy", "seed_tag"]
 
 _TWO_PI = 2.0 * np.pi
 
@@ -63,6 +63,14 @@ def secure_standard_normal(shape, *, _key: bytes | None = None, _nonce: bytes | 
     z[0::2] = r * np.cos(_TWO_PI * u2)
     z[1::2] = r * np.sin(_TWO_PI * u2)
     return z[:n].reshape(shape)
+
+
+def secure_uniform(n: int) -> np.ndarray:
+    """``n`` uniforms ``k·2⁻⁵³ ∈ [0, 1)`` from 53-bit integers read from ``os.urandom`` — for the random choices the
+    accounting assumes hidden (the Poisson sample of a subsampled step), as secret as the noise."""
+    n = int(n)
+    words = np.frombuffer(os.urandom(8 * n), dtype="<u8") >> np.uint64(11)
+    return words.astype(np.float64) * 2.0**-53
 
 
 def seed_entropy(random_state) -> int:

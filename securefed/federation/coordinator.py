@@ -88,6 +88,24 @@ class Sites:
         return float(self.weights(rule)[list(survivors)].sum())
 
 
+def with_site_reasons(exc: BaseException, sites) -> BaseException:
+    """The error the user sees when a run aborts after sites refused: the sites' own typed reasons first.
+
+    A sum whose sites all refused (e.g. ``BudgetExceededError`` on a resumed run) ends as a protocol abort — often a
+    ``ProtocolTimeoutError`` of the secure sum, which names keys, not the reason. Every refusal a site sent
+    (``{"error": "<Type>: ..."}``, kept in ``sites.silent``) is put in front, as a :class:`ProtocolAbortedError`;
+    any other error is returned unchanged."""
+    if not isinstance(exc, ProtocolAbortedError) or sites is None:
+        return exc
+    refusals = {sites.names[i]: r for i, r in sorted(sites.silent.items())
+                if 0 <= i < len(sites.names) and r.split(":", 1)[0].endswith("Error")}
+    if not refusals:
+        return exc
+    said = "; ".join(f"{name}: {r}" for name, r in refusals.items())
+    then = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "…"
+    return ProtocolAbortedError(f"the run stopped because sites refused — {said} (then: {type(exc).__name__}: {then})")
+
+
 class Coordinator:
     """The sans-I/O coordinator of one run (module docstring).
 
@@ -161,9 +179,12 @@ class Coordinator:
             self.result = stop.value
             return None
         except BaseException as exc:  # fail closed: nothing more is asked of any site
-            self.error = exc
+            err = with_site_reasons(exc, self.sites)
+            self.error = err
             self._gen.close()
-            raise
+            if err is exc:
+                raise
+            raise err from exc
 
     # ------------------------------------------------------------------------------ helpers for the stages
     def emit(self, event: str, **fields) -> None:

@@ -144,6 +144,8 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
         o.setdefault("max-auc", float(plan.max_auc))
         o.setdefault("max-empirical-epsilon", float(plan.max_empirical_epsilon))
         o.setdefault("allow-audit-failure", bool(plan.allow_audit_failure))
+        if plan.noise == "distributed":
+            o.setdefault("allow-distributed-noise", True)  # ... and noise shares for every site
         if plan.dp:
             budget = float(plan.epsilon or 0.0) + float(plan.rows_epsilon or 0.0)
             o.setdefault("epsilon-budget", budget if plan.epsilon is not None else 1e12)

@@ -1,6 +1,10 @@
-"""Differential privacy across the federation: :class:`~securefed.accounting.GradientPerturbation` split
-between the coordinator (calibration from public numbers, the aggregate ledger, settlements) and each site
-(clipping, noise, its own write-ahead ledger and budget). The in-process run and the Flower run use it alike.
+"""The coordinator/site glue of differential privacy: what goes on the wire and what each side checks. The DP itself
+— mechanisms, their events, accountants, the ledger, the site's budget over runs, the billboard's split, the
+integer mechanisms' fit to the ledger and the check of their claims — lives in :mod:`securefed.accounting`; this
+module builds the public plans, opens a site's ledger under its site-wide budget, applies the site's options
+(``epsilon-budget``, ``allow-seeded-noise``, ``allow-distributed-noise``), checks the coordinator's claims against
+the site's own calibration, and keeps the coordinator's mirror ledger and report. The in-process run and the Flower
+run use it alike.
 
 What is public and what each side does
 --------------------------------------
@@ -15,8 +19,8 @@ announced sizes, so σ_p, Δ_p and the noise multiplier are computed by the same
   distributed-noise aggregations with the actual survivors and reports the privacy block.
 * A **site** (:func:`site_mechanism`) never takes the server's σ on trust: it rebuilds the mechanism
   from the public plan with its **own** ledger (site option ``ledger-path``, one file per run) and its
-  **own** budget (``epsilon-budget``, the total over all its runs: a new run gets what its other ledgers
-  leave, :func:`earlier_spending`), refuses (``BudgetExceededError``) if the plan or any release would
+  **own** budget (``epsilon-budget``, the total over all its runs, checked and booked atomically per release under
+  one site-wide lock and a hash-chained index of all its ledgers: :mod:`securefed.accounting.site_budget`), refuses (``BudgetExceededError``) if the plan or any release would
   exceed that budget, refuses if the server's σ is smaller than its own calibration, clips its records to
   ``τ_X``, adds its noise and writes each release to its ledger (fsync'd) **before** the reply leaves.
 
@@ -45,19 +49,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 
 import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError, ProtocolAbortedError, ProtocolError, bad_value
 from ..plan import INTEGER_MECHANISMS
+from ..accounting.distributed import check_integer_claim, integer_claim
 from .wire import dumps, truthy
 
 __all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
            "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
            "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
-           "earlier_spending", "open_site_ledger", "integer_mechanism", "integer_claim", "site_integer_mechanism",
+           "site_ledger_dir", "open_site_ledger", "check_noise_mode", "integer_mechanism", "integer_claim", "site_integer_mechanism",
            "site_integer_release"]
 
 def public_plan(plan, run_id: str, sizes, gamma: float, weights, n_features: int | None = None) -> dict:
@@ -129,14 +133,32 @@ def _attach_integer(gp, plan: dict) -> None:
 MEMORY = ":memory:"
 
 
-def site_ledger_path(node_config: dict, run_id: str) -> str:
-    """``<ledger-path>/<run-id>.jsonl``: the site's ledger of this run (default directory ``securefed-ledgers``
-    in the SuperNode's working directory). A restarted SuperNode reopens the same file."""
+def site_ledger_dir(node_config: dict) -> str:
+    """The site's ledger folder (site option ``ledger-path``; default ``securefed-ledgers`` in the SuperNode's
+    working directory), created if missing."""
     d = str(node_config.get("ledger-path") or "securefed-ledgers")
-    if not run_id or "/" in run_id or run_id.startswith("."):
-        raise ProtocolError(f"bad DP run id {run_id!r} from the server")
     os.makedirs(d, exist_ok=True)
-    return os.path.join(d, run_id + ".jsonl")
+    return d
+
+
+def site_ledger_path(node_config: dict, run_id: str) -> str:
+    """``<ledger-path>/<run-id>.jsonl``: the site's ledger of this run. A restarted SuperNode reopens the same
+    file."""
+    if not run_id or "/" in run_id or run_id.startswith(".") or run_id + ".jsonl" == "site-index.jsonl":
+        raise ProtocolError(f"bad DP run id {run_id!r} from the server")
+    return os.path.join(site_ledger_dir(node_config), run_id + ".jsonl")
+
+
+def check_noise_mode(noise, node_config: dict) -> None:
+    """A site adds a share σ/√t instead of its full σ only where its operator agreed (site option
+    ``allow-distributed-noise``, default false): the coordinator's plan cannot lower a site's noise. A plan asking a
+    site without that option for a share is refused (:class:`ConfigError`) before anything is computed or booked;
+    the site does not silently add its full σ instead (the sum would carry more noise than the run reports)."""
+    if noise == "distributed" and not truthy(node_config.get("allow-distributed-noise", False)):
+        raise ConfigError(bad_value("noise", "distributed", "this site adds its full σ to every release: it adds only a "
+                                    "share σ/√t inside a secure sum where its operator allows it (site option "
+                                    "allow-distributed-noise=true, trusting that at least t sites' shares are in every "
+                                    "sum revealed); run with noise local, or set that option on every site"))
 
 
 def site_mechanism_checks(plan: dict, node_config: dict) -> float:
@@ -159,20 +181,10 @@ def site_mechanism_checks(plan: dict, node_config: dict) -> float:
 
 
 def _memo_ledger(memo: dict, *args, **kw):
-    """A :class:`PrivacyLedger` whose ε computations are memoised in ``memo`` (ε of an accountant history is a
-    deterministic function of it). A site rebuilds its mechanism for every Flower message (fresh ClientApp
-    process), and the numerical accountants (PRV, RDP) take seconds per ε; the memo lives in the site's
-    own SuperNode state, so the site still computes every figure itself, once."""
-    from ..accounting import PrivacyLedger
+    """:func:`securefed.accounting.ledger.memo_ledger`: the site's ε memo lives in its SuperNode state."""
+    from ..accounting.ledger import memo_ledger
 
-    class _MemoLedger(PrivacyLedger):
-        def epsilon_of(self, history) -> float:
-            key = json.dumps([self.accountant_name, self.delta, [[float(z), float(q), int(n)] for z, q, n in history]])
-            if key not in memo:
-                memo[key] = float(PrivacyLedger.epsilon_of(self, history))
-            return memo[key]
-
-    return _MemoLedger(*args, **kw)
+    return memo_ledger(memo, *args, **kw)
 
 
 def plan_digest(plan: dict) -> str:
@@ -181,42 +193,24 @@ def plan_digest(plan: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def earlier_spending(node_config: dict, run_id: str) -> dict:
-    """What this site spent in **other** runs: the ε (and δ) of every other ledger in its ``ledger-path``.
+def _site_budget(node_config: dict, budget: float, memo: dict):
+    """The site-wide budget of this site's ``ledger-path`` (:class:`~securefed.accounting.site_budget.SiteBudget`):
+    one lock and one hash-chained index over the ledgers of all its runs; other runs' ledgers are read read-only
+    with the site's memoised accountant."""
+    from ..accounting.site_budget import SiteBudget
 
-    Runs compose sequentially; the site adds them up (basic composition: a record's privacy loss over
-    runs with (ε_i, δ_i) is at most (Σ ε_i, Σ δ_i)). Each ledger is read from a private copy, so a
-    ledger file is never modified here. Returns ``{"epsilon", "delta", "runs"}``.
-    """
-    import shutil
-    import tempfile
+    def open_ledger(path, head):
+        return _memo_ledger(memo, path, head["run_id"], delta=head["delta"], accountant=head["accountant"],
+                            read_only=True)
 
-    from ..accounting import PrivacyLedger
-
-    d = os.path.dirname(site_ledger_path(node_config, run_id))
-    eps, delta, runs = 0.0, 0.0, []
-    for name in sorted(os.listdir(d)):
-        path = os.path.join(d, name)
-        if not name.endswith(".jsonl") or name == run_id + ".jsonl" or not os.path.isfile(path):
-            continue
-        with open(path, "rb") as fh:
-            head = json.loads(fh.readline() or b"{}")
-        if head.get("type") != "header":
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            copy = shutil.copy(path, os.path.join(tmp, name))
-            spent = PrivacyLedger(copy, head["run_id"], delta=head["delta"], accountant=head["accountant"],
-                                  read_only=True).spent()[0]
-        if spent > 0:
-            eps, delta = eps + float(spent), delta + float(head["delta"])
-            runs.append(head["run_id"])
-    return {"epsilon": eps, "delta": delta, "runs": runs}
+    return SiteBudget(site_ledger_dir(node_config), budget, open_ledger, memo.setdefault("site-spent", {}))
 
 
 def open_site_ledger(plan: dict, node_config: dict, cache: dict):
-    """The site's ledger of this run (``<ledger-path>/<run-id>.jsonl``), its budget what is left of its
-    ``epsilon-budget`` after its other runs (:func:`earlier_spending`, read once per run and kept in
-    ``cache``). A new run with nothing left is refused with :class:`BudgetExceededError`."""
+    """The site's ledger of this run (``<ledger-path>/<run-id>.jsonl``) under the site-wide budget: every check and
+    booking of a release holds the site's lock and adds what the site spent in all its other runs
+    (:class:`~securefed.accounting.site_budget.SiteBudget`; a tampered earlier ledger is refused with
+    :class:`LedgerError` naming it). A new run with nothing left is refused with :class:`BudgetExceededError`."""
     budget = site_mechanism_checks(plan, node_config)
     memo = cache.setdefault("eps", {})
     kw = dict(delta=plan["delta"], accountant=plan["accountant"])
@@ -225,17 +219,20 @@ def open_site_ledger(plan: dict, node_config: dict, cache: dict):
             cache["memory_ledger"] = _memo_ledger(memo, None, plan["run_id"], budget_epsilon=budget, **kw)
         return cache["memory_ledger"]
     path = site_ledger_path(node_config, plan["run_id"])
-    if os.path.exists(path):  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
-        return _memo_ledger(memo, path, plan["run_id"], **kw)
-    before = cache.setdefault("earlier", {}).get(plan["run_id"])
-    if before is None:
-        before = cache["earlier"][plan["run_id"]] = earlier_spending(node_config, plan["run_id"])
-    left = budget - before["epsilon"]
-    if not left > 1e-12:
-        raise BudgetExceededError(bad_value("node config epsilon-budget", budget, f"this site already spent ε = "
-                                            f"{before['epsilon']:.4g} in {len(before['runs'])} earlier run(s) "
-                                            f"({', '.join(before['runs'])}); nothing is left for run {plan['run_id']}"))
-    return _memo_ledger(memo, path, plan["run_id"], budget_epsilon=left, **kw)
+    guard = _site_budget(node_config, budget, memo)
+    with guard.locked():
+        guard.sync()
+        if not os.path.exists(path):
+            before, _, runs = guard.spent_elsewhere(plan["run_id"])
+            if not budget - before > 1e-12:
+                raise BudgetExceededError(bad_value("node config epsilon-budget", budget, f"this site already spent ε = "
+                                                    f"{before:.4g} in {len(runs)} earlier run(s) ({', '.join(runs)}); "
+                                                    f"nothing is left for run {plan['run_id']}"))
+            led = _memo_ledger(memo, path, plan["run_id"], budget_epsilon=budget, site_budget=guard, **kw)
+        else:  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
+            led = _memo_ledger(memo, path, plan["run_id"], site_budget=guard, **kw)
+        guard.sync()  # a new ledger's header enters the index
+    return led
 
 
 def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None = None):
@@ -253,6 +250,7 @@ def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None 
     site = int(site)
     if not 0 <= site < len(plan["sizes"]):
         raise ProtocolError(f"site index {site} outside the plan's {len(plan['sizes'])} sites")
+    check_noise_mode(plan.get("noise"), node_config)
     cache = {} if cache is None else cache
     zs = cache.setdefault("z", {})
     ledger = open_site_ledger(plan, node_config, cache)
@@ -260,11 +258,9 @@ def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None 
     try:
         gp = build_mechanism(plan, ledger, zs.get(digest))  # set_plan inside checks the whole plan against the budget
     except BudgetExceededError as exc:
-        before = cache.get("earlier", {}).get(plan["run_id"]) or {"epsilon": 0.0, "runs": []}
-        raise BudgetExceededError(f"this site refuses run {plan['run_id']}: its plan needs more than the "
-                                  f"ε = {ledger.budget_for(site):.4g} left of its epsilon-budget "
-                                  f"{site_mechanism_checks(plan, node_config):g} (spent in {len(before['runs'])} earlier "
-                                  f"run(s): {before['epsilon']:.4g}); nothing was computed or sent. ({exc})") from None
+        raise BudgetExceededError(f"this site refuses run {plan['run_id']}: its plan does not fit what is left of its "
+                                  f"epsilon-budget {site_mechanism_checks(plan, node_config):g} after its other runs; "
+                                  f"nothing was computed or sent. ({exc})") from None
     zs[digest] = float(gp.z)
     claimed = (plan.get("sigma") or [None] * len(plan["sizes"]))[site]
     if claimed is not None and float(claimed) < gp.sigma[site] * (1 - 1e-9):
@@ -306,45 +302,15 @@ def release_events(gp, site: int, rnd: int, steps) -> list:
 
 
 def integer_mechanism(gp, plan: dict):
-    """The run's distributed discrete Gaussian or Skellam mechanism (:mod:`securefed.accounting.distributed`), built
-    by the coordinator and by every site from the same public plan (deterministic, so both get the same numbers).
+    """The run's integer mechanism from the public plan (:func:`securefed.accounting.distributed.fit_integer_mechanism`:
+    the same numbers on the coordinator and on every site)."""
+    from ..accounting.distributed import fit_integer_mechanism
 
-    Its input is a site's weighted gradient ``w_p ∇f_p`` (Qiao et al. Eq. 13; ``w_p`` the plan's normalised weight);
-    record sensitivity ``max_p w_p Δ_p`` and clip ``max_p w_p ‖∇f_p‖`` bound (:meth:`GradientPerturbation.
-    distributed_mechanism`); the rotation seed is the public run id; ``releases = S·Q``; ``t`` the plan's min survivors.
-
-    The ε target is the plan's; if the ledger's dominating Gaussian (``ledger_noise_multiplier``: KLS Prop. 14 /
-    AKL's bound, each dominated for every α) would exceed it over the planned releases, the target is lowered
-    until it fits — more noise, never less — so that the write-ahead ledger never refuses a planned release.
-    """
     kind = plan["distributed_mechanism"]
     if kind not in INTEGER_MECHANISMS:
         raise ConfigError(bad_value("distributed_mechanism", kind, f"use one of {', '.join(INTEGER_MECHANISMS)}"))
-    target = float(gp.epsilon_target)
-    R = int(gp.releases_planned)
-    eps = target
-    for _ in range(40):
-        mech = gp.distributed_mechanism(kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]),
-                                        weights=plan["weights"], epsilon=eps)
-        led = float(gp.ledger.epsilon_of([(float(mech.ledger_noise_multiplier()), 1.0, R)]))
-        if led <= target * (1 - 1e-9):
-            mech.ledger_epsilon = led
-            mech.epsilon_plan_target = target
-            return mech
-        eps *= min(0.999, target * (1 - 1e-6) / led)
-    raise ConfigError(bad_value("epsilon", target, f"the {kind} mechanism's ledger bound does not fit this ε; "
-                                "raise it or use distributed-mechanism gaussian"))  # pragma: no cover
-
-
-def integer_claim(mech) -> dict:
-    """What the coordinator tells the sites it computed (they check it against their own computation)."""
-    noise = str(mech.sigma2) if hasattr(mech, "sigma2") else repr(float(mech.lam))
-    return {"mechanism": mech.mechanism, "noise": noise, "modulus_bits": int(mech.modulus_bits),
-            "granularity": float(mech.granularity), "padded_dim": int(mech.padded_dim), "clip": float(mech.clip)}
-
-
-def _noise_of(mech) -> float:
-    return float(mech.sigma2) if hasattr(mech, "sigma2") else float(mech.lam)
+    return fit_integer_mechanism(gp, kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]),
+                                 weights=plan["weights"])
 
 
 def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
@@ -365,23 +331,7 @@ def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
         raise ProtocolError(f"the DP plan weighs this site {plan['weights'][site]!r}, its own rule "
                             f"({plan.get('weights_rule', 'records')}) gives {own[site]!r}; refusing")
     mech = gp.integer  # the site's own calibration from the public plan (build_mechanism)
-    claim = plan.get("integer_claim")
-    if claim is None:
-        raise ProtocolError("the DP plan names an integer mechanism but carries no claim of its parameters; refusing")
-    if claim.get("mechanism") != mech.mechanism:
-        raise ProtocolError(f"the server claims mechanism {claim.get('mechanism')!r}, the plan gives {mech.mechanism!r}; refusing")
-    from fractions import Fraction
-
-    if float(Fraction(str(claim["noise"]))) < _noise_of(mech) * (1 - 1e-9):
-        raise ProtocolError(f"the server asks for per-site noise {claim['noise']} but this site's own calibration of "
-                            f"{mech.mechanism} gives {_noise_of(mech):.6g} (integer units); refusing")
-    if int(claim["modulus_bits"]) < mech.modulus_bits:
-        raise ProtocolError(f"the server announces a modulus of 2^{claim['modulus_bits']} but this site's wrap-around "
-                            f"bound needs 2^{mech.modulus_bits}; refusing")
-    if not np.isclose(float(claim["granularity"]), mech.granularity, rtol=1e-12) or \
-            int(claim["padded_dim"]) != mech.padded_dim:
-        raise ProtocolError(f"the server's granularity {claim['granularity']} / dimension {claim['padded_dim']} differ "
-                            f"from this site's {mech.granularity} / {mech.padded_dim}; refusing")
+    check_integer_claim(mech, plan.get("integer_claim"))
     return mech
 
 
@@ -419,7 +369,7 @@ def site_integer_release(gp, mech, plan: dict, grad: np.ndarray, *, site: int, r
 # ---------------------------------------------------------------------------------------------- server
 
 _MIRROR_SKIP = ("type", "id", "run_id", "accountant_state", "time", "site", "round", "step", "attempt", "mechanism",
-                "sensitivity", "sigma", "noise_multiplier", "sample_rate")
+                "sensitivity", "sigma", "noise_multiplier", "sample_rate", "event")
 
 
 def mirror_release(ledger, site: int, ev: dict) -> None:
@@ -431,10 +381,16 @@ def mirror_release(ledger, site: int, ev: dict) -> None:
         return
     if ev.get("run_id") != ledger.run_id or int(ev.get("site", -1)) != int(site):
         raise ProtocolError(f"site {site} reported a release of another run or site: {ev.get('id')}")
+    from ..accounting.events import ReleaseEvent
+
     extra = {k: v for k, v in ev.items() if k not in _MIRROR_SKIP}
-    ledger.record_release(site=int(site), round=ev["round"], step=ev["step"], attempt=int(ev["attempt"]),
-                          mechanism=ev["mechanism"], sensitivity=float(ev["sensitivity"]), sigma=float(ev["sigma"]),
-                          noise_multiplier=float(ev["noise_multiplier"]), sample_rate=float(ev["sample_rate"]), **extra)
+    try:
+        event = ReleaseEvent.from_ledger_fields(ev)
+        if "event" in ev and ReleaseEvent.from_dict(ev["event"]) != event:
+            raise ProtocolError(f"site {site} reported a release whose event disagrees with its fields: {ev.get('id')}")
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"site {site} reported a malformed release {ev.get('id')}: {exc}") from None
+    ledger.record(event, site=int(site), round=ev["round"], step=ev["step"], attempt=int(ev["attempt"]), **extra)
 
 
 class ServerPrivacy:
@@ -597,7 +553,7 @@ def noise_share_note(plan: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- the DP billboard
 
-_BILLBOARD_MECHANISMS = ("gaussian-rff", "gaussian-counts", "gaussian-density")
+from ..accounting.billboard import BILLBOARD_MECHANISMS as _BILLBOARD_MECHANISMS  # noqa: E402
 
 
 def billboard_plan(plan, run_id: str, sizes) -> dict:
@@ -655,7 +611,7 @@ class BillboardPrivacy:
                 "epsilon_target": self.plan["epsilon"], "mu": n["mu"],
                 "mu_per_release": [n["mu1"], n["mu2"], n["mu3"]][:k],
                 "sigma_per_release": [n["sigma1"], n["sigma2"], n["sigma3"]][:k],
-                "sensitivity_per_release": [2.0, 2.0 ** 0.5, 2.0 ** 0.5][:k], "releases": k, "noise": self.plan["noise"],
+                "sensitivity_per_release": list(n["sensitivities"][:k]), "releases": k, "noise": self.plan["noise"],
                 "noise_share": self.noise_note, "adjacency": "replace one record",
                 "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
                 "tau_x": self.public["tau_x"], "feature_scale": self.public["feature_scale"],
@@ -675,10 +631,12 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     fsync'd — before returning. Returns ``(noisy vector, [ledger event as JSON])``."""
     from ..accounting.noise import secure_standard_normal, seeded_standard_normal
     from ..landmarks.cells import cell_counts
-    from ..landmarks.merf import COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, rff, rff_frequencies
+    from ..accounting.billboard import billboard_events, billboard_plan_event
+    from ..landmarks.merf import billboard_noise, rff, rff_frequencies
     from .wire import get_array
 
     plan = json.loads(fields["billboard"])
+    check_noise_mode(plan.get("noise"), node_config)
     release = int(fields["release"])
     if release not in (0, 1, 2):
         raise ProtocolError(f"unknown billboard release {release}")
@@ -693,11 +651,7 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     if release == 2 and not noise["sigma3"]:
         raise ProtocolError("a density release was asked for, but the billboard plan spends no budget on it "
                             "(density_share 0); refusing")
-    sigma = (noise["sigma1"], noise["sigma2"], noise["sigma3"])[release]
-    sens = RFF_SENSITIVITY if release == 0 else COUNT_SENSITIVITY
     ledger = open_site_ledger({**plan, "noise_seed": plan.get("noise_seed")}, node_config, cache)
-    if release == 0 and not ledger.releases_at(site, 0, 0):
-        ledger.check_plan(site, 1.0 / noise["mu"], 1.0, 1)  # all releases together: μ = √(μ₁² + μ₂² + μ₃²) fits?
     if release == 0:
         d = F.shape[1]
         W = rff_frequencies(d, int(fields["n_freq"]), tuple(float(v) for v in fields["lengthscales"]))
@@ -707,7 +661,7 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
     else:
         u = _site_density(fields, F, int(plan["density_grid"]))
     if plan["noise"] == "local":
-        share = sigma
+        t = 1
     elif plan["noise"] == "distributed":
         if op == "plain":
             raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the billboard's noise "
@@ -715,18 +669,19 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         t = int(plan["t"])
         if not 1 <= t <= len(plan["sizes"]):
             raise ProtocolError(f"the billboard plan's t = {t} is not a number of sites (1..{len(plan['sizes'])})")
-        share = sigma / math.sqrt(t)  # the sum over ≥ t sites carries std ≥ σ (docs/maths.md §10)
     else:
         raise ProtocolError(f"the billboard plan asks for {plan['noise']!r} noise; expected local or distributed")
+    if release == 0 and not ledger.releases_at(site, 0, 0):
+        ledger.check_event(site, billboard_plan_event(noise, t=t))  # all releases together fit what is left?
+    event = billboard_events(noise, t=t)[release]  # the share σ/√t: the sum over ≥ t sites carries σ (maths.md §10)
+    share = event.noise.share
     attempt = len(ledger.releases_at(site, 0, release))
     if plan.get("noise_seed") is None:
         e = secure_standard_normal(u.shape)
     else:
         e = seeded_standard_normal(int(plan["noise_seed"]), (site, 0, release, attempt), u.shape)
-    ev = ledger.record_release(site=site, round=0, step=release, attempt=attempt, mechanism=_BILLBOARD_MECHANISMS[release],
-                               sensitivity=sens, sigma=sigma, noise_multiplier=sigma / sens, sample_rate=1.0,
-                               noise=plan["noise"], noise_share=share,
-                               noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
+    ev = ledger.record(event, site=site, round=0, step=release, attempt=attempt, noise=plan["noise"], noise_share=share,
+                       noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
     return u + share * e, [dumps(ev)]
 
 

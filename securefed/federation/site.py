@@ -28,7 +28,9 @@ to the site's own ledger before the reply (:mod:`.privacy`).
 Site options (the SuperNode's ``--node-config`` keys, or the in-process driver's): ``site-name``,
 ``data-path``, ``label-column``, ``allow-plain`` (default false: the site sends its uploads only into a secure
 sum; true lets the coordinator see each of them), ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``,
-``require-dp``, ``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``.
+``require-dp``, ``allow-distributed-noise`` (default false: the site adds its full σ to every DP release and refuses a
+plan that asks it for a share σ/√t; true lets it add the share inside a secure sum), ``dp-colluders``,
+``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``.
 """
 
 from __future__ import annotations

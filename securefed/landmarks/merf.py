@@ -21,7 +21,7 @@ identity for ≤ ``dim`` features), the scale (the public value bound), the rand
   other) and counts them on a public ``grid × grid`` window of the landmark map (:func:`density_counts`):
   ``Δ₃ = √2``, ``N(0, σ₃² I)``. The shared picture of all records, without any record's coordinate leaving its site.
 
-Accounting (:func:`billboard_noise`): with ``μ = gdp_mu(ε, δ)`` for the whole run, release 1 gets ``μ₁ = μ√(1−ρ−ρ₃)``,
+Accounting (:func:`billboard_noise`, :mod:`securefed.accounting.billboard`): with ``μ = gdp_mu(ε, δ)`` for the whole run, release 1 gets ``μ₁ = μ√(1−ρ−ρ₃)``,
 release 2 ``μ₂ = μ√ρ`` (ρ = ``count_share``) and release 3 ``μ₃ = μ√ρ₃`` (ρ₃ = ``density_share``, 0 without it), so
 ``√(μ₁² + μ₂² + μ₃²) = μ`` exactly (μ-GDP composition; Dong, Roth, Su). The landmarks, their masses and their map
 are (ε, δ)-DP for every record — a billboard: a site that places its own records from the billboard and its own
@@ -35,7 +35,6 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError, bad_value
 
 __all__ = ["public_basis", "scaled_features", "rff_frequencies", "rff", "fit_to_embedding", "billboard_noise",
            "density_box", "density_counts",
@@ -114,21 +113,12 @@ def fit_to_embedding(target: np.ndarray, W: np.ndarray, k: int, rng, *, radius: 
 
 def billboard_noise(epsilon: float, delta: float, count_share: float = 0.2, density_share: float = 0.0) -> dict:
     """σ₁, σ₂ (and σ₃ of the optional density release) for (ε, δ) over the whole run (μ-GDP split; module
-    docstring): ``μ₁² = μ²(1 − count_share − density_share)``, ``μ₂² = μ²·count_share``, ``μ₃² = μ²·density_share``."""
-    from ..accounting.accountants import gdp_epsilon, gdp_mu
+    docstring): ``μ₁² = μ²(1 − count_share − density_share)``, ``μ₂² = μ²·count_share``, ``μ₃² = μ²·density_share``;
+    the split itself is :func:`securefed.accounting.billboard.billboard_noise`, with this module's sensitivities."""
+    from ..accounting.billboard import billboard_noise as split
 
-    if not 0.0 < count_share < 1.0:
-        raise ConfigError(bad_value("count_share", count_share, "use a share of the budget in (0, 1), e.g. 0.2"))
-    if not 0.0 <= density_share < 1.0 - count_share:
-        raise ConfigError(bad_value("density_share", density_share, f"use a share in [0, {1.0 - count_share:g}) "
-                                    f"(count-share {count_share:g} is spent already), e.g. 0.2"))
-    mu = gdp_mu(float(epsilon), float(delta))
-    mu1 = mu * math.sqrt(1.0 - count_share - density_share)
-    mu2, mu3 = mu * math.sqrt(count_share), mu * math.sqrt(density_share)
-    return {"mu": mu, "mu1": mu1, "mu2": mu2, "mu3": mu3, "sigma1": RFF_SENSITIVITY / mu1,
-            "sigma2": COUNT_SENSITIVITY / mu2, "sigma3": COUNT_SENSITIVITY / mu3 if density_share else None,
-            "epsilon": gdp_epsilon(float(delta), math.sqrt(mu1 ** 2 + mu2 ** 2 + mu3 ** 2)), "delta": float(delta),
-            "count_share": float(count_share), "density_share": float(density_share)}
+    return split(epsilon, delta, count_share, density_share,
+                 sensitivities=(RFF_SENSITIVITY, COUNT_SENSITIVITY, COUNT_SENSITIVITY))
 
 
 def density_box(E: np.ndarray, pad: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

@@ -41,7 +41,7 @@ def _plan(kind, **kw):
 
 
 def _options(budget=5.0, seeded=True):
-    return {"epsilon-budget": budget, "ledger-path": ":memory:", "allow-seeded-noise": seeded}
+    return {"epsilon-budget": budget, "ledger-path": ":memory:", "allow-seeded-noise": seeded, "allow-distributed-noise": True}
 
 
 def _workers(sites, **opt):
