@@ -146,6 +146,8 @@ class Coordinator:
         self.bytes_from: dict = {}
         self._sec = None
         self._audit_relay: dict = {}
+        self._prepared: list = []   # SecAgg+ rounds set up ahead of their inputs (federation.sums.PreparedRound)
+        self._proofs: dict = {}     # site → (round, proof of its last SecAgg+ sum): rides on its next request
         self._gen = None
         self._started = False
         self._t0 = time.perf_counter()
@@ -406,6 +408,7 @@ class Coordinator:
             back.append(name)
             s.readmitted.append({"site": name, "at": boundary})
         if back:
+            self._prepared = []  # the prepared SecAgg+ rounds name the old identity keys: set up new ones
             self.emit("readmit", sites=back, at=boundary)
         return back
 
@@ -500,8 +503,12 @@ class Coordinator:
         live = sorted(s.live)
         base = dataclasses.replace(req, seed=int(self.plan.seed), audit_holdout=float(self.plan.audit_holdout))
         before = dict(self.bytes_from)
-        replies = yield from self.ask({i: M.encode(dataclasses.replace(base, site=i)) for i in live},
-                                      self.plan.request_timeout)
+        def per_site(i):
+            proof = self._proofs.pop(i, None) if hasattr(base, "proof") else None
+            extra = {} if proof is None else {"proof_round": proof[0], "proof": proof[1]}
+            return M.encode(dataclasses.replace(base, site=i, **extra))
+
+        replies = yield from self.ask({i: per_site(i) for i in live}, self.plan.request_timeout)
         missing = {s.names[i]: s.silent.get(i, "no reply") for i in live if i not in replies}
         for i in live:
             if i not in replies:

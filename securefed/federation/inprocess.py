@@ -41,16 +41,21 @@ class InMemoryExchange:
     before_request : callable, optional
         ``before_request(address, request) -> request``: what the site receives instead of the coordinator's
         request (a copy; tests use it to play a coordinator that lies to one site).
+    sign_lies : bool
+        With ``before_request``: re-bind the secure sum's task digest in the rewritten request's spec to the
+        rewritten fields — a coordinator that lies *and* announces its lie in the round spec, so that the site's
+        own checks of the lie are reached (without it the digest check refuses every rewritten sum first).
     """
 
     def __init__(self, workers: dict, *, silent_from: dict | None = None, late: dict | None = None,
-                 fresh_process: bool = False, after_reply=None, before_request=None):
+                 fresh_process: bool = False, after_reply=None, before_request=None, sign_lies: bool = False):
         self.workers = dict(workers)
         self.silent_from = dict(silent_from or {})
         self.late = dict(late or {})
         self.fresh_process = fresh_process
         self.after_reply = after_reply
         self.before_request = before_request
+        self.sign_lies = sign_lies
         self.dead: set = set()
         self.clock = 0.0
         self.ops: list = []
@@ -75,7 +80,10 @@ class InMemoryExchange:
         missing = False
         for a, fields in payloads.items():
             if self.before_request is not None:
+                told = dict(fields)
                 fields = self.before_request(a, dict(fields))
+                if self.sign_lies and fields != told:
+                    fields = _rebind_digest(fields)
             self.ops.append(fields.get("op"))
             if a in self.dead or a not in self.workers or self.silent_from.get(a) == fields.get("op"):
                 self.dead.add(a)
@@ -95,6 +103,25 @@ class InMemoryExchange:
         if missing:
             self.clock = max(self.clock, deadline)  # the missing replies time out
         return out
+
+
+def _rebind_digest(fields: dict) -> dict:
+    """``fields`` with its round spec's task digest recomputed from its own fields (see ``sign_lies``)."""
+    import dataclasses
+
+    from ..securesum.ckks import decode_ckks_spec, encode_ckks_spec
+    from ..securesum.secagg import decode_input, decode_spec, encode_input, encode_spec
+    from .messages import request_digest
+
+    op, spec = fields.get("op"), fields.get("spec")
+    if spec is None or op not in ("secagg-input", "secagg-start", "ckks-start"):
+        return fields
+    digest = request_digest(fields)
+    if op == "secagg-input":
+        return dict(fields, spec=encode_input(dataclasses.replace(decode_input(spec), task_digest=digest)))
+    if op == "secagg-start":
+        return dict(fields, spec=encode_spec(dataclasses.replace(decode_spec(spec), task_digest=digest)))
+    return dict(fields, spec=encode_ckks_spec(dataclasses.replace(decode_ckks_spec(spec), task_digest=digest)))
 
 
 def drive(coordinator: Coordinator, exchange):

@@ -209,7 +209,8 @@ def _spread(Y: np.ndarray) -> float:
 # ------------------------------------------------------------------------------------------------ cells
 
 
-def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform", tap=None, site_scaled: bool = False):
+def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform", tap=None, site_scaled: bool = False,
+                binding: dict | None = None):
     """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
     ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
     (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
@@ -219,7 +220,7 @@ def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform"
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
     a = yield from secure_sum(co, task, label, 1.0, weights=weights, tap=tap, out_shape=out_shape,
-                              scales=None if site_scaled else parts)  # site_scaled: the site derives the parts itself
+                              scales=None if site_scaled else parts, binding=binding)  # site_scaled: the site derives the parts itself
     return a.total * np.concatenate([np.full(k, b) for k, b in parts]), a
 
 
@@ -252,7 +253,7 @@ def cells(co):
     while (q := tree.next_query()) is not None:
         task = M.Cells(cells=cp.to_json(), step=q.step, previous=previous)
         total, a = yield from _scaled_sum(co, task, labels[q.kind].format(level=tree.level + 1), list(q.parts),
-                                          [q.length], site_scaled=True)
+                                          [q.length], site_scaled=True, binding=q.digest_doc())
         if survivors is None:
             survivors = tuple(a.survivors)
         elif tuple(a.survivors) != survivors:
@@ -291,6 +292,7 @@ def cells(co):
     return LandmarkResult(Y, space, c, 1.0 / max(2.0 * tree.trace, 1e-300), None, [],
                           np.random.default_rng([plan.seed, 0xCE11]),
                           {"method": "cells", "rounds": tree.level, "levels": tree.level, "cells": n_leaves,
+                           "released_counts": sorted(int(round(c)) for c in tree.released_counts()),
                            "landmarks": len(Y), "floor": cp.floor, "axes": int(min(plan.cell_axes, tree.d)),
                            "basis_dim": tree.d, "secure_sums": sums},
                           relay={"cells": cp.to_json(), "previous": previous})

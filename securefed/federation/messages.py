@@ -28,7 +28,6 @@ cannot complete the sum (docs/threat-model.md §2).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import typing
 from dataclasses import dataclass
@@ -44,7 +43,8 @@ __all__ = ["Array", "Json", "Space", "Hello", "HelloReply", "SumRequest", "Proto
            "Place", "UploadReply", "ProtocolReply", "RowsReply", "PlaceReply", "Task", "TASKS", "REQUESTS", "encode",
            "decode", "decode_request", "decode_reply", "upload_digest", "canonical_bytes", "encode_task",
            "Stats", "Model", "Gradient", "Mmd", "Cells", "Audit", "Rff",
-           "BillboardCounts", "BillboardDensity"]
+           "BillboardCounts", "BillboardDensity", "SecAggSetup", "TRANSPORT_FIELDS", "upload_fields",
+           "request_digest"]
 
 
 _SCALARS = {int: "int", float: "float", bool: "bool", str: "str", bytes: "bytes"}
@@ -388,7 +388,7 @@ class SumRequest:
     divides by it so the fixed-point range is used well); ``spec`` the secure sum's round spec (its own codec).
     """
 
-    OPS: ClassVar[tuple] = ("plain", "secagg-start", "ckks-start")
+    OPS: ClassVar[tuple] = ("plain", "secagg-start", "secagg-input", "ckks-start")
     op: str
     site: int
     task: Task
@@ -398,6 +398,10 @@ class SumRequest:
     scale_lengths: list[int] | None = None
     scale_bounds: list[float] | None = None
     spec: bytes | None = None
+    round_index: int | None = None   # secagg-input: the prepared SecAgg+ round this sum uses (spec: its input part)
+    msgs: list[bytes] | None = None  # … and the round's forwarded shares for this site
+    proof: bytes | None = None       # the proof of this site's previous SecAgg+ sum (it checks the total itself)
+    proof_round: int | None = None
 
     def __post_init__(self):
         if self.op not in self.OPS:
@@ -459,12 +463,27 @@ class Place:
     previous: Array | None = None
     audit_total: Array | None = None   # … and the total of the audit sum: the site applies the audit gate itself
     audit_scores: list[str] | None = None
+    proof: bytes | None = None         # the proof of this site's last SecAgg+ sum (the audit's)
+    proof_round: int | None = None
+
+
+@dataclass(frozen=True)
+class SecAggSetup:
+    """Prepare SecAgg+ rounds before their inputs exist (late-bound schedule): one setup part per round (fresh keys
+    each); the site checks each against its floors, starts a client per round and returns their AdvertiseKeys."""
+
+    OP: ClassVar[str] = "secagg-setup"
+    site: int
+    setups: list[bytes]
+    seed: int = 0
+    audit_holdout: float = 0.0
 
 
 #: every request class by its operation (a sum request answers three)
 REQUESTS: dict[str, type] = {"hello": Hello, "plain": SumRequest, "secagg-start": SumRequest,
-                             "ckks-start": SumRequest, "secagg": ProtocolMessages, "ckks-msgs": ProtocolMessages,
-                             "ckks-end": CkksEnd, "rows": Rows, "place": Place}
+                             "secagg-input": SumRequest, "ckks-start": SumRequest, "secagg-setup": SecAggSetup,
+                             "secagg": ProtocolMessages, "ckks-msgs": ProtocolMessages, "ckks-end": CkksEnd,
+                             "rows": Rows, "place": Place}
 
 
 def decode_request(fields: dict):
@@ -507,6 +526,16 @@ class _SumHead:
     scale_lengths: list[int] | None = None
     scale_bounds: list[float] | None = None
     spec: bytes | None = None
+    round_index: int | None = None
+    msgs: list[bytes] | None = None
+    proof: bytes | None = None
+    proof_round: int | None = None
+
+
+#: the fields of a sum request that carry the protocol, not the upload: outside the task digest
+TRANSPORT_FIELDS = ("op", "site", "spec", "round_index", "msgs", "proof", "proof_round")
+
+
 
 
 def encode_request(msg) -> dict:
@@ -525,24 +554,27 @@ def encode_task(task: Task) -> dict:
     return check_fields({"task": task.NAME, **_encode_fields(task)}, f"{task.NAME} task")
 
 
-def upload_digest(req: SumRequest) -> bytes:
-    """SHA-256 over every field of a sum request that shapes the upload: the task and its parameters, the weight
-    rule, the scales, the seed and hold-out — not the site's own index, the operation or the round spec."""
-    body = encode_request(dataclasses.replace(req, spec=None))
-    body.pop("site", None)
-    body.pop("op", None)
-    h = hashlib.sha256(b"securefed/upload-digest/v1\n")
-    for k in sorted(body):
-        v = body[k]
-        h.update(k.encode() + b"=")
-        if isinstance(v, bytes):
-            h.update(b"b" + len(v).to_bytes(8, "big") + v)
-        elif isinstance(v, list):
-            h.update(b"l" + json.dumps([x.hex() if isinstance(x, bytes) else x for x in v]).encode())
-        else:
-            h.update(type(v).__name__.encode() + b":" + json.dumps(v).encode())
-        h.update(b"\n")
-    return h.digest()
+def upload_fields(req: SumRequest) -> dict:
+    """Every field of a sum request that shapes the upload, as it travels: the task and its parameters, the weight
+    rule, the scales, the seed and hold-out — not the transport (:data:`TRANSPORT_FIELDS`: the site's own index,
+    the operation, the round spec, forwarded messages, proofs)."""
+    body = encode_request(req)
+    return {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+
+
+def request_digest(fields: dict, binding: dict | None = None) -> bytes:
+    """:func:`upload_digest` of a sum request given as its flat dict (without its spec): what a round spec's
+    ``task_digest`` must be for the sites that receive it."""
+    return upload_digest(decode_request({k: v for k, v in fields.items() if k != "spec"}), binding)
+
+
+def upload_digest(req: SumRequest, binding: dict | None = None) -> bytes:
+    """The task digest of a sum (:func:`securefed.securesum.task.task_digest`) over :func:`upload_fields` and, for a
+    query the site derives itself (the cells), ``binding``: what it derived — so that two sites whose derived
+    queries differ cannot complete the sum."""
+    from ..securesum.task import task_digest
+
+    return task_digest({"request": upload_fields(req), "binding": binding})
 
 
 # ================================================================================== replies

@@ -35,6 +35,7 @@ plan that asks it for a share σ/√t; true lets it add the share inside a secur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import typing
 import zlib
@@ -258,6 +259,9 @@ class SiteWorker:
                                         "run: audit counts at other landmarks would locate records); refusing")
                 self._check_landmarks(task.cells, task.previous, task.Y, task.space, members, gamma=task.gamma)
                 self.state["audit_answered"] = True
+                spec = self._live.get("bound_spec")
+                if req.op in ("secagg-input", "secagg-start") and spec is not None:
+                    self.state["audit_secagg_round"] = int(spec.round_index)  # its gate reads only the verified total
                 u = site_roc_counts(task.space.features(members), task.space.features(holdout), task.Y,
                                     float(task.gamma), scores=tuple(task.scores), rng=g)
                 return u, {}
@@ -308,15 +312,47 @@ class SiteWorker:
             raise ProtocolError(f"cells step {task.step} asked; this site answers each step of the run once and in "
                                 f"order, and expects step {expected} (with the total of step {expected - 1}); refusing")
         tree = self._replayed_tree(plan, members.shape[1])
-        if task.previous is not None:
+        if task.previous is not None and tree.step < task.step:  # (not yet absorbed for this request)
             q = tree.next_query()
             total = np.asarray(task.previous, dtype=np.float64).ravel()
+            self._check_verified_total(q, total)
             _check_total_against_own(q, tree, total, members)
             tree.absorb(q, total)
             totals.append(np.ascontiguousarray(total, dtype="<f8").tobytes())
             self.state["cells_totals"] = totals
         self._live["cell_tree"] = tree
         return tree
+
+    def _check_verified_total(self, q, total: np.ndarray) -> None:
+        """Under SecAgg+, the relayed total of a cells sum must be the one this site verified itself from the sum's
+        proof (the same words, dequantised and scaled back as the coordinator does); a site that put its input into a
+        SecAgg+ cells sum absorbs no total without that proof."""
+        from ..securesum.quantize import dequantize
+
+        if self.state.get("cells_secagg_round") is None:
+            return  # the previous cells sum was not a SecAgg+ sum (plain: allow-plain; CKKS): nothing to verify
+        want = int(self.state["cells_secagg_round"])
+        got = self._live.get("verified")
+        if got is None or got[0] != want or int(self.state.get("secagg/verified", -1)) != want:
+            raise ProtocolError("the total of the previous cells sum comes without the proof of that SecAgg+ sum; "
+                                "this site absorbs only totals it verified; refusing")
+        _, words, spec = got
+        scale = np.concatenate([np.full(int(k), float(b)) for k, b in q.parts])
+        mine = dequantize(words, spec.fixed_point).reshape(-1) * scale
+        if mine.shape != total.shape or not np.array_equal(mine, total):
+            raise ProtocolError("the relayed total of the previous cells sum is not the total its proof shows; refusing")
+
+    def _cells_binding(self, req: M.SumRequest) -> dict | None:
+        """For a cells sum, the query this site derives itself (its tree advanced with the checked totals): what the
+        task digest binds besides the request's fields. None for other tasks."""
+        if not isinstance(req.task, M.Cells):
+            return None
+        members = self.members(req)
+        tree = self.cell_tree(req.task, members)
+        q = tree.next_query()
+        if q is None:
+            raise ProtocolError("the cell tree is complete: there is no further cells sum to answer; refusing")
+        return q.digest_doc()
 
     def _replayed_tree(self, plan, m: int):
         """The tree as the checked totals this site stored left it (a fresh process replays them)."""
@@ -382,6 +418,11 @@ class SiteWorker:
             check_tree(tree.family(tree.features(members), q), tree.plan.floor)
         u = tree.upload(q, members)
         self.state["cells_next"] = int(q.step) + 1  # answered: never again in this run
+        spec = self._live.get("bound_spec")
+        if req.op in ("secagg-input", "secagg-start") and spec is not None:
+            self.state["cells_secagg_round"] = int(spec.round_index)  # its total is absorbed only with its proof
+        else:
+            self.state.pop("cells_secagg_round", None)
         scale = np.concatenate([np.full(int(k), float(b)) for k, b in q.parts])
         return u / scale
 
@@ -399,6 +440,17 @@ class SiteWorker:
                                             "audit hold-out (audit-holdout > 0)"))
             return
         scores = tuple(req.audit_scores or ("nearest", "kde"))
+        if self.state.get("audit_secagg_round") is not None:
+            from ..securesum.quantize import dequantize
+
+            want = int(self.state["audit_secagg_round"])
+            got = self._live.get("verified")
+            if got is None or got[0] != want:
+                raise ProtocolError("the audit's total comes without the proof of that SecAgg+ sum; this site applies "
+                                    "its audit gate only to a total it verified; refusing")
+            mine = dequantize(got[1], got[2].fixed_point).reshape(-1)
+            if mine.shape != np.shape(req.audit_total) or not np.array_equal(mine, np.ravel(req.audit_total)):
+                raise ProtocolError("the relayed audit total is not the total its proof shows; refusing")
         mia = mia_from_counts(req.audit_total, scores, n_sites=1, aggregation="secagg")
         policy = AuditPolicy(max_auc=float(self.options.get("max-auc", 0.6)),
                              max_empirical_epsilon=float(self.options.get("max-empirical-epsilon", 1.0)))
@@ -473,7 +525,7 @@ class SiteWorker:
         site = int(req.site)
         if plan["distributed_mechanism"] not in INTEGER_MECHANISMS or plan["noise"] != "distributed":
             raise ProtocolError(f"unknown distributed mechanism {plan['distributed_mechanism']!r} in the DP plan")
-        if req.op != "secagg-start":
+        if req.op not in ("secagg-start", "secagg-input"):
             raise ConfigError(bad_value("aggregation", req.op.split("-")[0], f"this site's {plan['distributed_mechanism']} "
                                         "upload is a vector of integers mod 2^k: it goes only into a SecAgg+ sum (secagg)"))
         Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site
@@ -482,7 +534,7 @@ class SiteWorker:
             raise ConfigError(bad_value("landmarks.shape", Y.shape, f"this site has {X.shape[1]} features"))
         _check_request_against_plan(task, plan, gp, site, len(X), Y)
         mech = site_integer_mechanism(plan, gp, site, X.shape[1])
-        spec = decode_spec(req.spec)
+        spec = self._live.get("bound_spec") or decode_spec(req.spec)
         rnd, t = int(task.round), int(task.step or 0)
         Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
         words = site_integer_release(gp, mech, plan, mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, rnd=rnd,
@@ -493,6 +545,7 @@ class SiteWorker:
     def handle(self, fields: dict) -> dict:
         """Answer one request (a flat dict, :mod:`.messages`); a securefed error comes back as ``{"error": ...}``."""
         op = fields.get("op") if isinstance(fields, dict) else None
+        self._live["bound_spec"] = None  # the full spec of the SecAgg+ round this request feeds (set by its handler)
         try:
             if op in M.SumRequest.OPS and isinstance(fields, dict):
                 from .sums import refuse_server_weight
@@ -501,6 +554,7 @@ class SiteWorker:
             req = M.decode_request(fields)
             handlers: dict[type, typing.Callable[[typing.Any], dict]] = {
                 M.Hello: self._hello, M.SumRequest: self._sum, M.ProtocolMessages: self._protocol,
+                M.SecAggSetup: self._secagg_setup,
                 M.CkksEnd: self._ckks_end, M.Rows: self._rows, M.Place: self._place}
             return handlers[type(req)](req)
         except SecureFedError as exc:
@@ -519,6 +573,8 @@ class SiteWorker:
             return self._plain(req)
         if req.op == "secagg-start":
             return self._secagg_start(req)
+        if req.op == "secagg-input":
+            return self._secagg_input(req)
         return self._ckks(req)
 
     def _plain(self, req: M.SumRequest) -> dict:
@@ -529,18 +585,145 @@ class SiteWorker:
         u, extra = self.upload(req)
         return M.encode(M.UploadReply(u, self.weight(req), extra.get("dp_events")))
 
+    # ------------------------------------------------------------------------------ SecAgg+
+    def _store_client(self, client, spec_bytes: bytes, part: str) -> None:
+        """Keep a round's client machine (and which spec it runs under: its setup part, or the full spec) in the
+        state, by round. A finished round is kept until its proof arrives — the last one only; an aborted round is
+        forgotten."""
+        r = int(client.spec.round_index)
+        if client.state == "aborted":
+            self._forget_round(r)
+            return
+        if client.state == "done":
+            last = self.state.get("secagg/last")
+            if last is not None and int(last) != r:
+                self._forget_round(int(last))
+            self.state["secagg/last"] = r
+        from ..securesum.secagg_codec import dump_client
+
+        self.state[f"secagg/{r}/client"] = dump_client(client)
+        self.state[f"secagg/{r}/spec"] = bytes(spec_bytes)
+        self.state[f"secagg/{r}/part"] = part
+        self.save_rng(client._rng)
+
+    def _forget_round(self, r: int) -> None:
+        for k in ("client", "spec", "part"):
+            self.state.pop(f"secagg/{int(r)}/{k}", None)
+
+    def _load_client(self, r: int):
+        """``(client, spec bytes, part)`` of the stored round ``r`` (:class:`ProtocolError` when there is none)."""
+        from ..securesum.secagg import decode_setup, decode_spec
+        from ..securesum.secagg_codec import load_client
+
+        key = f"secagg/{int(r)}/client"
+        if key not in self.state:
+            raise ProtocolError(f"no SecAgg+ round {r} in progress on this site (restarted, or never set up)")
+        raw, part = bytes(self.state[f"secagg/{r}/spec"]), str(self.state[f"secagg/{r}/part"])
+        spec = decode_setup(raw) if part == "setup" else decode_spec(raw)
+        return load_client(self.state[key], spec, self.identity()), raw, part
+
+    def _secagg_setup(self, req: M.SecAggSetup) -> dict:
+        """Prepare SecAgg+ rounds before their inputs exist (late-bound schedule): each setup part checked against
+        this site's floors before anything is made, then one client per round (fresh keys) and its AdvertiseKeys."""
+        from ..securesum.secagg import decode_setup
+        from ..securesum.secagg_client import SecAggClient
+        from ..securesum.threat import check_secagg_spec
+
+        self._pin_seed(req.seed)
+        site = int(req.site)
+        setups = [decode_setup(b) for b in req.setups]
+        floors = [check_secagg_spec(sp, self.options) for sp in setups]  # all of them before any key is made
+        g = self.rng(int(req.seed), site)
+        out: list = []
+        for blob, sp, fl in zip(req.setups, setups, floors):
+            client = SecAggClient(sp, site, self.identity(), random_state=g,
+                                  min_survivors=min(fl.min_survivors, sp.n_clients), colluders=fl.colluders)
+            out += client.start()
+            self._store_client(client, blob, "setup")
+        return M.encode(M.ProtocolReply(out))
+
+    def _verify_proof(self, proof: bytes | None, proof_round: int | None) -> None:
+        """Check the proof of this site's last SecAgg+ sum (it rides on the next request): the total is the sum of
+        the survivors' signed inputs, recomputed here; the verified words are kept for the checks that read the
+        total (the cells, the audit gate)."""
+        if proof is None:
+            return
+        last = self.state.get("secagg/last")
+        if last is None or proof_round is None or int(proof_round) != int(last):
+            raise ProtocolError(f"the request carries the proof of SecAgg+ round {proof_round}; this site's last sum "
+                                f"was round {last}; refusing")
+        client, raw, _ = self._load_client(int(last))
+        words = client.verify_sum(bytes(proof))
+        self._live["verified"] = (int(last), words, client.spec)
+        self.state["secagg/verified"] = int(last)
+
+    def check_digest(self, digest: bytes, req: M.SumRequest, binding: dict | None = None) -> None:
+        """Refuse a secure sum whose spec names another task than the request this site received (with, for the cells,
+        the query this site derived itself) — before anything is computed."""
+        if bytes(digest) != M.upload_digest(req, binding):
+            raise ProtocolError("the secure sum's task digest is not the digest of the request this site received (and "
+                                "of the query it derived): the coordinator sent this site another request than the one "
+                                "the round signs; refusing before anything is computed")
+
+    def _secagg_input(self, req: M.SumRequest) -> dict:
+        """Late-bound SecAgg+: the prepared round ``round_index`` receives its forwarded shares, the proof of the
+        previous sum is checked, the input part's task digest is checked against this request (and the cells query
+        derived here), the round checked against the site's floors with the full spec — then the upload."""
+        from ..securesum.secagg import decode_input
+        from ..securesum.threat import check_secagg_spec, int_option
+        from .sums import dp_min_survivors, request_dp_plan
+
+        self._pin_seed(req.seed)
+        if req.spec is None or req.round_index is None:
+            raise DecodeError("malformed 'secagg-input' message: it needs spec (the input part) and round_index")
+        self._verify_proof(req.proof, req.proof_round)
+        client, raw, part = self._load_client(int(req.round_index))
+        if part != "setup" or client.schedule != "late":
+            raise ProtocolError(f"SecAgg+ round {req.round_index} was not prepared for a late-bound input; refusing")
+        for data in req.msgs or []:
+            client.receive(bytes(data))
+        if client.state != "ready":
+            raise ProtocolError(f"SecAgg+ round {req.round_index} is not ready for its input (state {client.state!r})")
+        inp = decode_input(req.spec)
+        binding = self._cells_binding(req)
+        self.check_digest(inp.task_digest, req, binding)
+        spec = client.spec.bind(inp)
+        weight = self.weight(req)
+        dp = request_dp_plan(req.task) or {}
+        if spec.integer != bool(dp.get("distributed_mechanism")):
+            raise ProtocolError(f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
+                                f"the request's upload is {'an integer encoding' if not spec.integer else 'real-valued'}; "
+                                "refusing")
+        if spec.integer:
+            weight = 1.0
+        floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(dp or None))
+        self._live["bound_spec"] = spec
+        u, extra = self.upload(req)
+        dp_floor = _dp_min_survivors(req.task, spec.n_clients, int_option(self.options, "dp-colluders", 0))
+        floor = max(floors.min_survivors, dp_floor)
+        if isinstance(req.task, M.Cells):
+            floor = spec.n_clients  # every cells sum over the same sites (a sum over fewer would isolate the rest)
+        msgs = client.provide_input(inp, np.ravel(u), weight, min_survivors=min(floor, spec.n_clients))
+        from ..securesum.secagg import encode_spec
+
+        self._store_client(client, encode_spec(spec), "full")
+        reply = M.ProtocolReply(msgs, dp_events=extra.get("dp_events"))
+        return M.encode(reply if spec.integer else dataclasses.replace(reply, secagg_clipped=int(client.clipped)))
+
     def _secagg_start(self, req: M.SumRequest) -> dict:
         """Check the announced SecAgg+ round against this site's floors (:mod:`securefed.securesum.threat`) —
-        before anything is computed — then compute the upload with the site's own weight and start the client."""
+        before anything is computed — then compute the upload with the site's own weight and start the client
+        (the construction schedule: the whole spec and the input at once)."""
         from ..securesum.secagg import decode_spec
         from ..securesum.secagg_client import SecAggClient
-        from ..securesum.secagg_codec import dump_client
         from ..securesum.threat import check_secagg_spec, int_option
         from .sums import dp_min_survivors, request_dp_plan
 
         if req.spec is None:
             raise DecodeError("malformed 'secagg-start' message: missing field 'spec'")
+        self._verify_proof(req.proof, req.proof_round)
         spec = decode_spec(req.spec)
+        self.check_digest(spec.task_digest, req, self._cells_binding(req))
         site = int(req.site)
         weight = self.weight(req)
         dp = request_dp_plan(req.task) or {}
@@ -551,15 +734,17 @@ class SiteWorker:
         if spec.integer:
             weight = 1.0  # integer inputs come weighted by their encoder (its own weight, from the public plan it checked)
         floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(dp or None))
+        self._live["bound_spec"] = spec
         u, extra = self.upload(req)
         g = self.rng(int(req.seed), site)
         dp_floor = _dp_min_survivors(req.task, spec.n_clients, int_option(self.options, "dp-colluders", 0))
+        floor = max(floors.min_survivors, dp_floor)
+        if isinstance(req.task, M.Cells):
+            floor = spec.n_clients
         client = SecAggClient(spec, site, self.identity(), np.ravel(u), weight, g,
-                              min_survivors=min(max(floors.min_survivors, dp_floor), spec.n_clients),
-                              colluders=floors.colluders)
+                              min_survivors=min(floor, spec.n_clients), colluders=floors.colluders)
         msgs = client.start()
-        self.state.update(spec=bytes(req.spec), client=dump_client(client))
-        self.save_rng(client._rng)
+        self._store_client(client, bytes(req.spec), "full")
         return M.encode(M.ProtocolReply(msgs, dp_events=extra.get("dp_events")))
 
     def _protocol(self, req: M.ProtocolMessages) -> dict:
@@ -567,26 +752,28 @@ class SiteWorker:
             from .sums import site_handle_ckks
 
             return site_handle_ckks(req, self, None)
-        from ..securesum.secagg import decode_spec
-        from ..securesum.secagg_codec import dump_client, load_client
+        from ..securesum.messages import peek_header
 
-        if "client" not in self.state:
-            raise ProtocolError("no SecAgg+ round in progress on this site (restarted?)")
-        spec = decode_spec(self.state["spec"])
-        client = load_client(self.state["client"], spec, self.identity())
         out: list = []
-        try:
-            for data in req.msgs:
-                out += client.receive(bytes(data))
-        finally:
-            self.state["client"] = dump_client(client)
-            self.save_rng(client._rng)
-            if client.state in ("done", "aborted"):
-                self.state.pop("client", None)
-                self.state.pop("spec", None)
-        if spec.integer:
-            return M.encode(M.ProtocolReply(out))  # an integer round clips nothing after the noise: no count to send
-        return M.encode(M.ProtocolReply(out, secagg_clipped=int(client.clipped)))
+        clipped = None
+        by_round: dict = {}
+        for data in req.msgs:
+            try:
+                by_round.setdefault(int(peek_header(bytes(data))[2]), []).append(bytes(data))
+            except SecureFedError:
+                raise
+            except Exception as exc:
+                raise DecodeError(f"malformed SecAgg+ message: {exc}") from None
+        for r, msgs in sorted(by_round.items()):
+            client, raw, part = self._load_client(r)
+            try:
+                for data in msgs:
+                    out += client.receive(data)
+            finally:
+                self._store_client(client, raw, part)
+            if part == "full" and not client.spec.integer:
+                clipped = int(client.clipped)
+        return M.encode(M.ProtocolReply(out, secagg_clipped=clipped))
 
     def _ckks(self, req: M.SumRequest) -> dict:
         from .sums import site_handle_ckks
@@ -646,6 +833,7 @@ class SiteWorker:
             raise ProtocolError("this site has placed its records in this run already (once per run: placements "
                                 "against other maps would reveal more of each record); refusing")
         members = self.members(req)
+        self._verify_proof(req.proof, req.proof_round)
         self._check_landmarks(req.cells, req.previous, req.Y, req.space, members)
         if self.state.get("cells_plan") is not None:
             self._site_audit_gate(req)

@@ -34,6 +34,7 @@ import json
 import os
 import time
 import typing
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,7 +42,8 @@ from ..errors import ConfigError, DecodeError, ProtocolAbortedError, ProtocolErr
 from ..securesum.base import AggregateResult
 from ..securesum.messages import sender_of
 from ..securesum.quantize import dequantize, plan_fixed_point, warn_clipped
-from .messages import CkksEnd, ProtocolMessages, ProtocolReply, SumRequest, UploadReply, decode_reply, encode
+from .messages import (CkksEnd, ProtocolMessages, ProtocolReply, SecAggSetup, SumRequest, UploadReply, decode_reply,
+                       decode_request, encode, upload_digest)
 
 __all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site_handle_ckks", "refuse_server_weight",
            "CKKS_END_WAIT"]
@@ -51,7 +53,7 @@ CKKS_END_WAIT = 10.0
 
 
 def secure_sum(co, task, label: str, clip: float | None, weights: str | None = None, tap=None,
-               integer_bits: int | None = None, *, out_shape, scales=None):
+               integer_bits: int | None = None, *, out_shape, scales=None, binding: dict | None = None):
     """One federated weighted sum of the live sites' uploads for ``task`` (generator; returns AggregateResult).
 
     ``task`` is the typed task (:data:`securefed.federation.messages.TASKS`) and ``out_shape`` the shape of the
@@ -60,7 +62,8 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     divided by its public bound on the site (``scale_lengths`` / ``scale_bounds``); ``tap(site, reply)`` sees each
     site's reply to the request that carried its upload (DP ledger mirror). ``integer_bits``: the uploads are
     already integers mod ``2^integer_bits`` (weighted by their encoder): a SecAgg+ round with integer input, whose
-    ``total`` is the sum's raw words mod ``2^integer_bits`` (SecAgg+ only).
+    ``total`` is the sum's raw words mod ``2^integer_bits`` (SecAgg+ only). ``binding``: what each site derives
+    itself for this sum (the cells' query), bound into the task digest with the request's fields.
     """
     t0 = time.perf_counter()
     rule = weights or co.plan.weights
@@ -70,8 +73,13 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     if scales is not None:
         head.update(scale_lengths=[int(k) for k, _ in scales], scale_bounds=[float(b) for _, b in scales])
 
-    def request(op: str, site: int, spec: bytes | None = None) -> dict:
-        return encode(SumRequest(op=op, site=int(site), task=task, spec=spec, **head))
+    def request(op: str, site: int, spec: bytes | None = None, probe: bool = False, **transport) -> dict:
+        """The request of ``site``; the first one a site receives for this sum carries the proof of its previous
+        SecAgg+ sum (``probe``: the fields alone, for the task digest)."""
+        proof = None if probe else co._proofs.pop(int(site), None)
+        if proof is not None:
+            transport.update(proof_round=proof[0], proof=proof[1])
+        return encode(SumRequest(op=op, site=int(site), task=task, spec=spec, **head, **transport))
 
     shape = tuple(int(v) for v in out_shape)
     co.emit("aggregate", label=label, protocol=co.plan.aggregation, live=live)
@@ -79,7 +87,7 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     if co.plan.aggregation == "plain":
         agg = yield from _plain(co, request, shape, rule, label, tap)
     elif co.plan.aggregation == "secagg":
-        agg = yield from _secagg(co, request, shape, rule, label, clip, tap, integer_bits)
+        agg = yield from _secagg(co, request, shape, rule, label, clip, tap, integer_bits, binding)
     elif integer_bits is not None:
         raise ConfigError(bad_value(co.plan.name("aggregation"), co.plan.aggregation, "integer uploads need an exact "
                                     "modular sum: use secagg"))
@@ -108,26 +116,106 @@ def _plain(co, request, shape: tuple, rule: str, label: str, tap):
     return AggregateResult(total, tuple(surv), co.sites.weight_total(surv, rule), "plain")
 
 
-def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer_bits: int | None = None):
-    from ..securesum.quantize import integer_plan
-    from ..securesum.secagg import RoundSpec, encode_spec
+#: SecAgg+ rounds set up together (advertise and share for all of them in two round trips) before their inputs exist
+PREPARED_ROUNDS = 8
+
+
+@dataclass
+class PreparedRound:
+    """A SecAgg+ round whose advertise and share stages are done (the late-bound schedule): its server waits for the
+    input part; ``forwarded`` holds each site's ForwardedShares, delivered with that site's input request."""
+
+    server: object
+    setup: object
+    forwarded: dict
+
+
+def _prepare_rounds(co, count: int):
+    """Set up ``count`` SecAgg+ rounds at once — fresh keys for each — before their inputs are known (generator):
+    one request carries every setup part, the advertise and share stages of all of them ride on the same two round
+    trips; the forwarded shares wait for each round's input request. Returns the prepared rounds."""
+    from ..securesum.messages import peek_header
+    from ..securesum.secagg import SetupSpec, encode_setup
     from ..securesum.secagg_server import SecAggServer
 
     n = len(co.sites.names)
     sec = co.secagg_session()
     gp = sec.graph_parameters(n)
+    setups = []
+    for _ in range(count):
+        setups.append(SetupSpec(sec.session_id, sec._counter[0], n, gp.degree, gp.threshold, sec.session_id,
+                                tuple(co.sites.identities), tuple(sec.timeouts.items()), gp.quorum))
+        sec._counter[0] += 1
+    servers = {sp.round_index: SecAggServer(sp, co.now) for sp in setups}
+    blobs = [encode_setup(sp) for sp in setups]
+    live = sorted(co.sites.live)
+    payloads = {i: encode(SecAggSetup(site=i, setups=blobs, seed=int(co.plan.seed),
+                                      audit_holdout=float(co.plan.audit_holdout))) for i in live}
+    co.emit("stage", label=f"prepare {count} secure sums", stage="advertise", protocol="secagg")
+    forwarded: dict = {r: {} for r in servers}
+    while True:
+        deadline = min(sv.deadline for sv in servers.values() if sv.stage not in ("ready", "done", "aborted"))
+        replies = yield from co.ask(payloads, deadline - co.now)
+        before = {rnd: sv.stage for rnd, sv in servers.items()}
+        outgoing: dict = {}
+        for i, fields in sorted(replies.items()):
+            for data in fields.get("msgs", []) if isinstance(fields.get("msgs", []), list) else []:
+                if not isinstance(data, (bytes, bytearray)) or sender_of(data) != i:
+                    continue
+                try:
+                    rnd = peek_header(bytes(data))[2]
+                except Exception:  # a malformed header: the machines never see it
+                    continue
+                if rnd in servers:
+                    outgoing.setdefault(rnd, []).extend(servers[rnd].receive(bytes(data), co.now))
+        for rnd, sv in servers.items():
+            if sv.stage in ("advertise", "share") and sv.stage == before[rnd]:  # every site answered, or the deadline
+                outgoing.setdefault(rnd, []).extend(sv.tick(max(co.now, sv.deadline)))
+        by_site: dict = {}
+        for rnd, out in outgoing.items():
+            for rid, data in out:
+                if servers[rnd].stage == "ready":
+                    forwarded[rnd].setdefault(rid, []).append(data)  # delivered with the input request
+                else:
+                    by_site.setdefault(rid, []).append(data)
+        if all(sv.stage == "ready" for sv in servers.values()):
+            break
+        if not by_site:
+            raise ProtocolAbortedError(f"secagg: preparing {count} rounds, stage {[sv.stage for sv in servers.values()]} "
+                                       "has nobody to ask")
+        payloads = {rid: encode(ProtocolMessages("secagg", msgs)) for rid, msgs in by_site.items()}
+    return [PreparedRound(servers[sp.round_index], sp, forwarded[sp.round_index]) for sp in setups]
+
+
+def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer_bits: int | None = None,
+            binding: dict | None = None):
+    """One SecAgg+ sum in the late-bound schedule: a prepared round (set up in a batch, :func:`_prepare_rounds`), its
+    input part bound to the task digest every site recomputes, three round trips (masked input with the forwarded
+    shares and the previous sum's proof, consistency, unmask); the proof of this sum is kept for the next request
+    each survivor receives."""
+    from ..securesum.quantize import integer_plan
+    from ..securesum.secagg import InputSpec, encode_input
+
+    n = len(co.sites.names)
+    if not co._prepared:
+        co._prepared = yield from _prepare_rounds(co, PREPARED_ROUNDS)
+    pr = co._prepared.pop(0)
+    server = pr.server
     w = co.sites.weights(rule)
     integer = integer_bits is not None
+    sec = co.secagg_session()
     if integer:  # the encoder weighted, clipped and rounded: a plain modular sum of words
         fp = integer_plan(int(integer_bits), n)
     else:
         fp = plan_fixed_point(float(clip), w, modulus_bits=sec.modulus_bits, fractional_bits=sec.fractional_bits)
-    spec = RoundSpec(sec.session_id, sec._counter[0], n, gp.degree, gp.threshold, sec.session_id, int(np.prod(shape)), fp,
-                     tuple(co.sites.identities), tuple(sec.timeouts.items()), gp.quorum, integer)
-    sec._counter[0] += 1
-    server = SecAggServer(spec, co.now)
-    sb = encode_spec(spec)
-    payloads = {i: request("secagg-start", i, sb) for i in sorted(co.sites.live)}
+    probe = request("secagg-input", 0, probe=True)
+    digest = upload_digest(decode_request(probe), binding)
+    inp = InputSpec(int(np.prod(shape)), fp, integer, digest)
+    server.open_input(inp, co.now)
+    ib = encode_input(inp)
+    live = sorted(co.sites.live)
+    payloads = {i: request("secagg-input", i, ib, round_index=pr.setup.round_index, msgs=pr.forwarded.get(i, []))
+                for i in live}
     rejected: list = []
     clipped: dict = {}
     yield from relay(co, server, payloads, "secagg", label, rejected, clipped, "secagg_clipped", tap)
@@ -135,6 +223,8 @@ def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer
         if i not in server.survivors:
             co.sites.drop(i, "not among the SecAgg+ survivors")
     surv = tuple(int(i) for i in server.survivors)
+    co._proofs = {i: (pr.setup.round_index, server.proof()) for i in surv}
+    server.forget()
     n_clipped = int(sum(clipped.get(i, 0) for i in surv))
     if integer:
         if clipped:
@@ -143,12 +233,14 @@ def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer
     else:
         warn_clipped(n_clipped, float(clip), f"SecAgg+ sum '{label}'")
         total = dequantize(server.result, fp).reshape(shape)
+    spec = server.spec
     return AggregateResult(total, surv, co.sites.weight_total(surv, rule),
                            "secagg", n_clipped, int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
                            int(sum(server.bytes_in.values())), 0.0,
                            {"degree": spec.degree, "threshold": spec.threshold, "quorum": spec.signatures_needed,
                             "fixed_point": fp.as_dict(), "dropped_at": {k: list(v) for k, v in server.dropped_at.items()},
-                            "rejected": rejected})
+                            "rejected": rejected, "schedule": "late", "task_digest": digest.hex(),
+                            "blame": list(getattr(server, "blame", ())), "suspects": list(getattr(server, "suspects", ()))})
 
 
 def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipped: dict, clip_key: str, tap=None):
@@ -202,7 +294,8 @@ def _ckks(co, request, shape: tuple, rule: str, label: str, clip, tap):
     from ..securesum.ckks import CKKSServer, encode_ckks_spec
 
     w = co.sites.weights(rule)
-    spec = ckks_round_spec(co, w, int(np.prod(shape)), clip)
+    spec = ckks_round_spec(co, w, int(np.prod(shape)), clip,
+                           task_digest=upload_digest(decode_request(request("ckks-start", 0, probe=True))))
     server = CKKSServer(spec, co.now)
     sb = encode_ckks_spec(spec)
     started = sorted(co.sites.live)
@@ -233,7 +326,7 @@ def _ckks(co, request, shape: tuple, rule: str, label: str, clip, tap):
          "blame": list(server.blame)})
 
 
-def ckks_round_spec(co, w, length: int, clip):
+def ckks_round_spec(co, w, length: int, clip, task_digest: bytes | None = None):
     """The public CKKS round parameters for the live sites (fresh session id from ``os.urandom``).
 
     ``min_survivors`` is the plan's ``ckks_min_survivors`` (unset → 2), at least the DP t under distributed noise
@@ -270,7 +363,8 @@ def ckks_round_spec(co, w, length: int, clip):
     fallbacks = tuple(i for i in live if i != kh)[:n_fb]
     params = choose_ckks_parameters(length, plan.ckks_precision, M, len(live), FLOOD_BITS, 1 + len(fallbacks))
     spec = CKKSRoundSpec(os.urandom(16), 0, n, kh, params, float(clip), tuple(sites.identities), min_surv,
-                         plan.ckks_verify, tuple(tmo.items()), int(plan.ckks_quorum or 0), M, FLOOD_BITS, fallbacks)
+                         plan.ckks_verify, tuple(tmo.items()), int(plan.ckks_quorum or 0), M, FLOOD_BITS, fallbacks,
+                         **({} if task_digest is None else {"task_digest": task_digest}))
     if len(live) < spec.signatures_needed:
         raise ProtocolAbortedError(f"only {len(live)} of {n} sites are live; a CKKS sum is decrypted only when "
                                    f"{spec.signatures_needed} sites confirm the survivor set (a majority of all sites "
@@ -374,6 +468,7 @@ def site_handle_ckks(req, worker, upload) -> dict:
         if req.spec is None:
             raise DecodeError("malformed 'ckks-start' message: missing field 'spec'")
         spec = decode_ckks_spec(req.spec)
+        worker.check_digest(spec.task_digest, req, worker._cells_binding(req))
         check_spec_floors(spec, worker.options, request_dp_plan(req.task), worker.weight(req))
         u, weight = upload(req)
         client = CKKSClient(spec, int(req.site), worker.identity(), np.ravel(u), float(weight))

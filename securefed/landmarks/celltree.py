@@ -478,6 +478,15 @@ class CellTree:
         self._set_frontier(new)
 
     # ------------------------------------------------------------------------------ the result
+    def released_counts(self) -> list:
+        """The record count of every cell whose feature sums were released (the root and every released child)."""
+        out, stack = [], [self.root]
+        while stack:
+            c = stack.pop()
+            out.append(c.count)
+            stack += [x for x in c.children if x.released]
+        return out
+
     def leaves(self) -> list:
         out, stack = [], [self.root]
         while stack:

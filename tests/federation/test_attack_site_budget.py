@@ -244,7 +244,7 @@ def test_a_coordinator_cannot_force_distributed_noise_on_a_site(tmp_path):
     assert plan.landmark_method == "billboard" and plan.noise == "local"
     replies = []
 
-    def lie(address, fields):
+    def lie(address, fields):  # told to the victim alone, and signed in the round spec (sign_lies)
         if address == 1001 and "billboard" in fields:
             bp = json.loads(fields["billboard"])
             fields["billboard"] = json.dumps(dict(bp, noise="distributed", t=3))
@@ -256,7 +256,7 @@ def test_a_coordinator_cannot_force_distributed_noise_on_a_site(tmp_path):
 
     workers = _workers(arrays, tmp_path)
     try:
-        _drive(plan, workers, tmp_path, before_request=lie, after_reply=watch)
+        _drive(plan, workers, tmp_path, before_request=lie, after_reply=watch, sign_lies=True)
     except SecureFedError:
         pass  # without the victim the run may or may not finish: what matters is what the victim sent and booked
     assert replies and all("error" in r for r in replies), replies

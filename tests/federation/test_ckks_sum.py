@@ -13,6 +13,8 @@ import pytest
 from securefed.errors import ConfigError, ProtocolAbortedError
 from securefed.federation import Coordinator, InMemoryExchange, SiteWorker
 from securefed.federation.coordinator import Sites
+from securefed.federation.inprocess import _rebind_digest
+from securefed.federation.messages import request_digest
 from securefed.federation.wire import put_array
 from securefed.federation.site import as_task, compute_upload
 from securefed.federation.sums import check_spec_floors, ckks_round_spec, dp_min_survivors, secure_sum
@@ -213,7 +215,9 @@ def _start_fields(workers, **spec_kw):
               identity_keys=tuple(crypto.ed25519_public_bytes(workers[i].identity()) for i in range(3)),
               min_survivors=2, verify="recompute", quorum=0)
     kw.update(spec_kw)
-    return dict(TASK, op="ckks-start", site=1, seed=3, weights="uniform", spec=encode_ckks_spec(CKKSRoundSpec(**kw)))
+    fields = dict(TASK, op="ckks-start", site=1, seed=3, weights="uniform")
+    kw.setdefault("task_digest", request_digest(fields))  # the spec names the request the site receives
+    return dict(fields, spec=encode_ckks_spec(CKKSRoundSpec(**kw)))
 
 
 WEAK = {  # spec change → (site option named in the refusal, site options that accept it)
@@ -246,6 +250,7 @@ def test_site_floor_from_distributed_dp_noise_and_bad_options(arrays):
     plan = {"noise": "distributed", "min_survivors": None, "sizes": [30, 35, 40]}  # t = all 3 sites
     f = {k: v for k, v in _start_fields(workers, min_survivors=2).items() if k not in TASK}  # a DP gradient upload
     f = put_array(dict(f, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
+    f = _rebind_digest(f)  # the round spec names this request
     rep = SiteWorker({"site-name": "s1"}, arrays[1], state=dict(workers[1].state)).handle(f)
     assert rep["error"].startswith("ProtocolError") and "t = 3" in rep["error"] and "ckks-min-survivors >= 3" in rep["error"]
     rep = SiteWorker({"site-name": "s1", "ckks-min-survivors": 1}, arrays[1], state=dict(workers[1].state)).handle(f)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from securefed.federation.messages import request_digest
 from securefed.federation.wire import put_array
 from securefed.accounting.distributed import (_DistributedInteger, ddg_epsilon, integer_sensitivity, padded_dimension,
                                               skellam_epsilon)
@@ -130,14 +131,14 @@ def test_released_epsilon_is_the_papers_bound_recomputed(sites, kind):
 
 
 def _lying_exchange(sites, change):
-    def lie(a, f):
+    def lie(a, f):  # the coordinator lies to s0 and signs its lie in the round spec (else the digest check bites first)
         if "dp" in f and a == 1000:
             plan = json.loads(f["dp"])
             change(plan)
             f["dp"] = json.dumps(plan)
         return f
 
-    return InMemoryExchange(_workers(sites), before_request=lie)
+    return InMemoryExchange(_workers(sites), before_request=lie, sign_lies=True)
 
 
 @pytest.mark.parametrize("lie,why", [("noise", "own calibration"), ("bits", "wrap-around"), ("granularity", "granularity"),
@@ -232,10 +233,12 @@ def test_site_refuses_a_round_whose_input_kind_does_not_match_its_plan(sites, ki
     fp = integer_plan(32, N_SITES) if integer else plan_fixed_point(1.0, np.ones(N_SITES), modulus_bits=32)
     sid = os.urandom(16)
     keys = tuple(crypto.ed25519_public_bytes(crypto.ed25519_keypair()[0]) for _ in range(N_SITES))
-    spec = RoundSpec(sid, 0, N_SITES, N_SITES - 1, 2, sid, N_Y * M, fp, keys, tuple(DEFAULT_TIMEOUTS.items()), 0, integer)
+    fields = put_array({"op": "secagg-start", "site": 0, "dp": sp.wire_plan(), "task": "gradient", "weights": "records",
+                        "gamma": 0.25}, "Y", np.zeros((N_Y, M)))
+    spec = RoundSpec(sid, 0, N_SITES, N_SITES - 1, 2, sid, N_Y * M, fp, keys, tuple(DEFAULT_TIMEOUTS.items()), 0, integer,
+                     request_digest(fields))
     worker = SiteWorker({"site-name": "s0", **_options()}, sites[0])
-    rep = worker.handle(put_array({"op": "secagg-start", "site": 0, "spec": encode_spec(spec), "dp": sp.wire_plan(),
-                                   "task": "gradient", "weights": "records", "gamma": 0.25}, "Y", np.zeros((N_Y, M))))
+    rep = worker.handle(dict(fields, spec=encode_spec(spec)))
     assert rep["error"].startswith("ProtocolError") and "refusing" in rep["error"]
     assert "the request's upload is" in rep["error"], rep["error"]
 

@@ -21,6 +21,7 @@ from securefed.federation import Coordinator, InMemoryExchange, SiteWorker
 from securefed.federation.coordinator import Sites
 from securefed.federation.site import as_task, compute_upload
 from securefed.federation.sums import secure_sum
+from securefed.federation.messages import request_digest
 from securefed.federation.wire import put_array
 from securefed.plan import RunPlan
 from securefed.securesum.graph import choose_parameters
@@ -40,16 +41,23 @@ def _sites(n, seed=3):
     return arrays, workers, keys
 
 
-def _spec(n, keys, k=None, t=None, q=None, weights=None, clip=8.0, d=4):
+def _spec(n, keys, k=None, t=None, q=None, weights=None, clip=8.0, d=4, rule="uniform", fields=None):
+    """A round spec the (test) server announces, bound to the request every site receives (its task digest)."""
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = plan_fixed_point(clip, np.ones(n) if weights is None else weights, modulus_bits=64)
+    digest = request_digest(fields if fields is not None else dict(TASK, op="secagg-start", site=0, seed=0, weights=rule))
     return RoundSpec(sid, 0, n, gp.degree if k is None else k, gp.threshold if t is None else t, sid, d, fp, keys,
-                     tuple(DEFAULT_TIMEOUTS.items()), gp.quorum if q is None else q)
+                     tuple(DEFAULT_TIMEOUTS.items()), gp.quorum if q is None else q, False, digest)
 
 
 def _start(spec, i, rule="uniform", **extra):
     return dict(TASK, op="secagg-start", site=i, seed=0, spec=encode_spec(spec), weights=rule, **extra)
+
+
+def _clients(worker):
+    """The SecAgg+ client machines a site keeps (by round)."""
+    return [k for k in worker.state if k.startswith("secagg/") and k.endswith("/client")]
 
 
 def _drive(workers, spec, fields):
@@ -88,9 +96,9 @@ def test_weight_attack_is_refused_and_the_sites_weigh_themselves():
     server, errors = _drive(workers, spec, lambda i: _start(spec, i, "records", weight=float(zero[i])))
     assert sorted(errors) == list(range(n)) and server.result is None
     assert all("weight" in e and "never takes a weight from the server" in e for e in errors.values())
-    assert all("client" not in w.state and "rng" not in w.state for w in workers)  # nothing computed
+    assert all(not _clients(w) and "rng" not in w.state for w in workers)  # nothing computed
     # the same round without the server's weights: each site weighs itself by its own record count
-    spec = _spec(n, keys, weights=sizes)
+    spec = _spec(n, keys, weights=sizes, rule="records")
     server, errors = _drive(workers, spec, lambda i: _start(spec, i, "records"))
     assert errors == {} and server.survivors == tuple(range(n))
     ups = [compute_upload(dict(TASK), X, np.random.default_rng([0, i])) for i, X in enumerate(arrays)]
@@ -105,7 +113,8 @@ def test_ckks_site_refuses_a_server_weight():
 
     arrays, workers, keys = _sites(3)
     params = choose_ckks_parameters(4, 1e-6, 200.0, 3)
-    spec = CKKSRoundSpec(b"w" * 16, 0, 3, 0, params, 8.0, keys, 2, max_abs_sum=200.0)
+    spec = CKKSRoundSpec(b"w" * 16, 0, 3, 0, params, 8.0, keys, 2, max_abs_sum=200.0,
+                         task_digest=request_digest(dict(TASK, op="ckks-start", site=1, seed=0, weights="records")))
     rep = workers[1].handle(dict(TASK, op="ckks-start", site=1, seed=0, weights="records", weight=0.0,
                                  spec=encode_ckks_spec(spec)))
     assert rep["error"].startswith("ProtocolError") and "weight" in rep["error"]
@@ -121,9 +130,9 @@ def _refusal(n, keys, workers, options=None, **spec_kw):
     w = SiteWorker({"site-name": "h1", **(options or {})}, workers[1]._records, state=dict(workers[1].state))
     rep = w.handle(_start(spec, 1))
     if "error" in rep:
-        assert "client" not in w.state and "rng" not in w.state  # refused before anything was computed
+        assert not _clients(w) and "rng" not in w.state  # refused before anything was computed
         return rep["error"]
-    assert "client" in w.state and len(rep["msgs"]) == 1
+    assert _clients(w) and len(rep["msgs"]) == 1
     return None
 
 
@@ -185,12 +194,12 @@ def test_distributed_dp_floor_counts_the_colluders():
     n = 4
     _, workers, keys = _sites(n)
     plan = {"noise": "distributed", "min_survivors": 3, "sizes": [20, 23, 26, 29]}
-    spec = _spec(n, keys)
-    fields = {k: v for k, v in _start(spec, 1).items() if k not in TASK}  # a gradient upload carrying the DP plan
+    fields = {k: v for k, v in _start(_spec(n, keys), 1).items() if k not in TASK}  # a gradient upload, DP plan
     fields = put_array(dict(fields, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
+    fields["spec"] = encode_spec(_spec(n, keys, fields=fields))
     w = SiteWorker({"site-name": "h1", "dp-colluders": 2}, workers[1]._records, state=dict(workers[1].state))
     err = w.handle(fields)["error"]
-    assert "t = 3 and dp-colluders = 2" in err and "needs 5 survivors" in err and "client" not in w.state
+    assert "t = 3 and dp-colluders = 2" in err and "needs 5 survivors" in err and not _clients(w)
 
 
 # ------------------------------------------------------------------------------------------- the relay
@@ -203,7 +212,7 @@ def test_relay_drops_a_message_whose_sender_is_another_site():
     arrays, workers, keys = _sites(n)
 
     def relabel(address, request, reply):
-        if address == 1 and request.get("op") == "secagg":
+        if address == 1 and request.get("op") in ("secagg", "secagg-input"):
             msgs = []
             for m in reply.get("msgs", []):
                 if peek_header(m)[0] is MaskedInput:
