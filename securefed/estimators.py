@@ -32,11 +32,10 @@ from .data import check_sites
 from .errors import ConfigError, bad_value
 from .embedding.stages import seed_from
 from .kernels import local_median_sq_dist, median_gamma
+from .plan import NYSTROM_MODES
 
 __all__ = ["FedTSNE", "FedUMAP", "FedSpectralClustering", "CentralizedTSNE", "CentralizedUMAP",
            "CentralizedSpectralClustering", "FederatedParams", "NYSTROM_MODES", "plan_options"]
-
-NYSTROM_MODES = ("rows", "local")
 
 
 @dataclasses.dataclass(frozen=True)

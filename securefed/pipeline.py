@@ -24,10 +24,15 @@ from .errors import ConfigError, LedgerError, SecureFedError, bad_value
 from .progress import ProgressPrinter
 from .report.layout import clean, write_json, write_run_result
 
-__all__ = ["run", "run_job", "FED_METHODS", "PEER_METHOD_NAMES"]
+__all__ = ["run_job", "JOB_DEFAULTS", "FED_METHODS", "PEER_METHOD_NAMES"]
 
 FED_METHODS = ("tsne", "umap", "spectral")
 PEER_METHOD_NAMES = ("dsne", "fdsne", "dp-dsne", "gtm")
+#: the job's own settings (not run-plan options) and their defaults: ``securefed run``'s flags of the same names
+JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "site": None, "id_column": None, "keep_column": None,
+                "layer": None, "clients": 10, "partition": "label", "method": "tsne",
+                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
+                "force": False}
 
 
 def _versions() -> dict:
@@ -48,15 +53,6 @@ class _Log:
     def __call__(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
-
-
-def run(args) -> dict:
-    """``securefed run`` from its parsed arguments; returns the metrics (also in ``<out>/metrics.json``)."""
-    from .cli.run import JOB_DEFAULTS, plan_options_from_args
-
-    job = {k: getattr(args, k) for k in JOB_DEFAULTS}
-    job["audit"] = args.audit
-    return run_job(job, plan_options_from_args(args))
 
 
 _DATA_FLAGS = (("spec", "--site"), ("id_column", "--id-column"), ("label_column", "--label-column"),
