@@ -48,7 +48,7 @@ _GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_ro
            ("run", ("seed", "n_jobs")))
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown for every option with a value; a switch (``--audit`` / ``--no-audit``, ``--standardize``) says
     in its own help whether it is the default, instead of one "(default: True)" under both halves of a pair."""
 
@@ -59,11 +59,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def register(subparsers) -> argparse.ArgumentParser:
+    from .main import exit_codes_epilog
+
     p = subparsers.add_parser(
         "run", help="run one federated job (landmarks → audit gate → embedding) on built-in data or a file",
         description="Run a federated t-SNE / UMAP / spectral clustering job. With no flags: digits, 10 sites, one "
                     "class per site, Fed-tSNE compared with centralized t-SNE, outputs in ./securefed-run.",
-        formatter_class=_HelpFormatter)
+        epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     job = p.add_argument_group("the job")
     job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
                      help="digits | breast_cancer | wine | iris | mnist5k, or a .csv/.npy/.npz path")
@@ -153,7 +155,9 @@ def run_command(args) -> int:
         print(f"  remedy: {remedy}")
     print(f"outputs in {out}: report.html (the privacy report), embedding.png, embedding.csv, metrics.json, "
           "result.json")
-    return 0 if verdict["status"] == "pass" else 1
+    from .main import EXIT_FAIL, EXIT_PASS
+
+    return EXIT_PASS if verdict["status"] == "pass" else EXIT_FAIL
 
 
 def _fmt(v) -> str:
