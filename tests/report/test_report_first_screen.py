@@ -59,6 +59,8 @@ def test_under_dp_the_first_screen_names_the_audit_counts_outside_epsilon(tmp_pa
     s = rep["summary"]
     assert s["epsilon_short"].startswith("ε = 2 (δ = 1e-5); the membership audit's ROC counts")
     assert "released outside ε: un-noised aggregate counts" in s["epsilon_short"]
+    assert s["epsilon"].endswith("Also outside ε: the membership audit's ROC counts (members vs held-out records, "
+                                 "summed over sites) are released outside ε: un-noised aggregate counts.")
     first = html.split("<h3>Who could learn what</h3>")[0]
     assert "ε = 2 (δ = 1e-5); the membership audit&#x27;s ROC counts" in first
     checks = {c["check"]: c for c in s["checks"]}
