@@ -582,10 +582,10 @@ def checks_against_limits(run: RunFolder, mode: dict, verdict: dict, gate: dict 
         return "pass" if ok else ("fail (overridden)" if gate_status == "fail (overridden)" else "fail")
 
     out.append({"check": "membership attack on the landmarks: AUC (0.5 = coin toss)",
-                "figure": show(auc, 3) if ran else "—", "limit": f"≤ {show(max_auc, 3)}",
+                "figure": f"{auc:.3f}" if ran else "—", "limit": f"≤ {show(max_auc, 3)}",
                 "result": status(auc <= max_auc) if ran else "not run"})
     out.append({"check": "ε that attack proves at least (empirical bound)",
-                "figure": show(emp, 3) if ran and emp is not None else "—", "limit": f"≤ {show(max_emp, 3)}",
+                "figure": f"{emp:.2f}" if ran and emp is not None else "—", "limit": f"≤ {show(max_emp, 3)}",
                 "result": status(emp <= max_emp) if ran and emp is not None else "not run"})
     rec_status = verdict.get("reconstruction")
     if rec_status == "nothing left":
