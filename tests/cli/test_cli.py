@@ -170,8 +170,34 @@ def test_audit_of_a_missing_folder_is_a_one_line_error(tmp_path, capsys):
 
 
 def _securefed_cmd():
+    """The ``securefed`` command of this checkout in a real subprocess: the console script when it runs this
+    checkout's package, else ``python -m securefed.cli`` (a console script installed from another checkout would
+    test other code than the suite's)."""
+    import securefed
+
     exe = shutil.which("securefed")
-    return [exe] if exe else [sys.executable, "-m", "securefed.cli"]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(securefed.__file__)))
+    return [exe] if exe and _installed_is(here) else [sys.executable, "-m", "securefed.cli"]
+
+
+def _installed_is(here: str) -> bool:
+    """Whether the installed package (what the console script imports, from a neutral folder) is ``here``'s."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        out = subprocess.run([sys.executable, "-c", "import securefed, os; print(os.path.abspath(securefed.__file__))"],
+                             capture_output=True, text=True, timeout=120, cwd=d,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout.strip()
+    return out.startswith(os.path.abspath(here) + os.sep)
+
+
+def _env(**extra):
+    """The subprocess's environment: this checkout's package first on the path."""
+    import securefed
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(securefed.__file__)))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 @pytest.mark.slow
@@ -180,7 +206,7 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
     progress, the map is good, and both run and the later `securefed audit` give the same verdict — fail,
     because rows let the coordinator reconstruct every record (exit 1, the reason named)."""
     out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env = _env(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     cmd = _securefed_cmd() + ["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20",
                               "--landmark-method", "feddl", "--nystrom", "rows", "--rounds", "5",
                               "--no-compare-centralized", "--out", str(out)]
@@ -205,7 +231,7 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
 @pytest.mark.slow
 def test_subprocess_bad_input_has_no_traceback(tmp_path):
     p = subprocess.run(_securefed_cmd() + ["run", "--dataset", "nosuch", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_env())
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
