@@ -105,6 +105,7 @@ def _snapshot(folder):
             if (folder / p).is_file()}
 
 
+@pytest.mark.slow
 def test_an_earlier_run_is_never_overwritten_without_force(tmp_path, capsys):
     out = tmp_path / "run"
     run = ["run", *SMALL, "--cell-floor", "6", "--no-audit"]
@@ -193,6 +194,7 @@ def test_h5ad_sites_get_the_map_back_in_obsm(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------ public bounds
 
 
+@pytest.mark.slow
 def test_bounds_of_the_users_own_records_come_from_the_user(tmp_path, capsys):
     """A DP parameter read off the records is a release outside ε: on --site data the clip norm and the value bound
     are the user's (a typed error naming the flag), never max|x|·√m of the pooled records called 'public'."""
