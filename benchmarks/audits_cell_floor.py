@@ -37,6 +37,7 @@ def main(floors, holdouts):
         for floor, hold in [(f, h) for f in floors for h in holdouts]:
             t0 = time.perf_counter()
             est = FedTSNE(nystrom="local", landmark_method="cells", cell_floor=floor, audit_holdout=hold,
+                          aggregation="plain",
                           allow_audit_failure=True, random_state=0).fit(sites)
             ca = classification_accuracy(est.embedding_, y, random_state=0)[10]
             dt = time.perf_counter() - t0

@@ -62,6 +62,7 @@ def main(schemes=("label", "iid"), seed: int = 0, n_landmarks: int = 300) -> Non
             store: dict = {}
             t = time.time()
             est = FedTSNE(n_landmarks=n_landmarks, nystrom=mode, random_state=seed, audit_holdout=0.2,
+                          aggregation="plain",
                           auditor=_auditor(store)).fit(sites)
             secs = time.time() - t
             ca = classification_accuracy(est.embedding_, ys, ks=(10,), random_state=seed)[10]

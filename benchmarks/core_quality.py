@@ -48,7 +48,7 @@ def main():
                     variants = [v for v in variants if v[0] in a.variants]
                     for variant, mode in variants:
                         t0 = time.perf_counter()
-                        common = dict(n_landmarks=a.landmarks, random_state=seed, nystrom=mode,
+                        common = dict(n_landmarks=a.landmarks, random_state=seed, nystrom=mode, aggregation="plain",
                                       reconstruction=variant if variant in ("paper", "features") else "auto")
                         if method == "tsne":
                             emb = (CentralizedTSNE(random_state=seed).fit_transform(X) if mode is None

@@ -35,6 +35,7 @@ import csv
 import glob
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -51,6 +52,7 @@ __all__ = [
     "PARTITION_SCHEMES",
     "load_dataset",
     "load_sites",
+    "shared_record_ids",
     "feature_scale_warning",
     "scale_warning",
     "standardize",
@@ -614,22 +616,47 @@ def _expand(spec) -> list[Path]:
     return out
 
 
-def _check_same_features(tables: list[_Table], names: list[str]) -> None:
+def _align_features(tables: list[_Table], names: list[str]) -> list[_Table]:
+    """Every site's feature columns in the first site's order, matched **by header name** (a file listing the same
+    columns in another order is reordered, not refused); missing or extra names are refused in one line. Files
+    without names (``.npy``) are matched by position."""
     ref, rname = tables[0], names[0]
+    out = [ref]
     for t, name in zip(tables[1:], names[1:]):
-        if ref.feature_names is not None and t.feature_names is not None and ref.feature_names != t.feature_names:
-            a, b = ref.feature_names, t.feature_names
-            j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-            here = repr(b[j]) if j < len(b) else "nothing"
-            there = repr(a[j]) if j < len(a) else "nothing"
-            raise DataError(bad_value(
-                "spec", str(t.path),
-                f"site {name!r} has different feature columns from site {rname!r}: feature column {j + 1} is {here} in "
-                f"{t.path.name} but {there} in {ref.path.name} ({len(b)} vs {len(a)} feature columns); every site "
-                "needs the same features in the same order"))
-        if t.X.shape[1] != ref.X.shape[1]:
+        if ref.feature_names is not None and t.feature_names is not None:
+            for tab, nm in ((ref, rname), (t, name)):
+                dup = sorted({c for c in tab.feature_names if tab.feature_names.count(c) > 1})
+                if dup:
+                    raise DataError(bad_value("spec", str(tab.path), f"site {nm!r} names the feature columns {dup} more "
+                                              "than once; every column needs its own name"))
+            missing = [c for c in ref.feature_names if c not in t.feature_names]
+            extra = [c for c in t.feature_names if c not in ref.feature_names]
+            if missing or extra:
+                raise DataError(bad_value(
+                    "spec", str(t.path),
+                    f"site {name!r} ({t.path.name}) does not have the feature columns of site {rname!r} "
+                    f"({ref.path.name}): " + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                                   f"extra {extra}" if extra else "") if x)
+                    + "; every site needs the same named columns (in any order)"))
+            if t.feature_names != ref.feature_names:
+                order = [t.feature_names.index(c) for c in ref.feature_names]
+                t = _Table(np.ascontiguousarray(t.X[:, order]), t.labels, t.ids, ref.feature_names, t.path)
+        elif t.X.shape[1] != ref.X.shape[1]:
             raise DataError(bad_value("spec", str(t.path), f"site {name!r} has {t.X.shape[1]} feature columns but site "
                                       f"{rname!r} has {ref.X.shape[1]}; every site needs the same features"))
+        out.append(t)
+    return out
+
+
+def shared_record_ids(sites) -> dict:
+    """Record ids that appear at more than one site: ``{id: [site names]}`` (``sites``: :class:`SiteData`). Ids are
+    each site's own (two hospitals may number their patients alike), so this is a warning, never an error: the
+    results join back on ``(site, record id)``."""
+    where: dict[str, list[str]] = {}
+    for s in sites:
+        for v in s.ids or ():
+            where.setdefault(v, []).append(s.name)
+    return {k: v for k, v in where.items() if len(v) > 1}
 
 
 def load_sites(spec, *, label_column: str | None = None, id_column: str | None = None, layer: str | None = None,
@@ -640,7 +667,8 @@ def load_sites(spec, *, label_column: str | None = None, id_column: str | None =
     ----------
     spec : path, glob, directory, or a list of them
         ``["a.csv", "b.csv"]``, ``"sites/*.csv"`` or ``"sites/"`` (every ``.csv``/``.npy``/``.npz``/``.h5ad`` in
-        it). Site names are the file stems; sites come back sorted by name.
+        it). Site names are the file stems; sites come back sorted by name, every site's feature columns in the
+        first site's order (matched by header name).
     label_column, id_column, layer, allow_id_like
         As in :func:`load_dataset`; the same for every file. Labels get one mapping across all sites.
     min_records : int
@@ -650,8 +678,12 @@ def load_sites(spec, *, label_column: str | None = None, id_column: str | None =
     ------
     DataError
         Naming the parameter: no files / unsupported type / unreadable file (``spec``), duplicate site names,
-        an empty or too small site, feature columns that differ between sites (the first differing column),
-        a missing label/id column, an id-like feature column, NaN/inf (with the row), labels in some sites only.
+        an empty or too small site, feature columns that differ between sites (the missing and extra names, in one
+        line; columns are matched by header name, so another order is fine), a missing label/id column, an id-like
+        feature column, NaN/inf (with the row), labels in some sites only.
+
+    Warns (``UserWarning``) when one record id appears at several sites (:func:`shared_record_ids`); the ids stay
+    per site.
     """
     paths = _expand(spec)
     by_name: dict[str, Path] = {}
@@ -666,8 +698,10 @@ def load_sites(spec, *, label_column: str | None = None, id_column: str | None =
     for n, t in zip(names, tables):
         if t.X.shape[0] < min_records:
             raise DataError(bad_value("spec", str(t.path), f"site {n!r} holds {t.X.shape[0]} record(s); every site needs "
-                                      f"at least {min_records} (FedDL compares pairs); merge it with another site's file"))
-    _check_same_features(tables, names)
+                                      f"at least {min_records} (FedDL compares pairs): leave this site out of the run "
+                                      "until it holds more (never add its records to another site's file: that pools "
+                                      "them)"))
+    tables = _align_features(tables, names)
     has = [t.labels is not None for t in tables]
     if any(has) and not all(has):
         raise DataError(bad_value("label_column", label_column, f"labels found for sites {[n for n, h in zip(names, has) if h]} "
@@ -677,7 +711,15 @@ def load_sites(spec, *, label_column: str | None = None, id_column: str | None =
         raise DataError(bad_value("id_column", id_column, f"record ids found for sites {[n for n, h in zip(names, hasid) if h]} "
                                   f"but not for {[n for n, h in zip(names, hasid) if not h]}; give ids for every site or none"))
     ys, target_names = _map_labels([t.labels for t in tables], "label_column")
-    return [SiteData(n, t.X, y, t.ids, t.feature_names, target_names, str(t.path)) for n, t, y in zip(names, tables, ys)]
+    sites = [SiteData(n, t.X, y, t.ids, t.feature_names, target_names, str(t.path)) for n, t, y in zip(names, tables, ys)]
+    shared = shared_record_ids(sites)
+    if shared:
+        first = next(iter(shared))
+        warnings.warn(f"{len(shared)} record id(s) appear at more than one site (e.g. {first!r} at "
+                      f"{' and '.join(shared[first])}); ids are kept per site and the results join back on (site, "
+                      "record id) — if these are the same patients, they are counted once per site", UserWarning,
+                      stacklevel=2)
+    return sites
 
 
 # --------------------------------------------------------------------------- feature scales
@@ -909,7 +951,7 @@ def check_sites(sites, min_records: int = 2) -> list[np.ndarray]:
         elif arr.shape[1] != m0:
             raise DataError(bad_value(name, f"<{arr.shape[1]} features>", f"every site needs the same features as sites[0] ({m0} columns)"))
         if arr.shape[0] < min_records:
-            raise DataError(bad_value(name, f"<{arr.shape[0]} records>", f"each site needs at least {min_records} records; merge small sites or drop this one"))
+            raise DataError(bad_value(name, f"<{arr.shape[0]} records>", f"each site needs at least {min_records} records; leave this site out (never merge its records into another site's: that pools them)"))
         X = np.array(arr, dtype=np.float64, order="C", copy=True)
         check_finite(X, name)
         out.append(X)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator
@@ -32,11 +33,10 @@ from .data import check_sites
 from .errors import ConfigError, bad_value
 from .embedding.stages import seed_from
 from .kernels import local_median_sq_dist, median_gamma
+from .plan import NYSTROM_MODES
 
 __all__ = ["FedTSNE", "FedUMAP", "FedSpectralClustering", "CentralizedTSNE", "CentralizedUMAP",
            "CentralizedSpectralClustering", "FederatedParams", "NYSTROM_MODES", "plan_options"]
-
-NYSTROM_MODES = ("rows", "local")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +59,15 @@ class FederatedParams:
     init : "auto", "moments", "public" or array
         Initial landmarks (federated moments; the public radius under DP; or given).
     aggregation : {"auto", "secagg", "ckks", "plain"}
-        The secure sum (``"auto"``: SecAgg+ when ``value_bound`` or the DP clip norm is known, else plain — the
-        coordinator then sees each site's own uploads, and the result says so); ``aggregation_options`` holds its options (``modulus_bits``, ``fractional_bits``,
+        The secure sum (``"auto"``: SecAgg+, which needs ``value_bound`` or the DP clip norm — without either,
+        ``fit`` raises a :class:`~securefed.errors.ConfigError` naming ``value_bound`` rather than fall back to plain
+        sums; ``"plain"`` only when asked for, with a ``UserWarning``: the coordinator then sees each site's own
+        uploads); ``aggregation_options`` holds its options (``modulus_bits``, ``fractional_bits``,
         ``degree``, ``threshold``, ``stage_timeout``, ``ckks_precision``, ``key_holder``, ``ckks_min_survivors``,
         ``ckks_quorum``, ``ckks_verify``).
     value_bound : float, optional
-        Public bound on |feature values|; required by ``"secagg"`` / ``"ckks"``; defaults to the DP clip norm.
+        Public bound on |feature values|, agreed by the sites beforehand (never read off the records); required by
+        the default secure sum (``"auto"``, ``"secagg"``, ``"ckks"``) unless ``privacy`` gives a clip norm.
     privacy : GradientPerturbation, optional
         Differential privacy of the landmark stage (:class:`securefed.accounting.GradientPerturbation`): its
         options become the run's, its ledger the coordinator's aggregate ledger.
@@ -113,8 +116,9 @@ class FederatedParams:
     n_jobs : int, default 1
     keep_sent : bool, default False
         Keep the rows the sites sent (``sent_rows_``) for the reconstruction audit.
-    verbose : int, default 0
-        1: a progress line per stage on standard error.
+    verbose : "auto", int, default "auto"
+        Progress on standard error: ``"auto"`` draws a progress bar when standard error is a terminal and prints
+        nothing otherwise (logs, pipes, tests); ``1`` prints a line per stage (for logs); ``0`` nothing.
     """
 
     n_landmarks: int = 300
@@ -152,7 +156,7 @@ class FederatedParams:
     callback: object = None
     n_jobs: int = 1
     keep_sent: bool = False
-    verbose: int = 0
+    verbose: object = "auto"
 
 
 _SUM_OPTIONS = ("modulus_bits", "fractional_bits", "degree", "threshold", "stage_timeout", "ckks_precision",
@@ -210,6 +214,23 @@ def plan_options(params: dict, method: str, method_options: dict, n_sites: int) 
     return opts
 
 
+def _check_protection(params: dict, plan) -> None:
+    """No silent loss of protection: without a public bound the default secure sum cannot run, and the estimators
+    refuse to fall back to plain aggregation (the coordinator would see every site's own uploads); plain is used
+    only when asked for (``aggregation="plain"``), with a warning."""
+    if plan.aggregation != "plain":
+        return
+    if params["aggregation"] == "auto":
+        raise ConfigError(bad_value(
+            "value_bound", None, "the default secure sum (SecAgg+) needs a public bound B ≥ |every feature value| that "
+            "the sites agree on beforehand — from the data dictionary or the instruments' ranges, never read off the "
+            "records (e.g. value_bound=16 for digits' pixel counts, 255 for 8-bit pixels); with "
+            "privacy=GradientPerturbation(..., tau_x=...) the clip norm bounds the sums instead. Only "
+            "aggregation='plain' runs without one, and then the coordinator sees every site's own uploads"))
+    warnings.warn("aggregation='plain': the coordinator sees every site's own uploads, not only their sum; give a "
+                  "public value_bound for the default secure sum (SecAgg+)", UserWarning, stacklevel=4)
+
+
 def _with_init(cls):
     """Give ``cls`` an ``__init__`` taking its own ``_own`` parameters then every :class:`FederatedParams` field,
     all keyword arguments with their defaults (scikit-learn reads the signature for ``get_params``)."""
@@ -258,6 +279,7 @@ class _FederatedEmbedding(_Estimator):
         sites = check_sites(sites)
         params = self.get_params(deep=False)
         plan = RunPlan.build("api", **plan_options(params, self._method, self._method_options(), len(sites)))
+        _check_protection(params, plan)
         fp = fingerprint(plan, [len(X) for X in sites], sites[0].shape[1])
         resume = read_checkpoint(self.checkpoint, fp, plan.rounds) if self.checkpoint else None
         callback = self.callback
@@ -273,14 +295,16 @@ class _FederatedEmbedding(_Estimator):
             if printer is not None:
                 printer(ev)
 
-        printer = None
-        if self.verbose:
-            from .progress import ProgressPrinter
+        from .progress import progress_for
 
-            printer = ProgressPrinter()
+        printer = progress_for(self.verbose)
         self._pending_mmd = None
         ledger = self.privacy.ledger if self.privacy is not None else None
-        res = run_in_process(plan, sites, ledger=ledger, resume=resume, on_event=on_event)
+        try:
+            res = run_in_process(plan, sites, ledger=ledger, resume=resume, on_event=on_event)
+        finally:
+            if hasattr(printer, "close"):
+                printer.close()  # the bar's line ends, also when the run stopped (e.g. at its audit gate)
         del self._pending_mmd
         self._set_fitted(res, plan, sites, time.perf_counter() - t0)
         return res

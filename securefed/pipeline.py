@@ -25,10 +25,15 @@ from .errors import ConfigError, LedgerError, SecureFedError, bad_value
 from .progress import ProgressPrinter
 from .report.layout import clean, write_json, write_run_result
 
-__all__ = ["run", "run_job", "FED_METHODS", "PEER_METHOD_NAMES"]
+__all__ = ["run_job", "check_job", "JOB_DEFAULTS", "FED_METHODS", "PEER_METHOD_NAMES"]
 
 FED_METHODS = ("tsne", "umap", "spectral")
 PEER_METHOD_NAMES = ("dsne", "fdsne", "dp-dsne", "gtm")
+#: the job's own settings (not run-plan options) and their defaults: ``securefed run``'s flags of the same names
+JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "site": None, "id_column": None, "keep_column": None,
+                "layer": None, "clients": 10, "partition": "label", "method": "tsne",
+                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
+                "force": False}
 
 
 def _versions() -> dict:
@@ -49,15 +54,6 @@ class _Log:
     def __call__(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
-
-
-def run(args) -> dict:
-    """``securefed run`` from its parsed arguments; returns the metrics (also in ``<out>/metrics.json``)."""
-    from .cli.run import JOB_DEFAULTS, plan_options_from_args
-
-    job = {k: getattr(args, k) for k in JOB_DEFAULTS}
-    job["audit"] = args.audit
-    return run_job(job, plan_options_from_args(args))
 
 
 _DATA_FLAGS = (("spec", "--site"), ("id_column", "--id-column"), ("label_column", "--label-column"),
@@ -87,7 +83,8 @@ def _load_sites(job: dict, seed: int):
         except SecureFedError as exc:
             raise _flag_error(exc) from None
         ds: Any = SimpleNamespace(name=f"{len(parts)} site files", X=np.vstack([p.X for p in parts]),
-                             target_names=parts[0].target_names, feature_names=parts[0].feature_names)
+                                  target_names=parts[0].target_names, feature_names=parts[0].feature_names,
+                                  paths={p.name: p.path for p in parts})
         y = None if parts[0].y is None else np.concatenate([p.y for p in parts])
         ids = {p.name: list(p.ids) for p in parts} if parts[0].ids is not None else None
         return ds, [p.X for p in parts], y, None, [p.name for p in parts], ids
@@ -110,8 +107,6 @@ def _load_sites(job: dict, seed: int):
         keep_idx = np.sort(perm[n_ref:])
         X_all, y_all = X_all[keep_idx], (None if y_all is None else y_all[keep_idx])
         ids_all = None if ids_all is None else ids_all[keep_idx]
-    if isinstance(job["clients"], bool) or not isinstance(job["clients"], int) or job["clients"] < 1:
-        raise ConfigError(bad_value("--clients", job["clients"], "use an integer ≥ 1"))
     try:
         index_sets = partition(X_all, y_all, job["clients"], job["partition"], random_state=rng)
     except ConfigError as exc:
@@ -124,11 +119,12 @@ def _load_sites(job: dict, seed: int):
 
 
 def _public_bounds(job: dict, options: dict, ds, log) -> dict:
-    """Fill ``value_bound`` / ``clip_norm`` from a built-in data set's **public** value range when not given."""
-    from .data import BUILTIN_DATASETS
+    """Fill ``value_bound`` / ``clip_norm`` from a built-in data set's **public** value range when not given (on the
+    user's own records they must be given: :func:`_require_public_bounds`)."""
 
     options = dict(options)
-    if str(job["dataset"]) not in BUILTIN_DATASETS:
+    if not _public_data(job):
+        _require_public_bounds(options)
         return options
     dp = options.get("epsilon") is not None or options.get("noise_multiplier") is not None
     if dp and options.get("clip_norm") is None:
@@ -160,7 +156,11 @@ def _server_ledger(out: str, plan, run_id: str):
 
 
 def run_job(job: dict, options: dict) -> dict:
-    """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options)."""
+    """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options).
+
+    Order: everything that can be refused is refused before anything is written — the job and the plan's options
+    first (before any data are read), then the data, the full plan and the output folder (another run's outputs
+    are replaced only with ``--force``; another run's privacy ledgers never)."""
     from .federation import run_in_process
     from .federation.checkpoint import fingerprint, write_checkpoint
     from .federation.privacy import derive_run_id
@@ -169,17 +169,22 @@ def run_job(job: dict, options: dict) -> dict:
 
     log = _Log(job.get("quiet", False))
     t_all = time.perf_counter()
-    out = _output_folder(job)
     method = job["method"]
-    if method not in FED_METHODS + PEER_METHOD_NAMES:
-        raise ConfigError(bad_value("--method", method, f"choose one of {', '.join(FED_METHODS + PEER_METHOD_NAMES)}"))
-    ds, sites, y, reference, names, ids = _load_sites(job, int(options.get("seed", 0)))
+    check_job(job, options)
+    out = os.path.abspath(job["out"])
+    with _forwarded_warnings() as data_warnings:
+        ds, sites, y, reference, names, ids = _load_sites(job, int(options.get("seed", 0)))
+    for w in data_warnings:
+        log(f"[data] warning: {w}")
     X = np.vstack(sites)
-    if y is not None:
-        np.save(os.path.join(out, "y_true.npy"), y)
     metrics = {"method": method, "dataset": ds.name, "n_samples": int(len(X)), "n_clients": len(sites),
-               "partition": job["partition"], "timings": {}}
+               "partition": "the sites' own files" if job.get("site") else job["partition"], "timings": {}}
+    if data_warnings:
+        metrics["data_warnings"] = list(data_warnings)
     if method in PEER_METHOD_NAMES:
+        _claim_folder(out, None, bool(job.get("force")))
+        if y is not None:
+            np.save(os.path.join(out, "y_true.npy"), y)
         return _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds, names)
     if options.get("n_clusters") is None:
         options = dict(options, n_clusters=int(len(np.unique(y))) if y is not None else 8)
@@ -188,9 +193,12 @@ def run_job(job: dict, options: dict) -> dict:
     run_id = plan.run_id or derive_run_id(plan)
     mode = {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
             "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks,
-            "landmark_method": plan.landmark_method, "cell_floor": plan.cell_floor}
+            "landmark_method": plan.landmark_method, "cell_floor": plan.cell_floor,
+            "coordinates": plan.coordinates}
     metrics["mode"] = mode
-    _claim_folder(out, run_id, bool(job.get("force")))
+    _claim_folder(out, run_id, bool(job.get("force")))  # the first write of the run
+    if y is not None:
+        np.save(os.path.join(out, "y_true.npy"), y)
     write_json(os.path.join(out, "config.json"), {
         "run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
         "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
@@ -226,6 +234,7 @@ def run_job(job: dict, options: dict) -> dict:
     write_json(os.path.join(out, "history.json"), history)
     _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, clustering_metrics, log)
     _write_table(out, res, method, names, ids, y, sites, ds)
+    _write_site_anndata(out, res, method, names, ids, ds, log)
     central = None
     if job["compare_centralized"]:
         t1 = time.perf_counter()
@@ -246,40 +255,163 @@ def run_job(job: dict, options: dict) -> dict:
     return clean(metrics)
 
 
-def _output_folder(job: dict) -> str:
+def _public_data(job: dict) -> bool:
+    """A built-in data set (public: its value range is no one's secret); ``--site`` files and user files are not."""
+    from .data import BUILTIN_DATASETS
+
+    return not job.get("site") and str(job.get("dataset")).lower() in BUILTIN_DATASETS
+
+
+def _require_public_bounds(options: dict) -> None:
+    """On the user's own records the public bounds of the secure sum and of DP must come from the user (a number
+    the sites agree on beforehand), never from the records: a maximum of the records is a release no ε covers."""
+    dp = options.get("epsilon") is not None or options.get("noise_multiplier") is not None
+    source = ("a public range the sites agree on beforehand — from the data dictionary or the instruments' ranges, "
+              "never read off the records (their maximum is one patient's value: a release no ε covers)")
+    if dp and options.get("clip_norm") is None:
+        raise ConfigError(bad_value("--clip-norm", None, "differential privacy on your own records needs a public bound "
+                                    f"τ_X on every record's norm, from {source}; e.g. B·√m when no feature can exceed "
+                                    "B in absolute value (m features)"))
+    if not dp and options.get("aggregation", "auto") in ("auto", "secagg", "ckks") and options.get("value_bound") is None:
+        raise ConfigError(bad_value("--value-bound", None, "the secure sum on your own records needs a public bound B "
+                                    f"≥ |every feature value|, from {source}; e.g. --value-bound 5000 when no measured "
+                                    "value can exceed 5 000. Without one, only --aggregation plain is possible (the "
+                                    "coordinator then sees every site's own uploads; a deployed site refuses it unless "
+                                    "its operator sets allow-plain)"))
+
+
+def check_job(job: dict, options: dict) -> None:
+    """Refuse a bad job or bad plan options before any data are read and before anything is written (typed errors
+    naming the flag): the method, the number of sites, the partition, the output folder, the public bounds of the
+    user's own records, then every plan option (:class:`~securefed.plan.RunPlan` with stand-ins for the values the
+    data decide: the number of clusters and a built-in data set's public range)."""
+    from .data import _expand, _parse_scheme
+    from .plan import RunPlan
+
+    method = job["method"]
+    if method not in FED_METHODS + PEER_METHOD_NAMES:
+        raise ConfigError(bad_value("--method", method, f"choose one of {', '.join(FED_METHODS + PEER_METHOD_NAMES)}"))
+    if job.get("site"):
+        try:
+            n_files = len(_expand(job["site"]))
+        except SecureFedError as exc:
+            raise _flag_error(exc) from None
+        if n_files < 2:
+            raise ConfigError(bad_value("--site", job["site"], "a federation needs at least 2 sites: give one file per "
+                                        "site (repeat --site, or a glob or a directory holding 2 or more files)"))
+    else:
+        from .data import BUILTIN_DATASETS, FILE_TYPES
+
+        key = str(job["dataset"])
+        if key.lower() not in BUILTIN_DATASETS:
+            if os.path.splitext(key)[1].lower() not in FILE_TYPES:
+                raise ConfigError(bad_value("--dataset", key, f"use a built-in dataset {list(BUILTIN_DATASETS)} or a file "
+                                            f"ending in {list(FILE_TYPES)}"))
+            if not os.path.isfile(key):
+                raise ConfigError(bad_value("--dataset", key, "no such file; check the path"))
+        clients = job["clients"]
+        if isinstance(clients, bool) or not isinstance(clients, int) or clients < 2:
+            raise ConfigError(bad_value("--clients", clients, "use an integer ≥ 2: a federation needs at least 2 sites "
+                                        "(the secure sum of one site is that site's own upload)"))
+        try:
+            _parse_scheme(job["partition"])
+        except ConfigError as exc:
+            raise type(exc)(f"--partition/--clients: {exc}") from None
     out = os.path.abspath(job["out"])
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(bad_value("--out", job["out"], "is a file, not a folder; pick a folder for the run's outputs"))
+    _check_earlier_run(out, bool(job.get("force")))
+    if method in PEER_METHOD_NAMES:
+        return
+    opts = dict(options)
+    if not _public_data(job):
+        _require_public_bounds(opts)
+    dp = opts.get("epsilon") is not None or opts.get("noise_multiplier") is not None
+    if dp and opts.get("clip_norm") is None:
+        opts["clip_norm"] = 1.0  # stand-in: a built-in data set's public range fills it after loading
+    if not dp and opts.get("aggregation", "auto") != "plain" and opts.get("value_bound") is None:
+        opts["value_bound"] = 1.0
+    if opts.get("n_clusters") is None:
+        opts["n_clusters"] = 2  # stand-in: the number of labels, known after loading
+    RunPlan.build("cli", method=method, keep_rows=True, min_sites=1, **opts)
+
+
+#: what a run writes into its folder besides the privacy ledgers (replaced only with ``--force``)
+_RUN_OUTPUTS = ("config.json", "metrics.json", "result.json", "audit.json", "history.json", "report.html", "report.json",
+                "checkpoint.npz", "embedding.npy", "embedding.npz", "embedding.png", "embedding.csv", "labels.npy",
+                "labels.npz", "y_true.npy", "landmarks.npy", "landmark_masses.npy", "landmark_embedding.npy",
+                "landmark_labels.npy", "density.npz", "density.png", "progress.jsonl")
+_SITE_FILES = "sites"  # the sites' own AnnData with the map written back (.h5ad sites)
+
+
+def _earlier_run(out: str) -> tuple[bool, str | None]:
+    """``(the folder holds a finished earlier run, its run id)``: finished = it wrote metrics.json or a report (a run
+    that stopped at its audit gate has finished too); an unfinished run with the same plan resumes."""
+    import json
+
+    done = any(os.path.exists(os.path.join(out, f)) for f in ("metrics.json", "report.html", "report.json"))
+    try:
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as fh:
+            previous = json.load(fh).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        previous = None
+    return done, previous
+
+
+def _check_earlier_run(out: str, force: bool) -> None:
+    """Refuse a folder holding a finished run unless ``--force`` (no file is touched here)."""
+    if not os.path.isdir(out):
+        return
+    done, previous = _earlier_run(out)
+    if done and not force:
+        raise ConfigError(bad_value("--out", out, f"holds the outputs of an earlier run{f' ({previous})' if previous else ''}"
+                                    " (metrics.json, report.html …); they are never overwritten silently: use another "
+                                    "--out, or --force to replace them (privacy ledgers are never deleted)"))
+
+
+def _claim_folder(out: str, run_id: str | None, force: bool) -> None:
+    """A run folder belongs to one run: an earlier run's outputs are replaced only with ``--force``, and another
+    run's privacy ledger never (it is that run's record of spent budget). An unfinished run with the same plan
+    (a checkpoint, no metrics.json) resumes. Creates the folder: the first write of a run."""
+    _check_earlier_run(out, force)
+    done, previous = _earlier_run(out) if os.path.isdir(out) else (False, None)
+    other = previous is not None and previous != run_id
+    if other and (os.path.exists(os.path.join(out, "ledger.jsonl")) or os.path.isdir(os.path.join(out, "site-ledgers"))):
+        raise ConfigError(bad_value("--out", out, f"holds the privacy ledgers of another run ({previous}); they record "
+                                    "spent privacy budget and are never overwritten: use another --out"))
+    if other and not force:
+        raise ConfigError(bad_value("--out", out, f"holds the outputs of another run ({previous}); use another --out, "
+                                    "or --force to replace them"))
+    if done or other:  # --force: the earlier outputs go, the ledgers stay
+        import shutil
+
+        for name in _RUN_OUTPUTS:
+            if os.path.exists(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
+        for name in ("audit", _SITE_FILES):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(bad_value("--out", job["out"], f"cannot create the folder ({exc.strerror}); pick a writable "
+        raise ConfigError(bad_value("--out", out, f"cannot create the folder ({exc.strerror}); pick a writable "
                                     "path")) from None
-    return out
 
 
-def _claim_folder(out: str, run_id: str, force: bool) -> None:
-    """A run folder belongs to one run: another run's outputs are overwritten only with ``--force``, and another
-    run's privacy ledger never (it is that run's record of spent budget)."""
-    import json
+class _forwarded_warnings:
+    """Collect the data loaders' warnings (e.g. one patient id at two sites) as lines for the log and the report."""
 
-    path = os.path.join(out, "config.json")
-    if not os.path.exists(path):
-        return
-    try:
-        previous = json.load(open(path)).get("run_id")
-    except (OSError, ValueError):
-        previous = None
-    if previous in (None, run_id):
-        return  # the same run again: it resumes from its checkpoint and ledger
-    if os.path.exists(os.path.join(out, "ledger.jsonl")) or os.path.isdir(os.path.join(out, "site-ledgers")):
-        raise ConfigError(bad_value("--out", out, f"holds the privacy ledgers of another run ({previous}); they record "
-                                    "spent privacy budget and are never overwritten: use another --out"))
-    if not force:
-        raise ConfigError(bad_value("--out", out, f"holds the outputs of another run ({previous}); use another --out, "
-                                    "or --force to overwrite them"))
-    for name in ("checkpoint.npz", "metrics.json", "result.json", "audit.json", "history.json", "report.html",
-                 "report.json"):
-        if os.path.exists(os.path.join(out, name)):
-            os.remove(os.path.join(out, name))
+    def __enter__(self) -> list:
+        import warnings
+
+        self._cm = warnings.catch_warnings(record=True)
+        self._got = self._cm.__enter__()
+        warnings.simplefilter("always", UserWarning)
+        self.lines: list = []
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        self._cm.__exit__(*exc)
+        self.lines += [str(w.message) for w in self._got if issubclass(w.category, UserWarning)]
 
 
 def _resume(ck_path: str, fp: dict, plan, log) -> dict | None:
@@ -376,11 +508,16 @@ def _reconstruction_audit(plan, res, sites, out, log) -> dict:
         coords = [emb["coordinates"][name] for name in res.sites]
         X_hat = np.vstack(reconstruct_from_coordinates(coords, emb["landmark_embedding"], Y))
         kind, attack = "local", "kernel regression from 2-D coordinates through the landmarks"
-    rec = reconstruction_record(X_true, X_hat, mode=kind, attack=attack, Y=Y)
+    # judged against what an attacker knows without the run: the average record (a population statistic)
+    rec = reconstruction_record(X_true, X_hat, mode=kind, attack=attack, Y=Y, reference=X_true.mean(axis=0))
     write_audit_files(out, reconstruction=rec)
     log(f"[audit] reconstruction from what left the sites ({attack}): median relative error "
-        f"{rec['median_relative_error']:.3g}, {100 * rec['fraction_within_5pct']:.1f}% of records within 5%")
-    return {k: rec[k] for k in ("mode", "attack", "median_relative_error", "fraction_within_5pct") if k in rec}
+        f"{rec['median_relative_error']:.3g} (guessing the average record: {rec['baseline_median_relative_error']:.3g}), "
+        f"{100 * rec['fraction_within_5pct']:.1f}% of records within 5% (the guess: "
+        f"{100 * rec['baseline_fraction_within_5pct']:.1f}%; beyond it: {100 * rec['fraction_within_5pct_beyond_baseline']:.1f}%)")
+    return {k: rec[k] for k in ("mode", "attack", "median_relative_error", "fraction_within_5pct",
+                                "baseline_median_relative_error", "baseline_fraction_within_5pct",
+                                "fraction_within_5pct_beyond_baseline") if k in rec}
 
 
 def _write_table(out, res, method, names, ids, y, sites, ds) -> None:
@@ -400,13 +537,36 @@ def _write_table(out, res, method, names, ids, y, sites, ds) -> None:
                           label_names=ds.target_names)
 
 
+def _write_site_anndata(out, res, method, names, ids, ds, log) -> None:
+    """``.h5ad`` sites: each site's own AnnData with its part of the map written back, as scanpy keeps ``X_umap`` —
+    ``obsm["X_fedtsne"]`` / ``obsm["X_fedumap"]`` (``obs["fedspectral"]`` for cluster labels) — into
+    ``<out>/sites/<site>.h5ad`` (the site's file itself is never modified)."""
+    from .report.exports import obsm_key, write_h5ad_with_embedding
+
+    paths = {n: p for n, p in (getattr(ds, "paths", None) or {}).items() if str(p).lower().endswith(".h5ad")}
+    if not paths:
+        return
+    key = "labels" if method == "spectral" else "coordinates"
+    parts = (res.embedding or {}).get(key) or res.site_outputs
+    written = []
+    for name in names:
+        if name in paths and name in (parts or {}):
+            written.append(write_h5ad_with_embedding(paths[name], os.path.join(out, _SITE_FILES, f"{name}.h5ad"),
+                                                     parts[name], obsm_key(method),
+                                                     ids=None if ids is None else ids[name]))
+    if written:
+        log(f"[outputs] each site's AnnData with the map in {'obs' if method == 'spectral' else 'obsm'}"
+            f"[{obsm_key(method)!r}]: {os.path.join(out, _SITE_FILES)}/<site>.h5ad")
+
+
 def _plot_run(out, method, job, federated, X, y, central, sites, metrics, ds, names) -> None:
     from .report.plots import plot_run, standard_panels
 
     panels = standard_panels(method, federated, y=y, site_sizes=[len(s) for s in sites], centralized=central,
                              X=X if method == "spectral" else None, mode=metrics.get("mode"),
                              privacy=metrics.get("privacy"), fed_metrics=metrics.get("federated"),
-                             cen_metrics=metrics.get("centralized"), partition=job.get("partition"))
+                             cen_metrics=metrics.get("centralized"),
+                             partition=None if job.get("site") else job.get("partition"))  # --site: no split was made
     plot_run(os.path.join(out, "embedding.png"), panels, class_names=ds.target_names, site_names=names)
 
 

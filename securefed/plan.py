@@ -24,8 +24,8 @@ import numpy as np
 from .errors import ConfigError, bad_value
 
 __all__ = ["RunPlan", "option_name", "seed_of", "API_NAMES", "METHODS", "NYSTROM_MODES", "AGGREGATIONS", "LANDMARK_METHODS",
-           "DISTRIBUTED_MECHANISMS", "INTEGER_MECHANISMS",
-           "plan_defaults", "to_run_config", "from_run_config"]
+           "DISTRIBUTED_MECHANISMS", "INTEGER_MECHANISMS", "CHOICES", "NOT_CLI_FLAGS",
+           "plan_defaults", "to_run_config", "from_run_config", "options_from_args"]
 
 METHODS = ("tsne", "umap", "spectral", "none")
 NYSTROM_MODES = ("local", "rows")
@@ -35,6 +35,20 @@ DISTRIBUTED_MECHANISMS = ("auto", "gaussian", "ddg", "skellam")
 INTEGER_MECHANISMS = ("ddg", "skellam")
 ACCOUNTANT_NAMES = ("exact", "prv", "rdp", "paper")
 SENSITIVITY_RULES = ("min", "theorem5", "kernel_shape", "lipschitz")
+RULES = ("model", "gradient")
+WEIGHT_RULES = ("records", "uniform")
+NOISE_MODES = ("local", "distributed")
+RECONSTRUCTIONS = ("auto", "paper", "features")
+CKKS_VERIFY_MODES = ("recompute", "signatures")
+COORDINATES = ("send", "keep")
+INIT_MODES = ("auto", "moments", "public")
+
+#: every option that takes one of a fixed set of values → the set: the one list the validator, the ``securefed run``
+#: flags (argparse ``choices``) and the estimators read
+CHOICES = {"landmark_method": LANDMARK_METHODS, "rule": RULES, "weights": WEIGHT_RULES, "aggregation": AGGREGATIONS,
+           "ckks_verify": CKKS_VERIFY_MODES, "accountant": ACCOUNTANT_NAMES, "noise": NOISE_MODES,
+           "distributed_mechanism": DISTRIBUTED_MECHANISMS, "sensitivity_rule": SENSITIVITY_RULES, "method": METHODS,
+           "nystrom": NYSTROM_MODES, "reconstruction": RECONSTRUCTIONS, "coordinates": COORDINATES}
 
 #: estimator parameter names that differ from the plan's option names (scikit-learn style)
 API_NAMES = {"landmarks": "n_landmarks"}
@@ -236,7 +250,8 @@ class _Validator:
             self.fail(option, v, "use a positive finite number" if not allow_zero else "use a finite number ≥ 0")
         object.__setattr__(self.p, option, float(v))
 
-    def choice(self, option: str, choices):
+    def choice(self, option: str, choices=None):
+        choices = CHOICES[option] if choices is None else choices
         v = getattr(self.p, option)
         if v not in choices:
             self.fail(option, v, f"use one of {', '.join(map(str, choices))}")
@@ -247,19 +262,19 @@ class _Validator:
             if isinstance(getattr(p, opt), str) and getattr(p, opt) == "auto":
                 object.__setattr__(p, opt, None)
         self.int_("landmarks", minimum=2)
-        self.choice("landmark_method", LANDMARK_METHODS)
+        self.choice("landmark_method")
         self.int_("rounds")
         self.int_("local_steps")
-        self.choice("rule", ("model", "gradient"))
+        self.choice("rule")
         self.pos("lr", optional=True)
         self.pos("gamma", optional=True)
-        self.choice("weights", ("records", "uniform"))
+        self.choice("weights")
         if isinstance(p.init, np.ndarray):
             if p.init.ndim != 2 or p.init.shape[0] != p.landmarks or not np.all(np.isfinite(p.init)):
                 self.fail("init", f"array{p.init.shape}", f"give a finite array with {p.landmarks} rows")
         else:
-            self.choice("init", ("auto", "moments", "public"))
-        self.choice("aggregation", AGGREGATIONS)
+            self.choice("init", INIT_MODES)
+        self.choice("aggregation")
         if p.aggregation == "auto":
             self._auto_aggregation()
         self.pos("value_bound", optional=True)
@@ -272,17 +287,17 @@ class _Validator:
         self.int_("key_holder", minimum=0)
         self.int_("ckks_min_survivors", optional=True)
         self.int_("ckks_quorum", optional=True)
-        self.choice("ckks_verify", ("recompute", "signatures"))
+        self.choice("ckks_verify")
         self._privacy()
         self.pos("audit_holdout", allow_zero=True)
         if not p.audit_holdout < 0.9:
             self.fail("audit_holdout", p.audit_holdout, "use a fraction in [0, 0.9), e.g. 0.2")
         self.pos("max_auc")
         self.pos("max_empirical_epsilon", allow_zero=True)
-        self.choice("method", METHODS)
+        self.choice("method")
         if p.nystrom is None:  # unset in a run configuration
             object.__setattr__(p, "nystrom", "local")
-        self.choice("nystrom", NYSTROM_MODES)
+        self.choice("nystrom")
         self._landmark_method()
         self.int_("n_components", minimum=1)
         self.pos("perplexity")
@@ -292,7 +307,7 @@ class _Validator:
         self.pos("min_dist", allow_zero=True)
         self.int_("n_clusters", minimum=2)
         self.pos("kernel_gamma", optional=True)
-        self.choice("reconstruction", ("auto", "paper", "features"))
+        self.choice("reconstruction")
         self.int_("seed", minimum=0)
         self.int_("min_sites", minimum=1)
         self.pos("request_timeout")
@@ -323,7 +338,7 @@ class _Validator:
         self.int_("public_basis_dim", minimum=1)
         if not (isinstance(p.count_share, (int, float)) and 0 < float(p.count_share) < 1):
             self.fail("count_share", p.count_share, "use a share of the budget in (0, 1), e.g. 0.2")
-        self.choice("coordinates", ("send", "keep"))
+        self.choice("coordinates")
         if p.landmark_method == "auto":
             auto = "feddl" if (p.nystrom == "rows" or p.method == "none" or isinstance(p.init, np.ndarray)
                                or (p.dp and p.epsilon is None)) else ("billboard" if p.dp else "cells")
@@ -373,7 +388,7 @@ class _Validator:
         accountant (the default exact is switched to rdp; prv and paper are refused).
         """
         p = self.p
-        self.choice("distributed_mechanism", DISTRIBUTED_MECHANISMS)
+        self.choice("distributed_mechanism")
         applies = p.dp and p.noise == "distributed" and p.landmark_method == "feddl"
         shares = p.dp and p.noise == "distributed" and p.landmark_method == "billboard"  # continuous σ/√t shares
         if p.distributed_mechanism == "auto":
@@ -423,14 +438,14 @@ class _Validator:
                                                                f"{p.name('noise_multiplier')}, not both")
         if not (isinstance(p.delta, (int, float)) and 0 < float(p.delta) < 1):
             self.fail("delta", p.delta, "use a probability in (0, 1), e.g. 1e-5")
-        self.choice("accountant", ACCOUNTANT_NAMES)
-        self.choice("noise", ("local", "distributed"))
+        self.choice("accountant")
+        self.choice("noise")
         self.pos("clip_norm", optional=True)
         if not (isinstance(p.sample_rate, (int, float)) and 0 < float(p.sample_rate) <= 1):
             self.fail("sample_rate", p.sample_rate, "use a rate in (0, 1]")
         self.int_("min_survivors", optional=True)
         self.int_("noise_seed_for_testing", minimum=0, optional=True)
-        self.choice("sensitivity_rule", SENSITIVITY_RULES)
+        self.choice("sensitivity_rule")
         if p.run_id is not None and (not isinstance(p.run_id, str) or not p.run_id or "/" in p.run_id
                                      or p.run_id.startswith(".")):
             self.fail("run_id", p.run_id, "use a non-empty name without '/' that does not start with '.'")
@@ -465,6 +480,24 @@ _OPTIONAL_ZERO = ("nystrom", "noise_seed_for_testing", "lr", "gamma", "value_bou
 def plan_defaults() -> dict:
     """``{option: default}`` of every option (the plan's own defaults)."""
     return {f.name: f.default for f in fields(RunPlan) if f.name != "source"}
+
+
+# ------------------------------------------------------------------------------------- command-line arguments
+
+#: options of the plan that ``securefed run`` does not offer as flags (arrays, process-local switches; the method is
+#: the job's ``--method``, which also names the related systems)
+NOT_CLI_FLAGS = ("init", "source", "keep_rows", "monitor", "min_sites", "request_timeout", "readmit", "method")
+
+
+def options_from_args(args) -> dict:
+    """The plan options of parsed ``securefed run`` arguments (any object with one attribute per plan flag, given or
+    not): ``--no-audit`` (``args.audit`` false) is ``audit_holdout`` 0, and ``--epsilon inf`` is no DP."""
+    out = {name: getattr(args, name) for name in plan_defaults() if name not in NOT_CLI_FLAGS}
+    if getattr(args, "audit", True) is False:
+        out["audit_holdout"] = 0.0
+    if out["epsilon"] is not None and out["epsilon"] == float("inf"):
+        out["epsilon"] = None  # --epsilon inf: no differential privacy
+    return out
 
 
 def to_run_config(plan_or_options) -> dict:

@@ -263,10 +263,14 @@ def test_load_sites_errors_name_the_parameter(tmp_path, site_dir):
     _csv(tmp_path / "x" / "a_hospital.csv", ["record", "f1", "f2", "kind"], [["z", 1, 2, "cat"], ["y", 3, 4, "dog"]])
     with pytest.raises(DataError, match=r"^spec=.*site name 'a_hospital'.*distinct"):
         load_sites([site_dir, tmp_path / "x" / "a_hospital.csv"], label_column="kind", id_column="record")
-    # mismatched feature columns: the first differing one is named
+    # the same feature columns in another order are matched by name; other names are refused, naming them
     _csv(tmp_path / "p.csv", ["age", "weight", "height"], [[1, 2, 3], [4, 5, 6]])
     _csv(tmp_path / "q.csv", ["age", "height", "weight"], [[1, 2, 3], [4, 5, 6]])
-    with pytest.raises(DataError, match=r"^spec=.*feature column 2 is 'height' in q.csv but 'weight' in p.csv"):
+    p, q = load_sites([tmp_path / "p.csv", tmp_path / "q.csv"])
+    assert q.feature_names == p.feature_names and q.X.tolist() == [[1, 3, 2], [4, 6, 5]]
+    _csv(tmp_path / "q.csv", ["age", "height", "mass"], [[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(DataError, match=r"^spec=.*site 'q' \(q.csv\) does not have the feature columns of site 'p' "
+                                        r"\(p.csv\): missing \['weight'\]; extra \['mass'\]"):
         load_sites([tmp_path / "p.csv", tmp_path / "q.csv"])
     # an empty site, a 1-record site
     (tmp_path / "e").mkdir()

@@ -9,8 +9,7 @@ import pytest
 
 from securefed.data import load_dataset, partition
 from securefed.metrics import METRIC_KEYS, clustering_metrics, embedding_metrics
-from securefed.cli.run import JOB_DEFAULTS
-from securefed.pipeline import run_job
+from securefed.pipeline import JOB_DEFAULTS, run_job
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 

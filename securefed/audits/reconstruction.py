@@ -274,8 +274,10 @@ def reconstruction_risk(X_true, X_hat, *, within=(0.05, 0.10, 0.25), reference=N
     within : sequence of float
         Report the fraction of records with ``e_i ≤`` each level (``0.05`` is the headline figure).
     reference : array (m,), optional
-        A no-information guess (e.g. the landmark mean): its median relative error is reported as a baseline,
-        so a reader can tell whether the attack learned anything beyond "a typical record".
+        A no-information guess (the average record: what anyone who knows the population's average knows without
+        the run): its median relative error and its share of records within 5 % are reported as the baseline, and
+        ``fraction_within_5pct_beyond_baseline`` counts the records the attack rebuilds to within 5 % that the
+        guess does not — so a reader can tell whether the attack learned anything beyond "a typical record".
 
     Returns
     -------
@@ -283,7 +285,8 @@ def reconstruction_risk(X_true, X_hat, *, within=(0.05, 0.10, 0.25), reference=N
         ``median_relative_error``, ``mean_relative_error``, ``p10_relative_error``, ``p90_relative_error``,
         ``min_relative_error``, ``fraction_within_5pct`` (and ``fraction_within_<k>pct`` for each level),
         ``n_records``, ``n_zero_norm_records`` (records with ‖x‖ = 0 are excluded from the relative figures),
-        and ``baseline_median_relative_error`` when ``reference`` is given.
+        and, when ``reference`` is given, ``baseline_median_relative_error``, ``baseline_fraction_within_5pct`` and
+        ``fraction_within_5pct_beyond_baseline``.
     """
     X = _as_matrix("X_true", X_true)
     Xh = _as_matrix("X_hat", X_hat, ncols=X.shape[1])
@@ -311,11 +314,15 @@ def reconstruction_risk(X_true, X_hat, *, within=(0.05, 0.10, 0.25), reference=N
         ref = np.asarray(reference, dtype=np.float64).reshape(1, -1)
         if ref.shape[1] != X.shape[1]:
             raise DataError(bad_value("reference.shape", ref.shape, f"give one vector of length {X.shape[1]}"))
-        out["baseline_median_relative_error"] = float(np.median(np.linalg.norm(X[nz] - ref, axis=1) / norms[nz]))
+        base = np.linalg.norm(X[nz] - ref, axis=1) / norms[nz]
+        out["baseline_median_relative_error"] = float(np.median(base))
+        out["baseline_fraction_within_5pct"] = float(np.mean(base <= 0.05))
+        # the records the attack rebuilds to within 5 % that the no-information guess does not: what the run gave away
+        out["fraction_within_5pct_beyond_baseline"] = float(np.mean((rel <= 0.05) & (base > 0.05)))
     return out
 
 
-def reconstruction_record(X_true, X_hat, *, mode: str, attack: str, Y=None, **info) -> dict:
+def reconstruction_record(X_true, X_hat, *, mode: str, attack: str, Y=None, reference=None, **info) -> dict:
     """The ``audit/reconstruction.json`` record: :func:`reconstruction_risk` plus what was attacked and how.
 
     Parameters
@@ -325,11 +332,13 @@ def reconstruction_record(X_true, X_hat, *, mode: str, attack: str, Y=None, **in
     attack : str
         Which attack produced ``X_hat`` (e.g. ``"trilateration"``).
     Y : array, optional
-        Landmarks; their mean is the no-information baseline and their count/shape is recorded.
+        Landmarks; their count/shape is recorded (and their mean is the baseline when ``reference`` is not given).
+    reference : array (m,), optional
+        The no-information guess the attack is judged against (:func:`reconstruction_risk`): the average record.
     **info
         Extra JSON-ready facts (e.g. ``rank``, ``bandwidth``).
     """
-    ref = None if Y is None else np.asarray(Y, dtype=np.float64).mean(axis=0)
+    ref = reference if reference is not None else (None if Y is None else np.asarray(Y, dtype=np.float64).mean(axis=0))
     rec: dict = {"format": "securefed.audits.reconstruction/1", "mode": str(mode), "attack": str(attack)}
     if Y is not None:
         rec["n_landmarks"], rec["n_features"] = int(np.shape(Y)[0]), int(np.shape(Y)[1])

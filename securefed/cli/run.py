@@ -11,19 +11,13 @@ import argparse
 import dataclasses
 import json
 
-from ..plan import HELP, METHODS, RunPlan
+from ..pipeline import JOB_DEFAULTS, PEER_METHOD_NAMES
+from ..plan import CHOICES, HELP, METHODS, NOT_CLI_FLAGS, RunPlan, options_from_args
 
-__all__ = ["register", "run_command", "JOB_DEFAULTS", "plan_options_from_args"]
+__all__ = ["register", "run_command", "options_table"]
 
-#: options of the plan that the command line does not offer (arrays, process-local switches)
-_NOT_FLAGS = ("init", "source", "keep_rows", "monitor", "min_sites", "request_timeout", "readmit", "method")
 #: the plan options whose ``securefed run`` default differs from the API default, and why
 CLI_DEFAULTS = {"n_clusters": None}  # spectral: the number of labels when the data have them, else 8
-PEER_METHODS = ("dsne", "fdsne", "dp-dsne", "gtm")
-JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "site": None, "id_column": None, "keep_column": None,
-                "layer": None, "clients": 10, "partition": "label", "method": "tsne",
-                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
-                "force": False}
 
 
 def _type_of(default, name: str):
@@ -37,13 +31,6 @@ def _type_of(default, name: str):
         return str
     return type(default)
 
-
-_CHOICES = {"rule": ("model", "gradient"), "weights": ("records", "uniform"), "aggregation": ("auto", "plain", "secagg", "ckks"),
-            "accountant": ("exact", "prv", "rdp", "paper"), "noise": ("local", "distributed"),
-            "distributed_mechanism": ("auto", "gaussian", "ddg", "skellam"),
-            "sensitivity_rule": ("min", "theorem5", "kernel_shape", "lipschitz"), "nystrom": ("rows", "local"),
-            "reconstruction": ("auto", "paper", "features"), "ckks_verify": ("recompute", "signatures"),
-            "landmark_method": ("auto", "feddl", "cells", "billboard"), "coordinates": ("send", "keep")}
 
 _GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_rounds", "cell_axes", "basis_dim", "standardize",
                           "public_basis_dim",
@@ -61,12 +48,24 @@ _GROUPS = (("landmarks", ("landmarks", "landmark_method", "cell_floor", "cell_ro
            ("run", ("seed", "n_jobs")))
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown for every option with a value; a switch (``--audit`` / ``--no-audit``, ``--standardize``) says
+    in its own help whether it is the default, instead of one "(default: True)" under both halves of a pair."""
+
+    def _get_help_string(self, action):
+        if action.nargs == 0 and isinstance(action.const, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def register(subparsers) -> argparse.ArgumentParser:
+    from .main import exit_codes_epilog
+
     p = subparsers.add_parser(
         "run", help="run one federated job (landmarks → audit gate → embedding) on built-in data or a file",
         description="Run a federated t-SNE / UMAP / spectral clustering job. With no flags: digits, 10 sites, one "
                     "class per site, Fed-tSNE compared with centralized t-SNE, outputs in ./securefed-run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     job = p.add_argument_group("the job")
     job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
                      help="digits | breast_cancer | wine | iris | mnist5k, or a .csv/.npy/.npz path")
@@ -83,16 +82,16 @@ def register(subparsers) -> argparse.ArgumentParser:
     job.add_argument("--layer", default=None, help=".h5ad: use this obsm entry (e.g. X_pca) or layer instead of X")
     job.add_argument("--clients", type=int, default=JOB_DEFAULTS["clients"], help="number of sites P")
     job.add_argument("--partition", default=JOB_DEFAULTS["partition"], help="iid | label (one class per site) | dirichlet:ALPHA")
-    job.add_argument("--method", default=JOB_DEFAULTS["method"], choices=tuple(m for m in METHODS if m != "none") + PEER_METHODS,
+    job.add_argument("--method", default=JOB_DEFAULTS["method"], choices=tuple(m for m in METHODS if m != "none") + PEER_METHOD_NAMES,
                      help="the map: tsne, umap, spectral; or a related system: dsne, fdsne, dp-dsne, gtm")
     job.add_argument("--out", default=JOB_DEFAULTS["out"], help="output folder")
     cmp = job.add_mutually_exclusive_group()
     cmp.add_argument("--compare-centralized", dest="compare_centralized", action="store_true", default=True,
-                     help="also fit the centralized method on pooled data")
+                     help="also fit the centralized method on pooled data (the default)")
     cmp.add_argument("--no-compare-centralized", dest="compare_centralized", action="store_false",
                      help="skip the centralized baseline")
     aud = job.add_mutually_exclusive_group()
-    aud.add_argument("--audit", dest="audit", action="store_true", default=True, help="run the membership-audit gate")
+    aud.add_argument("--audit", dest="audit", action="store_true", default=True, help="run the membership-audit gate (the default)")
     aud.add_argument("--no-audit", dest="audit", action="store_false", help="no audit gate (--audit-holdout 0)")
     job.add_argument("--reference-size", type=int, default=JOB_DEFAULTS["reference_size"],
                      help="dSNE: size of the public reference split")
@@ -112,7 +111,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                 g.add_argument(flag, default="auto", type=_auto(_type_of(d, name)), help=HELP[name])
             else:
                 typ = int if name == "n_clusters" else _type_of(d, name)
-                g.add_argument(flag, default=d, type=typ, choices=_CHOICES.get(name), help=HELP[name])
+                g.add_argument(flag, default=d, type=typ, choices=CHOICES.get(name), help=HELP[name])
     p.set_defaults(func=run_command)
     return p
 
@@ -124,27 +123,19 @@ def _auto(cast):
     return conv
 
 
-def plan_options_from_args(args) -> dict:
-    """The plan options the user typed (every plan flag, whether or not it was given)."""
-    out = {}
-    for _, names in _GROUPS:
-        for name in names:
-            out[name] = getattr(args, name)
-    if not args.audit:
-        out["audit_holdout"] = 0.0
-    if out["epsilon"] is not None and out["epsilon"] == float("inf"):
-        out["epsilon"] = None  # --epsilon inf: no differential privacy
-    return out
+def job_from_args(args) -> dict:
+    """The job's own settings (data set, sites, output folder …) of parsed ``securefed run`` arguments."""
+    return dict({k: getattr(args, k) for k in JOB_DEFAULTS}, audit=args.audit)
 
 
 def run_command(args) -> int:
     """Run, then give the verdict ``securefed audit`` gives for the same folder (report written) and exit with it."""
     import os
 
-    from ..pipeline import run
+    from ..pipeline import run_job
     from ..report.build import write_report
 
-    metrics = run(args)
+    metrics = run_job(job_from_args(args), options_from_args(args))
     out = os.path.abspath(args.out)
     fed = metrics.get("federated", {})
     cen = metrics.get("centralized")
@@ -164,7 +155,9 @@ def run_command(args) -> int:
         print(f"  remedy: {remedy}")
     print(f"outputs in {out}: report.html (the privacy report), embedding.png, embedding.csv, metrics.json, "
           "result.json")
-    return 0 if verdict["status"] == "pass" else 1
+    from .main import EXIT_FAIL, EXIT_PASS
+
+    return EXIT_PASS if verdict["status"] == "pass" else EXIT_FAIL
 
 
 def _fmt(v) -> str:
@@ -184,7 +177,7 @@ def options_table() -> str:
         shown = "unset" if d is None else (str(d).lower() if isinstance(d, bool) else str(d))
         if name in CLI_DEFAULTS and CLI_DEFAULTS[name] != defaults[name]:
             shown = f"{defaults[name]} (CLI: {'from the labels' if CLI_DEFAULTS[name] is None else CLI_DEFAULTS[name]})"
-        flag = "—" if name in _NOT_FLAGS else f"`{option_name(name, 'cli')}`"
+        flag = "—" if name in NOT_CLI_FLAGS else f"`{option_name(name, 'cli')}`"
         key = "—" if name in _NOT_IN_RUN_CONFIG else f"`{option_name(name, 'flower')}`"
         rows.append(f"| {_python_route(name)} | {flag} | {key} | {shown} | {text.replace('|', chr(92) + '|')} |")
     return "\n".join(rows) + "\n"

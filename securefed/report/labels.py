@@ -14,7 +14,7 @@ __all__ = ["LABELS", "GLOSSARY", "AGGREGATION_NAMES", "SENT_NAMES", "label", "sh
            "plain_release", "plain_failure", "PAPER"]
 
 #: the paper securefed implements, cited by title (the repository ships no copy of it)
-PAPER = "Xia et al., Federated t-SNE and UMAP for Distributed Data Visualization"
+PAPER = "Qiao, Ma & Fan, Federated t-SNE and UMAP for Distributed Data Visualization (AAAI 2025)"
 
 AGGREGATION_NAMES = {
     "plain": "plain sums (the coordinator sees each site's update)",

@@ -18,10 +18,15 @@ from typing import Sequence, cast
 import numpy as np
 
 __all__ = ["Panel", "plot_run", "plot_density", "standard_panels", "privacy_line", "metrics_line", "draw_panels", "MAX_LEGEND_CLASSES",
-           "MAX_MARKER_SITES"]
+           "MAX_MARKER_SITES", "palette"]
 
 MAX_LEGEND_CLASSES = 20   # more classes: a colour bar instead of a legend
 MAX_MARKER_SITES = 8      # more sites: a second panel coloured by site instead of marker shapes
+#: Kelly's colours of maximum contrast (without white and black): the clusters' palette — never the classes'
+#: (tab10 / tab20), so a cluster's colour never looks like a class's colour on one figure
+KELLY = ("#F3C300", "#875692", "#F38400", "#A1CAF1", "#BE0032", "#C2B280", "#848482", "#008856", "#E68FAC", "#0067A5",
+         "#F99379", "#604E97", "#F6A600", "#B3446C", "#DCD300", "#882D17", "#8DB600", "#654522", "#E25822", "#2B3D26")
+TITLE_WIDTH = 58          # characters per title line of a panel (longer lines wrap instead of running into the next)
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _AGG = {"plain": "plain sums", "secagg": "SecAgg+", "ckks": "CKKS"}
 _METHOD = {"tsne": "Fed-tSNE", "umap": "Fed-UMAP", "spectral": "Fed-SpeClust"}
@@ -120,7 +125,8 @@ def standard_panels(method: str, federated, *, y=None, site_sizes=None, centrali
     n = len(federated)
     sites = _site_index(site_sizes, n)
     n_sites = len(site_sizes) if site_sizes else None
-    where = ", ".join(p for p in (f"{partition} partition" if partition else None,
+    split = partition in ("iid", "label") or str(partition).startswith("dirichlet")  # a data set split into sites
+    where = ", ".join(p for p in (f"{partition} partition" if split else (str(partition) if partition else None),
                                   f"{n_sites} sites" if n_sites else None) if p)
     name = _METHOD.get(method, method)
     fed_privacy = privacy_line(dict(mode or {}, method=method), privacy)
@@ -146,19 +152,37 @@ def standard_panels(method: str, federated, *, y=None, site_sizes=None, centrali
     return panels
 
 
+def palette(kind: str, n: int) -> list:
+    """``n`` RGBA colours for ``kind`` ∈ {"class", "cluster", "site"}: classes tab10 / tab20, clusters Kelly's colours
+    of maximum contrast, sites Dark2 (≤ 8) or ``n`` hues spread evenly round the colour wheel at two lightnesses —
+    three different palettes, so one colour never means two things on one figure, and no two sites look alike."""
+    import matplotlib.colors as mcolors
+    from matplotlib import colormaps
+
+    if kind == "cluster":
+        return [mcolors.to_rgba(KELLY[i % len(KELLY)]) for i in range(n)]
+    if kind == "site":
+        if n <= 8:
+            return [colormaps["Dark2"](i) for i in range(n)]
+        rgb = [mcolors.hsv_to_rgb((i / n, 0.85, 0.55 if i % 2 else 0.9)) for i in range(n)]
+        return [(float(r), float(g), float(b), 1.0) for r, g, b in rgb]
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, TITLE_WIDTH, break_on_hyphens=False)) if len(text) > TITLE_WIDTH else text
+
+
 def _colours(codes: np.ndarray, kind: str, class_names, plt):
     """RGBA per record, legend handles (or a ScalarMappable for a colour bar) for ``codes``."""
     from matplotlib.lines import Line2D
 
     uniq = np.unique(codes)
     if len(uniq) <= MAX_LEGEND_CLASSES:
-        # sites get another palette than classes, so one colour never means both on one figure
-        if kind == "site" and len(uniq) > 8:  # tab20b comes in hue groups of 4 shades: step across the groups
-            cmap, order = plt.get_cmap("tab20b"), [4 * (i % 5) + (i // 5) % 4 for i in range(20)]
-        else:
-            cmap = plt.get_cmap("Dark2" if kind == "site" else "tab10" if len(uniq) <= 10 else "tab20")
-            order = list(range(cmap.N))
-        lut = {u: cmap(order[i % len(order)]) for i, u in enumerate(uniq.tolist())}
+        lut = dict(zip(uniq.tolist(), palette(kind, len(uniq))))
         rgba = np.array([lut[c] for c in codes.tolist()])
 
         def label(u):
@@ -209,9 +233,10 @@ def draw_panels(panels: Sequence[Panel], *, class_names=None, site_names=None, p
             rgba, handles, sm = np.tile(np.array(plt.get_cmap("tab10")(0)), (n, 1)), None, None
         few_sites = p.sites is not None and len(np.unique(p.sites)) <= MAX_MARKER_SITES
         if few_sites:
+            site_colours = palette("site", int(np.max(p.sites)) + 1)
             for s in np.unique(p.sites):
                 m = p.sites == s
-                col = rgba[m] if rgba is not None else [plt.get_cmap("tab10")(int(s) % 10)]
+                col = rgba[m] if rgba is not None else [site_colours[int(s)]]
                 ax.scatter(E[m, 0], E[m, 1], c=col, marker=_MARKERS[int(s) % len(_MARKERS)], s=size, linewidths=0)
         else:
             ax.scatter(E[:, 0], E[:, 1], c=rgba, s=size, linewidths=0)
@@ -230,11 +255,11 @@ def draw_panels(panels: Sequence[Panel], *, class_names=None, site_names=None, p
             key = ("marker", tuple(h.get_label() for h in sh))
             if key not in [k for k, _ in legends]:
                 legends.append((key, (sh, "site (marker)")))
-        lines = [p.title] + [x for x in (p.metrics, p.privacy) if x]
+        lines = [_wrap(x) for x in [p.title] + [x for x in (p.metrics, p.privacy) if x]]
         ax.set_title("\n".join(lines), fontsize=10, loc="left")
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.tight_layout()
+    fig.tight_layout(w_pad=2.5)
     y = 0.98
     for _, (handles, title) in legends:
         leg = fig.legend(handles=handles, title=title, loc="upper left", bbox_to_anchor=(1.0, y), fontsize=8,

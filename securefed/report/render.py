@@ -29,6 +29,17 @@ tr.applies td{background:#fff4d6;font-weight:600} tr.uncovered td.cov{color:#cf2
 img{max-width:100%;border:1px solid #d0d7de;margin:6px 0} .grid{display:flex;flex-wrap:wrap;gap:16px}
 .grid>*{flex:1 1 480px;min-width:0} figure{margin:0} figcaption{font-size:13px;color:#57606a}
 .small{font-size:13px;color:#57606a} .gap-bad{color:#cf222e;font-weight:600}
+h1.title{font-size:21px;margin:0 0 2px} .first{font-size:13.5px;line-height:1.35}
+.first h3{font-size:14px;margin:10px 0 3px} .first table{margin:3px 0} .first th,.first td{padding:3px 6px;font-size:13px}
+.first .headline{font-size:17px;padding:9px 16px;margin:0 -16px 6px} .summary.first{padding:0 16px 8px;margin:8px 0}
+.first .caveat{margin:-6px -16px 6px;padding:5px 16px} .first .todo{padding:4px 10px} .first .todo ol{margin:2px 0 2px 16px}
+.adversary{margin:0 -16px 6px;padding:4px 16px;background:#f6f8fa;border-bottom:1px solid #d0d7de;font-size:13px}
+.cols{display:flex;gap:18px} .cols>div{flex:1 1 0;min-width:0}
+.perrec{font-weight:600;margin:2px 0 3px;padding:3px 8px;border-left:4px solid #bc4c00;background:#fff8f2}
+.perrec.none{border-left-color:#1a7f37;background:#f0fff4}
+ul.tight{margin:2px 0;padding-left:18px} ul.tight li{margin:0}
+td.res-pass{color:#1a7f37;font-weight:700} td.res-fail{color:#cf222e;font-weight:700} td.res-na{color:#6e7781}
+table.who th{width:24%} table.checks td:first-child{width:50%} .sub{font-size:12px;color:#57606a}
 """
 
 _VERDICT_CLASS = {"pass": "pass", "fail": "fail", "fail (overridden)": "override"}
@@ -63,23 +74,53 @@ def _img(b64, alt, caption, missing: str | None = None) -> str:
     return f"<figure><img alt='{_e(alt)}' src='data:image/png;base64,{b64}'><figcaption>{_e(caption)}</figcaption></figure>"
 
 
+def _result_cell(result: str) -> str:
+    cls = "res-pass" if result == "pass" else "res-fail" if result.startswith("fail") else "res-na"
+    return f"<td class='{cls}'>{_e(result)}</td>"
+
+
 def _summary(report: dict) -> str:
+    """The first screen (1280 × 900): the verdict and the adversary it holds against, each check against its limit,
+    how good the map is (its worst gap), what left each hospital (per record first) and who could learn what; then
+    what ε means, the warnings and the verdict's reasons."""
     s, v = report["summary"], report["verdict"]
     cls = _VERDICT_CLASS.get(v["status"], "na")
-    out = [f"<section class='summary {cls}' id='summary'><div class='headline'>{_e(s['headline'])}</div>"]
+    g = report.get("guarantee") or {}
+    out = [f"<section class='summary first {cls}' id='summary'><div class='headline'>{_e(s['headline'])}</div>"]
     if s.get("caveat"):
         out.append(f"<div class='caveat'>{_e(s['caveat'])}</div>")
+    beyond = ([] if g.get("holds_against_deviating_coordinator") else ["a coordinator that deviates from the protocol"]) \
+        + ["a coordinator colluding with a site (only --epsilon bounds what the two learn of another site's records)"]
+    adv = f"<b>Not covered by this verdict:</b> {_e('; '.join(beyond))} — see “Who could learn what”."
+    if s.get("epsilon_short"):
+        adv += f"<br><b>Differential privacy:</b> {_e(s['epsilon_short'])}."
+    elif not report["mode"]["dp"]:
+        adv += "<br><b>No differential privacy:</b> no ε bounds what any party learns about one record."
+    out.append(f"<div class='adversary'>{adv}</div>")
+    def figure(text: str) -> str:  # "0.2 % (attack 2.1 %, guess 1.9 %)": the figure, its detail in small type
+        head, _, tail = text.partition(" (")
+        return _e(head) + (f"<br><span class='sub'>({_e(tail)}</span>" if tail else "")
+
+    checks = "".join(f"<tr><td>{_e(c['check'])}</td><td class='num'>{figure(c['figure'])}</td><td class='num'>"
+                     f"{_e(c['limit'])}</td>{_result_cell(c['result'])}</tr>" for c in s["checks"])
+    left = [("<h3>Each check against its limit</h3><table class='checks'><tr><th>check</th><th>figure</th><th>limit"
+             f"</th><th>result</th></tr>{checks}</table>")]
+    kind = "clustering" if (report.get("utility") or {}).get("kind") == "clustering" else "map"
+    left.append(f"<h3>How good the {kind} is</h3><p style='margin:2px 0'>{_e(s['quality'])}</p>" if s.get("quality") else
+                f"<h3>How good the {kind} is</h3><p class='na-text' style='margin:2px 0'>Not measured (no labels, or the "
+                "run stopped before the map).</p>")
     if s["remedies"]:
-        out.append("<div class='todo'><b>What to do</b><ol>" + "".join(f"<li>{_e(r)}</li>" for r in s["remedies"])
-                   + "</ol></div>")
-    out.append("<h3>What left each site</h3><ul>" + "".join(f"<li>{_e(x)}</li>" for x in s["left_each_site"]) + "</ul>")
-    out.append(f"<p class='small'>Secure sum: {_e(s['aggregation'])}.</p>")
-    out.append("<h3>Who could learn what</h3><table>" + "".join(
-        f"<tr><th style='width:22%'>{_e(w['who'].capitalize())}</th><td>{_e(w['learns'])}</td></tr>" for w in s["who_learns"])
+        left.append("<div class='todo'><b>What to do</b><ol>" + "".join(f"<li>{_e(r)}</li>" for r in s["remedies"])
+                    + "</ol></div>")
+    nothing = s["per_record"].startswith("Nothing per record")
+    right = [f"<h3>What left each hospital</h3><p class='perrec{' none' if nothing else ''}'>{_e(s['per_record'])}</p>",
+             "<ul class='tight'>" + "".join(f"<li>{_e(x)}</li>" for x in s["left_each_site"]) + "</ul>",
+             f"<p class='small' style='margin:2px 0'>Secure sum: {_e(s['aggregation'])}.</p>"]
+    out.append(f"<div class='cols'><div>{''.join(left)}</div><div>{''.join(right)}</div></div>")
+    out.append("<h3>Who could learn what</h3><table class='who'>" + "".join(
+        f"<tr><th>{_e(w['who'][0].upper() + w['who'][1:])}</th><td>{_e(w['learns'])}</td></tr>" for w in s["who_learns"])
         + "</table>")
     out.append(f"<h3>What ε means here</h3><p>{_e(s['epsilon'])}</p>")
-    if s.get("quality"):
-        out.append(f"<h3>How good the map is</h3><p>{_e(s['quality'])}</p>")
     if s["warnings"]:
         out.append("<div class='warn'><b>Warnings</b><ul>" + "".join(f"<li>{_e(w)}</li>" for w in s["warnings"]) + "</ul></div>")
     out.append("<p class='small'>Why the verdict: " + _e("; ".join(plain_failure(r) for r in v["reasons"])) + ".</p></section>")
@@ -157,11 +198,19 @@ def _details(report: dict, figures: dict) -> list[str]:
     mode = report["mode"]
     parts.append("<h2>What each mode sends</h2>")
     parts.append(f"<p>This run: secure sum <b>{_e(report['summary']['aggregation'])}</b> · differential privacy "
-                 f"<b>{'yes' if mode['dp'] else 'no'}</b> · embedding stage <b>{_e(mode['nystrom'])}</b>. Highlighted rows "
-                 "apply to this run; docs/what-leaves-each-site.md explains every mode.</p>")
-    parts.append("<table><tr><th>stage</th><th>mode</th><th>the coordinator learns</th><th>applies to this run</th></tr>" + "".join(
-        f"<tr class='{'applies' if r['applies'] else ''}'><td>{_e(r['stage'])}</td><td>{_e(r['mode'])}</td>"
-        f"<td>{_e(r['server_learns'])}</td><td>{'yes' if r['applies'] else 'no'}</td></tr>" for r in report["what_leaves"]) + "</table>")
+                 f"<b>{'yes' if mode['dp'] else 'no'}</b> · embedding stage <b>{_e(mode['nystrom'])}</b>"
+                 + (f" · coordinates <b>{_e(mode.get('coordinates'))}</b>" if mode['nystrom'] == 'local' else "")
+                 + ". The table lists the modes of this run; docs/what-leaves-each-site.md explains every mode.</p>")
+    def mode_rows(rows) -> str:
+        return ("<table><tr><th>stage</th><th>mode</th><th>the coordinator learns</th></tr>" + "".join(
+            f"<tr class='{'applies' if r['applies'] else ''}'><td>{_e(r['stage'])}</td><td>{_e(r['mode'])}</td>"
+            f"<td>{_e(r['server_learns'])}</td></tr>" for r in rows) + "</table>")
+
+    parts.append(mode_rows([r for r in report["what_leaves"] if r["applies"]]))
+    others = [r for r in report["what_leaves"] if not r["applies"]]
+    if others:
+        parts.append("<details class='other-modes'><summary>The modes this run did <b>not</b> use, and what the "
+                     f"coordinator would learn in them ({len(others)})</summary>{mode_rows(others)}</details>")
 
     b = report["budget"]
     parts.append("<h2>Privacy budget</h2>")
@@ -233,14 +282,14 @@ def _details(report: dict, figures: dict) -> list[str]:
     parts.append(_kv({"events": led.get("n_events"), "overrides recorded": led.get("overrides"),
                       "event kinds": ", ".join(f"{k}: {n}" for k, n in (led.get("kinds") or {}).items())},
                      ["events", "overrides recorded", "event kinds"]) if led["available"]
-                 else f"<p class='na-text'>Not available: {_e(led.get('reason'))}</p>")
+                 else f"<p class='na-text'>{_e(led.get('reason'))}</p>")
     parts.append("<h2>References</h2><ul>"
                  f"<li>{_e(PAPER)} — FedDL (Algorithm 1), the distance rows of the embedding stage (Algorithm 2), data "
                  "perturbation (§5.1) and the differentially private landmarks (§5.2, Theorem 5).</li>"
                  "<li>Hsu, Huang, Roth, Roughgarden and Wu, Private Matchings and Allocations (STOC 2014) — the billboard "
                  "lemma behind joint differential privacy.</li>"
                  "<li>docs/threat-model.md and docs/what-leaves-each-site.md in the securefed repository.</li></ul>")
-    parts.append("<h2>All parameters</h2>")
+    parts.append(f"<h2>All parameters</h2><p class='small'>Run folder <code>{_e(report['run_dir'])}</code></p>")
     parts.append(f"<pre>{_e(json.dumps(report['parameters'], indent=2, sort_keys=True))}</pre>" if report["parameters"]
                  else "<p class='na-text'>config.json not available.</p>")
     ver = report["versions"]
@@ -265,9 +314,9 @@ def render_html(report: dict, figures: dict) -> str:
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>securefed privacy report</title>",
         f"<style>{_CSS}</style></head><body>",
-        "<h1>securefed privacy report</h1>",
-        f"<p class='meta'>{_e(facts)}<br>Run folder <code>{_e(report['run_dir'])}</code> · generated "
-        f"{_e(report['generated_at'][:19].replace('T', ' '))} UTC · report schema {_e(report['schema_version'])}</p>",
+        "<h1 class='title'>securefed privacy report</h1>",
+        f"<p class='meta'>{_e(facts)} · generated {_e(report['generated_at'][:16].replace('T', ' '))} UTC · report schema "
+        f"{_e(report['schema_version'])}</p>",
         _summary(report),
         _quality_beside_privacy(report),
         _inventory(report),

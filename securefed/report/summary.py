@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from .labels import AGGREGATION_NAMES, count, label, percent, plain_failure, plain_release, points, show
 
 __all__ = ["RunFolder", "infer_mode", "privacy_block", "epsilon_is_void", "release_inventory", "site_table",
-           "utility_table", "run_warnings", "remedies", "summary"]
+           "utility_table", "run_warnings", "remedies", "summary", "checks_against_limits", "worst_gap",
+           "per_record_release", "coordinates_kept", "odds_factor"]
 
 
 @dataclass
@@ -333,23 +334,23 @@ def run_warnings(run: RunFolder, mode: dict, privacy: dict | None) -> list[str]:
 # ------------------------------------------------------------------------------------------ remedies
 
 def remedies(mode: dict, verdict: dict, gate: dict | None, rec_block: dict, void: bool) -> list[str]:
-    """What to change so the next run passes (one line per failing check)."""
+    """What to change so the next run passes (one line per failing check), each a remedy that removes the failing
+    release rather than one that might (tests re-run each remedy and check that it passes)."""
     out = []
     nys = mode.get("nystrom")
+    spectral = "spectral" in str(mode.get("method"))
     if verdict.get("reconstruction") == "fail":
         if nys in ("rows", "kernel_rows"):
             out.append("Run with --nystrom local: the sites then place their own records and send no per-record rows "
-                       "(in this mode each row lets the coordinator rebuild its record).")
+                       "(in this mode each row lets the coordinator rebuild its record); if the coordinates it then "
+                       "receives still let it rebuild records, add --coordinates keep.")
         elif nys == "perturbed_rows":
-            out.append("Lower --rows-epsilon (more noise on each row) or run with --nystrom local (no per-record rows).")
-        elif "spectral" in str(mode.get("method")):
-            out.append("The cluster labels sent to the coordinator let it rebuild records as their cluster's landmark mean: "
-                       "use fewer --landmarks or --standardize features of very different scales. --epsilon alone does not "
-                       "help: a record's own label is outside ε.")
+            out.append("Run with --nystrom local (no per-record rows), or lower --rows-epsilon (more noise on each row).")
         else:
-            out.append("The 2-D positions sent to the coordinator let it rebuild records: use fewer --landmarks (a coarser "
-                       "map) or --standardize features of very different scales. --epsilon alone does not help: a "
-                       "record's own position is outside ε.")
+            what = "cluster label" if spectral else "2-D coordinate"
+            out.append(f"Run with --coordinates keep: each record's {what} then stays on its site (the sites still share "
+                       f"the map), so the coordinator receives nothing per record to rebuild records from. --epsilon "
+                       f"alone does not help: a record's own {what} is outside ε.")
     failures = " ".join(str(f) for f in (gate or {}).get("failures", [])).lower()
     if verdict.get("landmark_gate") in ("fail", "fail (overridden)"):
         if "claimed" in failures or "within" in failures:
@@ -358,13 +359,16 @@ def remedies(mode: dict, verdict: dict, gate: dict | None, rec_block: dict, void
         if mode.get("dp"):
             out.append("Lower --epsilon (more noise) or --landmarks, or fewer --rounds: the landmarks reveal which records "
                        "trained them.")
+        elif mode.get("landmark_method") == "cells":
+            out.append("Raise --cell-floor (each landmark is then the mean of more records), or add --epsilon (the DP "
+                       "landmarks): the landmarks reveal which records trained them.")
         else:
             out.append("Lower --landmarks or add --epsilon (differential privacy on the landmarks): the landmarks reveal "
                        "which records trained them.")
     if verdict.get("status") == "fail (overridden)" or verdict.get("overridden"):
         out.append("This run went on after a failed audit because of --allow-audit-failure: drop that flag and apply the "
                    "remedy above.")
-    if verdict.get("landmark_gate") == "not audited" and verdict.get("reconstruction") == "not audited":
+    if verdict.get("landmark_gate") == "not audited" and verdict.get("reconstruction") in ("not audited", "nothing left"):
         out.append("Run with the audit on (the default; --audit-holdout 0.2) so the report can check the landmarks and "
                    "what left the sites.")
     if void:
@@ -373,6 +377,54 @@ def remedies(mode: dict, verdict: dict, gate: dict | None, rec_block: dict, void
 
 
 # ------------------------------------------------------------------------------------------ summary
+
+#: above this ε the guarantee is reported as meaningless (the odds factor e^ε exceeds 22 000)
+MEANINGFUL_EPSILON = 10.0
+#: the un-noised release beside every DP run: the audit's summed ROC counts (issue: named on the first screen)
+ROC_OUTSIDE_EPSILON = ("the membership audit's ROC counts (members vs held-out records, summed over sites) are "
+                       "released outside ε: un-noised aggregate counts")
+
+
+def odds_factor(eps: float) -> str:
+    """e^ε as a reader sees it, without overflowing: ``"7.39"`` for ε = 2, ``"10^4.34e+08"`` for ε = 1e9."""
+    if eps < 700:
+        return show(math.exp(eps), 3)
+    return "10^" + show(eps / math.log(10.0), 3)
+
+
+def coordinates_kept(run: RunFolder, mode: dict) -> bool:
+    """Nothing per record left the sites: ``--coordinates keep`` (the sites kept their coordinates / labels)."""
+    rec = _dict(run.metrics.get("reconstruction_audit"))
+    emb = _dict(_dict(run.result).get("embedding"))
+    return rec.get("mode") == "kept" or bool(emb.get("kept_on_sites")) or (
+        run.options.get("coordinates") == "keep" and mode.get("nystrom") == "local")
+
+
+def _stopped_at_gate(run: RunFolder) -> bool:
+    return not run.metrics.get("federated") and isinstance(run.metrics.get("audit"), dict) and not run.result
+
+
+def per_record_release(run: RunFolder, mode: dict) -> str:
+    """One sentence: what, per record, left the sites (the first thing a reader must know)."""
+    nys = mode.get("nystrom")
+    spectral = "spectral" in str(mode.get("method"))
+    what = "cluster label" if spectral else "2-D coordinate on the map"
+    if _stopped_at_gate(run) or (not run.metrics.get("federated") and isinstance(run.metrics.get("audit"), dict)
+                                 and _dict(run.metrics.get("audit")).get("verdict") == "fail"):
+        return "Nothing per record left any site: the run stopped at its audit gate, before the map."
+    if coordinates_kept(run, mode):
+        return (f"Nothing per record left any site: each record's {what} stayed on its site (--coordinates keep); the "
+                "coordinator received only the sums and counts listed here.")
+    if nys == "local":
+        return (f"Each record's {what} went to the coordinator — outside ε: a record's own output is a function of that "
+                "record (--coordinates keep keeps them on the sites).")
+    if nys in ("rows", "kernel_rows"):
+        return ("One row of distances per record went to the coordinator (the paper's rows mode): the rows give the "
+                "records back.")
+    if nys == "perturbed_rows":
+        return "One row per noised record went to the coordinator: the noise on each row is its only protection."
+    return "What left the sites per record is not recorded in this run folder."
+
 
 def _epsilon_sentence(privacy: dict | None, mode: dict, void: bool, inventory: list[dict]) -> str:
     if not mode.get("dp") or not privacy:
@@ -384,16 +436,18 @@ def _epsilon_sentence(privacy: dict | None, mode: dict, void: bool, inventory: l
     if void:
         return (f"ε = {show(eps, 3)} is VOID in this run: the noise came from a testing seed, so it bounds nothing.")
     d = f"δ = {show(delta, 3)}" if isinstance(delta, (int, float)) else "a small δ"
-    factor = math.exp(eps)
     s = (f"ε = {show(eps, 3)} bounds how much any one patient's record can change what the coordinator sees of the "
-         f"landmark training: at most a factor e^{show(eps, 3)} ≈ {show(factor, 3)} in the odds of any conclusion drawn "
+         f"landmark training: at most a factor e^{show(eps, 3)} ≈ {odds_factor(eps)} in the odds of any conclusion drawn "
          f"from it, except with probability {d}.")
-    outside = [r["what"] for r in inventory if r["covered"] == "no" and r["to"] != "this report"]
-    per_record = [w for w in outside if "per record" in w or "coordinate" in w or "row" in w]
+    if eps > MEANINGFUL_EPSILON:
+        s += (f" An ε above {MEANINGFUL_EPSILON:g} bounds nothing a reader would call private: the noise is too small "
+              "to hide any one record.")
+    outside = [r["what"] for r in inventory if r["covered"] == "no" and r["to"] not in ("this report", "its own site")
+               and not r["what"].lower().startswith("nothing")]
+    per_record = [w for w in outside if "per record" in w or "coordinate" in w or "row" in w or "label" in w]
     if per_record:
         s += f" It does not cover {per_record[0]}: a record's own output is a function of that record."
-    elif outside:
-        s += f" It does not cover {len(outside)} other release(s) listed in the inventory below."
+    s += f" Also outside ε: {ROC_OUTSIDE_EPSILON}."
     return s
 
 
@@ -404,7 +458,7 @@ def _left_each_site(inventory: list[dict], run: RunFolder) -> list[str]:
     return out or ["not recorded in this run folder (no result.json, no released list in metrics.json)"]
 
 
-def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolder) -> list[dict]:
+def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolder, guarantee: dict) -> list[dict]:
     agg, nys, dp = mode.get("aggregation"), mode.get("nystrom"), bool(mode.get("dp"))
     eps = (privacy or {}).get("epsilon")
     eps_txt = f" plus noise (ε = {show(eps, 3)})" if dp and isinstance(eps, (int, float)) else " plus noise" if dp else ""
@@ -422,21 +476,28 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
         lm = f"only the sum over sites of the landmark updates{eps_txt} ({'SecAgg+' if agg == 'secagg' else 'CKKS'} hides each site's own)"
     else:
         lm = f"the landmark updates{eps_txt} (aggregation not recorded)"
-    stopped = not run.metrics.get("federated") and isinstance(run.metrics.get("audit"), dict) and not run.result
+    stopped = _stopped_at_gate(run)
+    kept = coordinates_kept(run, mode)
+    spectral = "spectral" in str(mode.get("method"))
     if stopped:
         per = "nothing per record: the run stopped at the audit gate"
+    elif kept:
+        per = (f"nothing per record: every record's {'cluster label' if spectral else 'coordinate'} stayed on its site "
+               "(--coordinates keep)")
     elif rec_block.get("available"):
         f = rec_block.get("fraction_within_5pct")
-        per_txt = f"the reconstruction audit rebuilt {percent(f)} of records to within 5 %"
+        base = rec_block.get("baseline_fraction_within_5pct")
+        per_txt = f"the reconstruction audit rebuilt {percent(f, 1)} of records to within 5 %" + (
+            f"; guessing the average record: {percent(base, 1)}" if isinstance(base, (int, float)) else "")
         per = {"rows": f"one row of distances per record — enough to rebuild records ({per_txt})",
                "kernel_rows": f"one row of kernel values per record — enough to rebuild records ({per_txt})",
                "perturbed_rows": f"one row per noised record — the noise is the only protection ({per_txt})",
-               "local": ("each record's cluster label" if "spectral" in str(mode.get("method")) else
-                         "each record's final 2-D position") + f", outside ε ({per_txt})"}.get(nys, per_txt)
+               "local": ("each record's cluster label" if spectral else
+                         "each record's final 2-D coordinate") + f", outside ε ({per_txt})"}.get(nys, per_txt)
     else:
         per = {"rows": "one row of distances per record (rebuilds records; not audited here)",
                "kernel_rows": "one row of kernel values per record (rebuilds records; not audited here)",
-               "local": "each record's final position on the map, outside ε (not audited here)"}.get(nys, "not recorded")
+               "local": "each record's final coordinate on the map, outside ε (not audited here)"}.get(nys, "not recorded")
     sites = ("the landmarks (synthetic points, not records) and the kernel bandwidth, every round" if method == "feddl" else
              "the landmarks (cell means over ≥ the floor, not records), their counts and their map" if method == "cells" else
              "the billboard: the DP landmarks, their masses and their map")
@@ -444,7 +505,12 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
               "each site places its own records from the shared landmarks only — Hsu et al. 2014)" if dp else
               "; without DP the landmarks are fitted to every site's records — the membership audit measures what they reveal")
     sites += ". No site receives another site's records, rows or positions."
-    return [{"who": "the coordinator", "learns": f"how many records each site holds; {lm}; {per}"},
+    deviating = ("nothing more than a coordinator that follows the protocol: the sites check what it asks of them"
+                 if guarantee["holds_against_deviating_coordinator"] else
+                 "not covered by this verdict — " + "; ".join(guarantee["reasons"] or ["no check recorded"]))
+    return [{"who": "the coordinator (following the protocol)", "learns": f"how many records each site holds; {lm}; {per}"},
+            {"who": "a coordinator that deviates", "learns": deviating},
+            {"who": "a coordinator colluding with a site", "learns": guarantee["collusion"]},
             {"who": "the other sites", "learns": sites},
             {"who": "the reader of this report", "learns": (
                 "the audit figures only: the run stopped before the map was drawn" if stopped else
@@ -452,32 +518,112 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
                 + ", computed on the pooled records — they exist only in this simulation")}]
 
 
-def _quality_sentence(util: dict, dp: bool) -> str | None:
+#: the short name of each quality figure in a sentence
+_SHORT = {"ca_10nn": "CA-10NN", "trustworthiness": "trustworthiness", "nmi": "NMI", "ari": "ARI"}
+
+
+def _short(row: dict) -> str:
+    return _SHORT.get(row.get("metric"), str(row.get("label")))
+
+
+def worst_gap(util: dict) -> dict | None:
+    """The utility row with the most negative gap to the centralized method (the map's worst figure), or None."""
+    rows = [r for r in util.get("rows", []) if r.get("gap_points") is not None] if util.get("available") else []
+    return min(rows, key=lambda r: r["gap_points"]) if rows else None
+
+
+def _quality_sentence(util: dict, dp: bool, cells: bool = False) -> str | None:
+    """How good the map is, its worst gap to the centralized method named first (never only the best figure)."""
     if not util.get("available"):
         return None
+    worst = worst_gap(util)
+    rows = ([worst] if worst else []) + [r for r in util["rows"] if r is not worst]
     parts = []
-    for r in util["rows"][:2]:
-        short = r["label"].split("(")[-1].rstrip(")") if "(" in r["label"] else r["label"]
+    for r in rows:
+        short = _short(r)
         if r["centralized"] is None:
             parts.append(f"{short} {show(r['federated'], 3)} (no centralized comparison)")
+        elif r["gap_points"] is not None:
+            parts.append(f"{short} {show(r['federated'], 3)} vs {show(r['centralized'], 3)} ({r['gap_points']:+.1f} points)")
         else:
-            parts.append(f"{short} {show(r['federated'], 3)} federated vs {show(r['centralized'], 3)} centralized "
-                         f"({r['gap_points']:+.1f} points)" if r["gap_points"] is not None else
-                         f"{short} {show(r['federated'], 3)} federated vs {show(r['centralized'], 3)} centralized")
-    s = f"Quality of the {'clustering' if util.get('kind') == 'clustering' else 'map'}: " + "; ".join(parts) + "."
-    gap = util["rows"][0]["gap_points"]
-    if gap is not None and gap <= -10:
-        s += (" The federated map is far from the centralized one: check it before relying on it ("
-              + ("a larger --epsilon, more records or fewer --rounds sharpen it, each at a privacy cost)." if dp else
-                 "more --landmarks sharpen it, at a privacy cost the membership audit measures)."))
+            parts.append(f"{short} {show(r['federated'], 3)} vs {show(r['centralized'], 3)}")
+    kind = "clustering" if util.get("kind") == "clustering" else "map"
+    if worst is not None and worst["gap_points"] < 0:
+        s = f"Worst gap to the same method on the pooled records: {parts[0]}."
+        if parts[1:]:
+            s += " Also " + "; ".join(parts[1:]) + "."
+    else:
+        s = f"Quality of the {kind}: " + "; ".join(parts) + "."
+    if worst is not None and worst["gap_points"] <= -10:
+        s += (" Far from the centralized one: check it before relying on it ("
+              + ("a larger --epsilon or more records sharpen it; a larger ε costs privacy)." if dp else
+                 "more records, or a lower --cell-floor — more, smaller cells, at a privacy cost the membership audit "
+                 "measures)." if cells else
+                 "more records or more --landmarks sharpen it, at a privacy cost the membership audit measures)."))
     return s
 
 
-def _headline(verdict: dict, rec_block: dict, gate: dict | None, privacy: dict | None, mode: dict, void: bool) -> str:
+def checks_against_limits(run: RunFolder, mode: dict, verdict: dict, gate: dict | None, mia_block: dict,
+                          rec_block: dict, privacy: dict | None, max_rebuilt: float) -> list[dict]:
+    """Each privacy check's figure against its limit: the membership attack's AUC and empirical ε (the audit gate's
+    policy), the records the coordinator rebuilds beyond guessing the average record, and under DP the ε spent
+    against the ε asked for. ``result``: pass, fail, fail (overridden), not run, or nothing left."""
+    opts = run.options
+    gate = gate or {}
+    out = []
+    max_auc = _first(opts.get("max_auc"), 0.6)
+    max_emp = _first(opts.get("max_empirical_epsilon"), 1.0)
+    auc = _first(gate.get("auc"), mia_block.get("auc") if mia_block.get("available") else None)
+    emp = _first(gate.get("empirical_epsilon"), mia_block.get("empirical_epsilon") if mia_block.get("available") else None)
+    gate_status = verdict.get("landmark_gate")
+    ran = gate_status != "not audited" and auc is not None
+
+    def status(ok: bool) -> str:
+        return "pass" if ok else ("fail (overridden)" if gate_status == "fail (overridden)" else "fail")
+
+    out.append({"check": "membership attack on the landmarks: AUC (0.5 = coin toss)",
+                "figure": f"{auc:.3f}" if ran else "—", "limit": f"≤ {show(max_auc, 3)}",
+                "result": status(auc <= max_auc) if ran else "not run"})
+    out.append({"check": "ε that attack proves at least (empirical bound)",
+                "figure": f"{emp:.2f}" if ran and emp is not None else "—", "limit": f"≤ {show(max_emp, 3)}",
+                "result": status(emp <= max_emp) if ran and emp is not None else "not run"})
+    rec_status = verdict.get("reconstruction")
+    if rec_status == "nothing left":
+        out.append({"check": "records the coordinator rebuilds to within 5 %, beyond guessing the average record",
+                    "figure": "nothing to rebuild from", "limit": f"≤ {percent(max_rebuilt)}", "result": "pass"})
+    elif rec_block.get("available"):
+        beyond = rec_block.get("fraction_within_5pct_beyond_baseline")
+        raw = rec_block.get("fraction_within_5pct")
+        if beyond is None:  # a run folder from before the baseline: the raw share, judged against no leak at all
+            out.append({"check": "records the coordinator rebuilds to within 5 % (no baseline recorded)",
+                        "figure": percent(raw, 1), "limit": "≤ 0 %", "result": rec_status})
+        else:
+            out.append({"check": "records the coordinator rebuilds to within 5 %, beyond guessing the average record",
+                        "figure": percent(beyond, 1) + f" (attack {percent(raw, 1)}, guess "
+                                                       f"{percent(rec_block.get('baseline_fraction_within_5pct'), 1)})",
+                        "limit": f"≤ {percent(max_rebuilt)}", "result": rec_status})
+    else:
+        out.append({"check": "records the coordinator rebuilds to within 5 %, beyond guessing the average record",
+                    "figure": "—", "limit": f"≤ {percent(max_rebuilt)}", "result": "not run"})
+    if mode.get("dp") and privacy:
+        eps, target = privacy.get("epsilon"), _first(opts.get("epsilon"), privacy.get("epsilon_target"))
+        ok = isinstance(eps, (int, float)) and isinstance(target, (int, float)) and eps <= target * (1 + 1e-9)
+        out.append({"check": "ε spent (the accountant's, for the whole run)", "figure": show(eps, 3),
+                    "limit": f"≤ {show(target, 3)} (asked for)" if isinstance(target, (int, float)) else "—",
+                    "result": "pass" if ok else ("fail" if isinstance(target, (int, float)) else "not run")})
+    return out
+
+
+def _headline(verdict: dict, rec_block: dict, gate: dict | None, privacy: dict | None, mode: dict, void: bool,
+              guarantee: dict) -> str:
+    from .guarantee import verdict_scope
+
     st = verdict["status"]
     if st == "fail" and verdict.get("reconstruction") == "fail":
-        return (f"FAIL — {percent(rec_block.get('fraction_within_5pct'))} of records can be rebuilt to within 5 % "
-                "from what the sites sent")
+        beyond = rec_block.get("fraction_within_5pct_beyond_baseline")
+        f = beyond if beyond is not None else rec_block.get("fraction_within_5pct")
+        return (f"FAIL — the coordinator can rebuild {percent(f, 1)} of records to within 5 % from what the sites sent"
+                + (" (beyond guessing the average record)" if beyond is not None else ""))
     if st == "fail":
         f = "; ".join(plain_failure(x) for x in (gate or {}).get("failures", [])[:1])
         return "FAIL — the membership audit on the landmarks failed" + (f" ({f})" if f else "")
@@ -489,35 +635,49 @@ def _headline(verdict: dict, rec_block: dict, gate: dict | None, privacy: dict |
     tail = f" · ε = {show(eps, 3)} (δ = {show((privacy or {}).get('delta'), 3)})" if mode.get("dp") and isinstance(eps, (int, float)) else ""
     if not mode.get("dp"):
         tail = " · no differential privacy"
-    return "PASS — every privacy check that ran passed" + tail + (" — but ε is VOID (testing seed)" if void else "")
+    return f"PASS {verdict_scope(guarantee)}" + tail + (" — but ε is VOID (testing seed)" if void else "")
 
 
 def _caveat(util: dict, verdict: dict) -> str | None:
-    """A line under a PASS when the map is far from the centralized one: privacy passed, usefulness did not."""
-    if verdict["status"] != "pass" or not util.get("available"):
+    """A line under a PASS when the map is far from the centralized one on its worst figure: privacy passed,
+    usefulness did not."""
+    if verdict["status"] != "pass":
         return None
-    r = util["rows"][0]  # the headline figure: CA-10NN for a map, NMI for a clustering
-    if r["gap_points"] is None or r["gap_points"] > -10:
+    r = worst_gap(util)
+    if r is None or r["gap_points"] > -10:
         return None
-    short = r["label"].split("(")[-1].rstrip(")") if "(" in r["label"] else r["label"]
-    return (f"But the map is poor: {short} {show(r['federated'], 3)} against {show(r['centralized'], 3)} on pooled records "
-            f"({r['gap_points']:+.1f} points). Look at it before using it.")
+    kind = "clustering" if util.get("kind") == "clustering" else "map"
+    return (f"But the {kind} is far from the centralized one: {_short(r)} {show(r['federated'], 3)} against "
+            f"{show(r['centralized'], 3)} on pooled records ({r['gap_points']:+.1f} points). Look at it before using it.")
 
 
 def summary(run: RunFolder, mode: dict, verdict: dict, gate: dict | None, rec_block: dict, inventory: list[dict],
-            util: dict, warnings: list[str]) -> dict:
-    """The summary box: headline, what left each site, who could learn what, what ε means, verdict, remedies."""
+            util: dict, warnings: list[str], *, mia_block: dict | None = None, max_rebuilt: float = 0.01) -> dict:
+    """The summary box: headline (the verdict and the adversary it holds against), each check against its limit,
+    what left each site (per record first), who could learn what, what ε means, how good the map is (its worst gap
+    named), remedies."""
+    from .guarantee import run_guarantee, verdict_scope
+
     privacy = privacy_block(run)
     void = epsilon_is_void(run, privacy)
+    guarantee = run_guarantee(run.result)
+    eps = (privacy or {}).get("epsilon")
     return {
-        "headline": _headline(verdict, rec_block, gate, privacy, mode, void),
+        "headline": _headline(verdict, rec_block, gate, privacy, mode, void, guarantee),
         "caveat": _caveat(util, verdict),
         "status": verdict["status"],
+        "adversary": verdict_scope(guarantee),
+        "checks": checks_against_limits(run, mode, verdict, gate, mia_block or {"available": False}, rec_block, privacy,
+                                        max_rebuilt),
         "aggregation": AGGREGATION_NAMES.get(mode.get("aggregation"), str(mode.get("aggregation"))),
+        "per_record": per_record_release(run, mode),
         "left_each_site": _left_each_site(inventory, run),
-        "who_learns": _who_learns(mode, privacy, rec_block, run),
+        "who_learns": _who_learns(mode, privacy, rec_block, run, guarantee),
         "epsilon": _epsilon_sentence(privacy, mode, void, inventory),
-        "quality": _quality_sentence(util, bool(mode.get("dp"))),
+        "epsilon_short": (f"ε = {show(eps, 3)} (δ = {show((privacy or {}).get('delta'), 3)})"
+                          + (" — VOID (testing seed)" if void else "") + f"; {ROC_OUTSIDE_EPSILON}"
+                          if mode.get("dp") and isinstance(eps, (int, float)) else None),
+        "quality": _quality_sentence(util, bool(mode.get("dp")), mode.get("landmark_method") == "cells"),
         "remedies": remedies(mode, verdict, gate, rec_block, void),
         "warnings": warnings,
     }

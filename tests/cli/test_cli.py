@@ -74,14 +74,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, names):
 
 
 def test_csv_without_the_label_column(tmp_path, capsys, csv_without_label):
-    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--label-column", "diagnosis",
+    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--label-column", "diagnosis", "--value-bound", "10",
                "--out", str(tmp_path / "o")])
     line = _one_line_error(capsys.readouterr().err, "label_column", "diagnosis")
     assert rc == 2 and "DataError" in line and "'a', 'b', 'c'" in line  # names the columns present
 
 
 def test_csv_label_partition_without_labels_is_a_typed_error(tmp_path, capsys, csv_without_label):
-    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--partition", "label", "--out", str(tmp_path / "o")])
+    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--partition", "label", "--value-bound", "10",
+               "--out", str(tmp_path / "o")])
     assert rc == 2
     _one_line_error(capsys.readouterr().err, "label")
 
@@ -89,7 +90,7 @@ def test_csv_label_partition_without_labels_is_a_typed_error(tmp_path, capsys, c
 def test_csv_unlabelled_iid_runs(tmp_path, capsys, csv_without_label):
     out = tmp_path / "o"
     rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--landmarks", "8", "--cell-floor", "3", "--no-audit",
-               "--out", str(out)])
+               "--value-bound", "10", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     m = json.loads((out / "metrics.json").read_text())
     assert m["n_samples"] == 30 and m["federated"]["ca_10nn"] is None and m["federated"]["trustworthiness"] > 0.5
@@ -109,7 +110,7 @@ def test_audit_gate_blocks_a_leaky_run(tmp_path, capsys):
     out = tmp_path / "leaky"
     rc = main(["run", *LEAKY, "--out", str(out)])
     err = capsys.readouterr().err
-    assert rc == 2
+    assert rc == 1  # the run's verdict is FAIL (its audit gate stopped it), not a refused input (2)
     line = _one_line_error(err, "AuditFailedError", "max_auc")
     assert "--allow-audit-failure" in line
     assert not (out / "embedding.npy").exists() and not (out / "embedding.png").exists()
@@ -122,7 +123,7 @@ def test_audit_gate_blocks_a_leaky_run(tmp_path, capsys):
 
 def test_failed_gate_reasons_reach_the_report(tmp_path, capsys):
     out = tmp_path / "leaky"
-    assert main(["run", *LEAKY, "--out", str(out)]) == 2
+    assert main(["run", *LEAKY, "--out", str(out)]) == 1
     m = json.loads((out / "metrics.json").read_text())
     assert any("AUC" in f for f in m["audit"].get("failures", []))
     main(["audit", str(out)])
@@ -154,7 +155,7 @@ def test_allow_audit_failure_proceeds_and_audit_writes_a_valid_report(tmp_path, 
 
 def test_audit_of_a_gate_stopped_run_still_validates(tmp_path, capsys):
     out = tmp_path / "stopped"
-    assert main(["run", *LEAKY, "--out", str(out)]) == 2
+    assert main(["run", *LEAKY, "--out", str(out)]) == 1
     rc = main(["audit", str(out)])
     capsys.readouterr()
     report = json.loads((out / "report.json").read_text())
@@ -169,8 +170,34 @@ def test_audit_of_a_missing_folder_is_a_one_line_error(tmp_path, capsys):
 
 
 def _securefed_cmd():
+    """The ``securefed`` command of this checkout in a real subprocess: the console script when it runs this
+    checkout's package, else ``python -m securefed.cli`` (a console script installed from another checkout would
+    test other code than the suite's)."""
+    import securefed
+
     exe = shutil.which("securefed")
-    return [exe] if exe else [sys.executable, "-m", "securefed.cli"]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(securefed.__file__)))
+    return [exe] if exe and _installed_is(here) else [sys.executable, "-m", "securefed.cli"]
+
+
+def _installed_is(here: str) -> bool:
+    """Whether the installed package (what the console script imports, from a neutral folder) is ``here``'s."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        out = subprocess.run([sys.executable, "-c", "import securefed, os; print(os.path.abspath(securefed.__file__))"],
+                             capture_output=True, text=True, timeout=120, cwd=d,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout.strip()
+    return out.startswith(os.path.abspath(here) + os.sep)
+
+
+def _env(**extra):
+    """The subprocess's environment: this checkout's package first on the path."""
+    import securefed
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(securefed.__file__)))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 @pytest.mark.slow
@@ -179,7 +206,7 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
     progress, the map is good, and both run and the later `securefed audit` give the same verdict — fail,
     because rows let the coordinator reconstruct every record (exit 1, the reason named)."""
     out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env = _env(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     cmd = _securefed_cmd() + ["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20",
                               "--landmark-method", "feddl", "--nystrom", "rows", "--rounds", "5",
                               "--no-compare-centralized", "--out", str(out)]
@@ -204,7 +231,7 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
 @pytest.mark.slow
 def test_subprocess_bad_input_has_no_traceback(tmp_path):
     p = subprocess.run(_securefed_cmd() + ["run", "--dataset", "nosuch", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_env())
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -276,7 +303,7 @@ def test_per_site_files_with_record_ids_round_trip(tmp_path, capsys):
                 w.writerow([pid, *ds.X[i], ds.target_names[ds.y[i]]])
     out = tmp_path / "o"
     rc = main(["run", "--site", str(folder), "--id-column", "patient_id", "--label-column", "species",
-               "--cell-floor", "5", "--allow-audit-failure", "--no-compare-centralized", "--quiet", "--out", str(out)])
+               "--cell-floor", "5", "--value-bound", "10", "--allow-audit-failure", "--no-compare-centralized", "--quiet", "--out", str(out)])
     assert rc in (0, 1), capsys.readouterr().err
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sites"] == ["north", "south", "west"] and cfg["n_features"] == 4
@@ -290,7 +317,7 @@ def test_per_site_files_with_record_ids_round_trip(tmp_path, capsys):
     (folder / "north.csv").write_text(text)
     for name in ("south", "west"):
         (folder / f"{name}.csv").write_text((folder / f"{name}.csv").read_text().replace("P1", "1"))
-    assert main(["run", "--site", str(folder), "--label-column", "species", "--quiet", "--out",
+    assert main(["run", "--site", str(folder), "--label-column", "species", "--value-bound", "10", "--quiet", "--out",
                  str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
     assert "--id-column" in err and "Traceback" not in err

@@ -70,7 +70,7 @@ def test_report_json_validates_and_says_what_leaves(written):
     import jsonschema
 
     jsonschema.Draft202012Validator(load_schema()).validate(rep)  # also with the library directly
-    assert rep["schema_version"] == "2.0"
+    assert rep["schema_version"] == "2.1"
     applies = [r for r in rep["what_leaves"] if r["applies"]]
     assert {r["mode"] for r in applies} == {"plain aggregation", "distance rows sent in the clear (paper mode)"}
     assert "n_y > m" in applies[1]["server_learns"] and "recoverable exactly" in applies[1]["server_learns"]
@@ -129,7 +129,7 @@ def test_what_leaves_modes():
     rows = what_leaves({"aggregation": "ckks", "dp": True, "nystrom": "local"}, privacy={"epsilon": 1.0, "delta": 1e-5, "releases": 300})
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
     assert set(applies) == {"SecAgg+ or CKKS aggregation", "a malicious site (no range proofs)",
-                            "FedDL with differential privacy", "no rows (local placement)"}
+                            "FedDL with differential privacy", "no rows, coordinates sent (local placement, the default)"}
     assert "secret key never reaches the coordinator" in applies["SecAgg+ or CKKS aggregation"]
     assert "(ε, δ) = (1, 1e-05)" in applies["FedDL with differential privacy"] and "300" in applies["FedDL with differential privacy"]
     assert "landmarks only" not in applies["FedDL with differential privacy"]
@@ -142,7 +142,7 @@ def test_what_leaves_modes():
     rows = what_leaves({"aggregation": "secagg", "dp": False, "nystrom": "local", "landmark_method": "cells", "cell_floor": 15})
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
     assert set(applies) == {"cells (federated k-means with a floor, no DP)", "SecAgg+ or CKKS aggregation",
-                            "a malicious site (no range proofs)", "no rows (local placement)"}
+                            "a malicious site (no range proofs)", "no rows, coordinates sent (local placement, the default)"}
     cells = applies["cells (federated k-means with a floor, no DP)"]
     assert "≥ 15 records" in cells and "applied by the coordinator" in cells
     # the DP billboard: its ε is named for the whole run; FedDL's row does not apply
@@ -167,7 +167,7 @@ def test_html_report_renders_in_headless_chromium(written):
     summary = json.loads(open(json_path).read())["summary"]
     png, dom = render_report(html_path, width=1200, height=1600)
     assert png == os.path.join(os.path.dirname(html_path), "report.png")  # saved next to the report
-    assert summary["headline"] in dom and "What left each site" in dom and "Who could learn what" in dom
+    assert summary["headline"] in dom and "What left each hospital" in dom and "Who could learn what" in dom
     assert "What ε means here" in dom and "--nystrom local" in dom  # the remedy of a rows-mode fail
     img = imread(png)
     assert img.shape[0] >= 1000 and img.shape[1] >= 1000
