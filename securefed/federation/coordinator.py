@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import AuditFailedError, ConfigError, DataError, ProtocolAbortedError, ProtocolError, bad_value
+from .guarantee import run_guarantee
 from .result import RunResult
 from .sums import secure_sum
 from . import messages as M
@@ -106,6 +107,14 @@ def with_site_reasons(exc: BaseException, sites) -> BaseException:
     return ProtocolAbortedError(f"the run stopped because sites refused — {said} (then: {type(exc).__name__}: {then})")
 
 
+def _guards(reply: dict):
+    """A site's own conditions from its hello reply (None when it reported none or they do not parse)."""
+    try:
+        return M.decode(M.HelloReply, reply, strict=False).guards
+    except Exception:
+        return None
+
+
 class Coordinator:
     """The sans-I/O coordinator of one run (module docstring).
 
@@ -149,6 +158,7 @@ class Coordinator:
         self._prepared: list = []   # SecAgg+ rounds set up ahead of their inputs (federation.sums.PreparedRound)
         self._proofs: dict = {}     # site → (round, proof of its last SecAgg+ sum): rides on its next request
         self._gen = None
+        self.guards: dict = {}      # each site's own conditions, as it reported them at hello
         self._started = False
         self._t0 = time.perf_counter()
 
@@ -315,7 +325,7 @@ class Coordinator:
             site_errors={s.names[i]: str(e) for i, e in s.silent.items() if 0 <= i < len(s.names)},
             seconds=time.perf_counter() - self._t0, round_trips=self.round_trips, messages=self.messages,
             identity_fingerprints=self.fingerprints(),
-            aggregation=self._aggregation_summary())
+            aggregation=self._aggregation_summary(), guarantee=run_guarantee(plan, lm.info, self.guards))
 
     def _aggregation_summary(self) -> dict:
         """Totals over the run's secure sums (the figures FedDLResult.aggregation always had)."""
@@ -358,6 +368,7 @@ class Coordinator:
             raise DataError(bad_value("n_records", min(sizes), f"site {names[sizes.index(min(sizes))]!r} has fewer than 2 "
                                       "records for FedDL; give every site at least 2 (more with an audit hold-out)"))
         self.sites = Sites(names, sizes, holdouts, feats.pop(), keys, list(order), set(range(len(order))))
+        self.guards = {names[j]: _guards(good[a]) for j, a in enumerate(order)}
         for i in range(len(order)):
             self.bytes_to[i] = self.bytes_from[i] = 0
         self.emit("hello", sites=names, sizes=sizes, fingerprints=self.fingerprints())

@@ -171,6 +171,8 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
         o.setdefault("max-auc", float(plan.max_auc))
         o.setdefault("max-empirical-epsilon", float(plan.max_empirical_epsilon))
         o.setdefault("allow-audit-failure", bool(plan.allow_audit_failure))
+        paper = plan.nystrom == "rows" or (plan.landmark_method == "feddl" and not plan.dp)
+        o.setdefault("allow-paper-mode", paper)  # the paper's mode, asked for by the user of this simulation
         if plan.noise == "distributed":
             o.setdefault("allow-distributed-noise", True)  # ... and noise shares for every site
         if plan.dp:

@@ -587,6 +587,7 @@ class HelloReply:
     n_holdout: int
     n_features: int
     identity: bytes
+    guards: Json | None = None   # the site's own conditions the guarantee rests on (site options it enforces)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ class RunResult:
     messages: int = 0
     aggregation: dict = field(default_factory=dict)
     identity_fingerprints: dict = field(default_factory=dict)
+    guarantee: dict = field(default_factory=dict)
 
     def round_trips_per_stage(self) -> dict:
         """Request/reply round trips by stage: each secure sum's (grouped by its label up to the first digit or

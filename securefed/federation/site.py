@@ -273,6 +273,7 @@ class SiteWorker:
                 self._refuse_without_dp("the cells' non-private sums")
                 return self._cells_upload(req, task, members), {}
             self._refuse_without_dp(f"a non-private {task.NAME!r} upload")
+            self._refuse_paper_mode(f"a non-private {task.NAME!r} upload")
             kxx = self._kxx(members, float(getattr(task, "gamma", 1.0))) \
                 if (isinstance(task, M.Mmd) or getattr(task, "monitor", False)) else None
             return _scale_parts(compute_upload(task, members, g, kxx), req), {}
@@ -566,7 +567,31 @@ class SiteWorker:
         X = self.records()
         members, holdout = self.split(float(req.audit_holdout or 0.0), int(req.seed))
         return M.encode(M.HelloReply(self.name, int(len(members)), 0 if holdout is None else int(len(holdout)),
-                                     int(X.shape[1]), crypto.ed25519_public_bytes(self.identity())))
+                                     int(X.shape[1]), crypto.ed25519_public_bytes(self.identity()), self.guards()))
+
+    def guards(self) -> dict:
+        """The site's own conditions that the run's guarantee against a deviating coordinator rests on (reported at
+        hello, for the report; the site enforces them whatever the coordinator does)."""
+        from ..securesum.threat import int_option
+
+        return {"allow-plain": truthy(self.options.get("allow-plain", False)),
+                "allow-paper-mode": truthy(self.options.get("allow-paper-mode", False)),
+                "cell-floor": int_option(self.options, "cell-floor", 15),
+                "require-audit": truthy(self.options.get("require-audit", True)),
+                "allow-audit-failure": truthy(self.options.get("allow-audit-failure", False)),
+                "require-dp": truthy(self.options.get("require-dp", False)),
+                "allow-distributed-noise": truthy(self.options.get("allow-distributed-noise", False))}
+
+    def _refuse_paper_mode(self, what: str) -> None:
+        """Uploads no site can check — FedDL's non-private landmark updates and statistics at landmarks the coordinator
+        chose, and rows from raw records (which give the records back) — only with the operator's consent (site
+        option ``allow-paper-mode``, default false): a deviating coordinator would ask for them instead of the
+        cells."""
+        if not truthy(self.options.get("allow-paper-mode", False)):
+            raise ConfigError(bad_value("site option allow-paper-mode", False, f"this site refuses {what}: its result "
+                                        "is not something it can recompute or verify (the paper's FedDL / rows mode); "
+                                        "its operator can allow it with allow-paper-mode=true, or run the default "
+                                        "cells, or add differential privacy (epsilon)"))
 
     def _sum(self, req: M.SumRequest) -> dict:
         if req.op == "plain":
@@ -808,6 +833,7 @@ class SiteWorker:
         event = report = None
         if req.rows_dp is None:
             self._refuse_without_dp("rows from raw records")
+            self._refuse_paper_mode("rows from raw records")
         else:
             from ..accounting import DataPerturbation
             from .privacy import open_site_ledger

@@ -110,11 +110,13 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
     lm = mode.get("landmark_method") or "feddl"  # run folders from before the cells and the billboard: FedDL
     floor = mode.get("cell_floor") or "the floor"
     rows = [
-        {"stage": "landmarks", "mode": "cells (federated k-means with a floor, no DP)",
-         "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per round the "
-                          f"pooled count of every cell and, for cells of at least {floor} records, the pooled sums of their "
-                          f"features — cell means over ≥ {floor} records. The floor is applied by the coordinator: it holds "
-                          "against an honest coordinator, not against one that deviates (it could isolate a record)",
+        {"stage": "landmarks", "mode": "cells (a cell tree with a floor, no DP)",
+         "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per level the "
+                          f"pooled histogram of every candidate cell along its principal axes and, for the children of each "
+                          f"split whose children all hold ≥ {floor} records, the pooled sums of their features and second "
+                          f"moments. Every site recomputes each query, verifies each total and refuses a sum after which a "
+                          f"set of fewer than {floor} of the records would be a combination of the released sums — against a "
+                          "coordinator that deviates, colluding with no site",
          "applies": lm == "cells"},
         {"stage": "landmarks", "mode": "the DP billboard",
          "server_learns": ("three" if releases == 3 else "two") + " noisy secure sums — a random-feature mean embedding of "

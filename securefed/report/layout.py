@@ -76,7 +76,8 @@ def result_document(res, plan) -> dict:
             "privacy": res.privacy, "audit": audit, "landmark_stage": res.landmark_info, "embedding": emb or None,
             "steps": res.steps, "readmitted": res.readmitted, "site_errors": res.site_errors, "seconds": res.seconds,
             "round_trips": res.round_trips, "round_trips_per_stage": res.round_trips_per_stage(),
-            "messages": res.messages, "aggregation": res.aggregation, "identity_fingerprints": res.identity_fingerprints}
+            "messages": res.messages, "aggregation": res.aggregation, "identity_fingerprints": res.identity_fingerprints,
+            **({"guarantee": res.guarantee} if getattr(res, "guarantee", None) else {})}
 
 
 def write_run_result(out_dir: str, res, plan) -> dict:

@@ -465,9 +465,10 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
     method = mode.get("landmark_method") or "feddl"
     if method == "cells":
         floor = mode.get("cell_floor") or "the floor"
-        lm = (f"{'each site' if agg == 'plain' else 'only the sum over sites'} of the cells' record counts and, for cells "
-              f"of at least {floor} records, of their feature sums — cell means over ≥ {floor} records (a floor the "
-              "coordinator itself applies)")
+        lm = (f"{'each site' if agg == 'plain' else 'only the sum over sites'} of the cell tree's record counts and, for "
+              f"cells of at least {floor} records, of their feature sums and second moments — over nested cells of "
+              f"≥ {floor} records each (a floor, and a check that no smaller set of records is a combination of the "
+              "released sums, that every site applies to its own records)")
     elif method == "billboard":
         lm = f"two noisy sums over sites (a random-feature mean embedding of the records and the landmark counts){eps_txt}"
     elif agg == "plain":
@@ -499,7 +500,8 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
                "kernel_rows": "one row of kernel values per record (rebuilds records; not audited here)",
                "local": "each record's final coordinate on the map, outside ε (not audited here)"}.get(nys, "not recorded")
     sites = ("the landmarks (synthetic points, not records) and the kernel bandwidth, every round" if method == "feddl" else
-             "the landmarks (cell means over ≥ the floor, not records), their counts and their map" if method == "cells" else
+             "the landmarks (computed from the cells' means and second moments over ≥ the floor, not records), their "
+             "masses and their map" if method == "cells" else
              "the billboard: the DP landmarks, their masses and their map")
     sites += ("; with DP, what a site learns about another site's records is bounded by ε (joint differential privacy: "
               "each site places its own records from the shared landmarks only — Hsu et al. 2014)" if dp else
