@@ -155,6 +155,7 @@ class Coordinator:
         self.bytes_from: dict = {}
         self._sec = None
         self._audit_relay: dict = {}
+        self._clip_counts_named = False
         self._prepared: list = []   # SecAgg+ rounds set up ahead of their inputs (federation.sums.PreparedRound)
         self._proofs: dict = {}     # site → (round, proof of its last SecAgg+ sum): rides on its next request
         self._gen = None

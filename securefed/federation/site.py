@@ -547,6 +547,7 @@ class SiteWorker:
         """Answer one request (a flat dict, :mod:`.messages`); a securefed error comes back as ``{"error": ...}``."""
         op = fields.get("op") if isinstance(fields, dict) else None
         self._live["bound_spec"] = None  # the full spec of the SecAgg+ round this request feeds (set by its handler)
+        self._live["digest"] = None
         try:
             if op in M.SumRequest.OPS and isinstance(fields, dict):
                 from .sums import refuse_server_weight
@@ -607,7 +608,12 @@ class SiteWorker:
             raise ConfigError(bad_value("aggregation", "plain", "this site sends its uploads only into a secure sum "
                                         "(secagg or ckks): with plain aggregation the coordinator would see each one. "
                                         "Its operator can allow it with the site option allow-plain=true"))
+        digest = M.upload_digest(req, self._cells_binding(req))
+        if digest in list(self.state.get("answered", [])):
+            raise ProtocolError("this site has sent its upload to this very sum already (the same request): a sum is "
+                                "answered once; refusing")
         u, extra = self.upload(req)
+        self._answered(digest)
         return M.encode(M.UploadReply(u, self.weight(req), extra.get("dp_events")))
 
     # ------------------------------------------------------------------------------ SecAgg+
@@ -624,6 +630,8 @@ class SiteWorker:
             if last is not None and int(last) != r:
                 self._forget_round(int(last))
             self.state["secagg/last"] = r
+            if f"secagg/{r}/digest" in self.state:  # its unmask shares are out: the sum can be revealed
+                self._answered(self.state.pop(f"secagg/{r}/digest"))
         from ..securesum.secagg_codec import dump_client
 
         self.state[f"secagg/{r}/client"] = dump_client(client)
@@ -632,7 +640,7 @@ class SiteWorker:
         self.save_rng(client._rng)
 
     def _forget_round(self, r: int) -> None:
-        for k in ("client", "spec", "part"):
+        for k in ("client", "spec", "part", "digest"):
             self.state.pop(f"secagg/{int(r)}/{k}", None)
 
     def _load_client(self, r: int):
@@ -684,11 +692,24 @@ class SiteWorker:
 
     def check_digest(self, digest: bytes, req: M.SumRequest, binding: dict | None = None) -> None:
         """Refuse a secure sum whose spec names another task than the request this site received (with, for the cells,
-        the query this site derived itself) — before anything is computed."""
-        if bytes(digest) != M.upload_digest(req, binding):
+        the query this site derived itself) — before anything is computed — and a sum this site has answered already
+        (the same digest: asked again, e.g. of a subset of the sites, its difference with the first would isolate
+        the missing sites' uploads)."""
+        mine = M.upload_digest(req, binding)
+        if bytes(digest) != mine:
             raise ProtocolError("the secure sum's task digest is not the digest of the request this site received (and "
                                 "of the query it derived): the coordinator sent this site another request than the one "
                                 "the round signs; refusing before anything is computed")
+        if mine in list(self.state.get("answered", [])):
+            raise ProtocolError("this site has revealed its upload to this very sum already (the same task digest): a "
+                                "sum is answered once; refusing")
+        self._live["digest"] = mine  # recorded as answered once the sum can be revealed (_answered)
+
+    def _answered(self, digest: bytes | None) -> None:
+        """Record a sum as answered: from now on the coordinator can hold it (a plain upload, a CKKS ciphertext, the
+        unmask shares of a SecAgg+ round)."""
+        if digest is not None:
+            self.state["answered"] = list(self.state.get("answered", [])) + [bytes(digest)]
 
     def _secagg_input(self, req: M.SumRequest) -> dict:
         """Late-bound SecAgg+: the prepared round ``round_index`` receives its forwarded shares, the proof of the
@@ -731,6 +752,7 @@ class SiteWorker:
         msgs = client.provide_input(inp, np.ravel(u), weight, min_survivors=min(floor, spec.n_clients))
         from ..securesum.secagg import encode_spec
 
+        self.state[f"secagg/{int(req.round_index)}/digest"] = self._live.get("digest")
         self._store_client(client, encode_spec(spec), "full")
         reply = M.ProtocolReply(msgs, dp_events=extra.get("dp_events"))
         return M.encode(reply if spec.integer else dataclasses.replace(reply, secagg_clipped=int(client.clipped)))
@@ -769,6 +791,7 @@ class SiteWorker:
         client = SecAggClient(spec, site, self.identity(), np.ravel(u), weight, g,
                               min_survivors=min(floor, spec.n_clients), colluders=floors.colluders)
         msgs = client.start()
+        self.state[f"secagg/{spec.round_index}/digest"] = self._live.get("digest")
         self._store_client(client, bytes(req.spec), "full")
         return M.encode(M.ProtocolReply(msgs, dp_events=extra.get("dp_events")))
 
@@ -808,6 +831,7 @@ class SiteWorker:
         def upload(r):
             u, extra = self.upload(r)
             extras.update(extra)
+            self._answered(self._live.get("digest"))  # the ciphertext goes out with this reply
             return u, self.weight(r)
 
         reply = site_handle_ckks(req, self, upload)

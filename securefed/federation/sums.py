@@ -94,6 +94,10 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     else:
         agg = yield from _ckks(co, request, shape, rule, label, clip, tap)
     co.record_sum(label, agg, before, time.perf_counter() - t0)
+    if co.plan.aggregation == "secagg" and not co._clip_counts_named and integer_bits is None:
+        co._clip_counts_named = True
+        co.release("each site's count of the coordinates of its upload it clipped to the sum's public range, per SecAgg+ "
+                   "sum, in the clear", note="a count per site and sum (0 when the bounds hold), not a value of any record")
     return agg
 
 

@@ -62,7 +62,8 @@ def arrays():
 
 
 def _setup(arrays, options=None, **plan_kw):
-    workers = {i: SiteWorker({"site-name": f"s{i}", **(options or {})}, X) for i, X in enumerate(arrays)}
+    workers = {i: SiteWorker({"site-name": f"s{i}", "allow-paper-mode": True, **(options or {})}, X)
+               for i, X in enumerate(arrays)}
     plan = RunPlan.build("flower", **{**dict(aggregation="ckks", value_bound=1.0, method="none", seed=3, audit_holdout=0.0), **plan_kw})
     co = Coordinator(plan)
     keys = [crypto.ed25519_public_bytes(w.identity()) for w in workers.values()]
@@ -163,7 +164,7 @@ def test_malicious_server_cannot_get_one_sites_ciphertext_decrypted(arrays):
 
 
 def test_site_reports_errors_instead_of_crashing(arrays):
-    w = SiteWorker({"site-name": "s0"}, arrays[0])
+    w = SiteWorker({"allow-paper-mode": True, "site-name": "s0"}, arrays[0])
     rep = w.handle({"op": "ckks-msgs", "msgs": [b"junk"]})
     assert rep["error"].startswith("ProtocolError") and "no CKKS round" in rep["error"]
     rep = w.handle({"op": "ckks-start", "spec": b"{bad", "site": 0})
@@ -234,14 +235,14 @@ def test_site_refuses_a_spec_below_its_floors_and_accepts_with_the_allow_key(arr
     change, key, allow = WEAK[what]
     _, workers = _setup(arrays)
     for opts in ({}, {"ckks-allow-minority-quorum": "false", "ckks-allow-signature-verify": 0}):
-        w = SiteWorker({"site-name": "s1", **opts}, arrays[1], state=dict(workers[1].state))
+        w = SiteWorker({"allow-paper-mode": True, "site-name": "s1", **opts}, arrays[1], state=dict(workers[1].state))
         rep = w.handle(_start_fields(workers, **change))
         assert rep["error"].startswith("ProtocolError") and key in rep["error"] and "refusing" in rep["error"]
         assert "ckks_client" not in w.state and "rng" not in w.state  # nothing computed, stored or sent
-    w = SiteWorker({"site-name": "s1", **allow}, arrays[1], state=dict(workers[1].state))
+    w = SiteWorker({"allow-paper-mode": True, "site-name": "s1", **allow}, arrays[1], state=dict(workers[1].state))
     rep = w.handle(_start_fields(workers, **change))
     assert "error" not in rep and len(rep["msgs"]) == 1 and "ckks_client" in w.state
-    w = SiteWorker({"site-name": "s1"}, arrays[1], state=dict(workers[1].state))
+    w = SiteWorker({"allow-paper-mode": True, "site-name": "s1"}, arrays[1], state=dict(workers[1].state))
     assert "error" not in w.handle(_start_fields(workers))  # the default spec passes the default floors
 
 
@@ -251,9 +252,9 @@ def test_site_floor_from_distributed_dp_noise_and_bad_options(arrays):
     f = {k: v for k, v in _start_fields(workers, min_survivors=2).items() if k not in TASK}  # a DP gradient upload
     f = put_array(dict(f, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
     f = _rebind_digest(f)  # the round spec names this request
-    rep = SiteWorker({"site-name": "s1"}, arrays[1], state=dict(workers[1].state)).handle(f)
+    rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1"}, arrays[1], state=dict(workers[1].state)).handle(f)
     assert rep["error"].startswith("ProtocolError") and "t = 3" in rep["error"] and "ckks-min-survivors >= 3" in rep["error"]
-    rep = SiteWorker({"site-name": "s1", "ckks-min-survivors": 1}, arrays[1], state=dict(workers[1].state)).handle(f)
+    rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1", "ckks-min-survivors": 1}, arrays[1], state=dict(workers[1].state)).handle(f)
     assert "t = 3" in rep["error"]  # a site option does not lower the DP floor
     from securefed.securesum.ckks import decode_ckks_spec
 
@@ -261,7 +262,7 @@ def test_site_floor_from_distributed_dp_noise_and_bad_options(arrays):
     assert dp_min_survivors(dict(plan, noise="local")) == 0 and dp_min_survivors(None) == 0
     assert dp_min_survivors(json.dumps(plan)) == 3
     for bad in ("abc", 0, -1, 1.5):
-        rep = SiteWorker({"site-name": "s1", "ckks-min-survivors": bad}, arrays[1]).handle(_start_fields(workers))
+        rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1", "ckks-min-survivors": bad}, arrays[1]).handle(_start_fields(workers))
         assert rep["error"].startswith("ConfigError") and "ckks-min-survivors" in rep["error"]
 
 

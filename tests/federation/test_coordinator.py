@@ -43,6 +43,7 @@ def _dp_options(tmp_path, budget=5.0, n=3, **extra):
 
 def _exchange(arrays, options=None, **kw):
     workers = {1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True, "require-audit": False,
+                                    "allow-paper-mode": True,  # these tests drive the paper's FedDL / rows mode
                                     **(options or {}).get(i, {})}, X)
                for i, X in enumerate(arrays)}
     return InMemoryExchange(workers, fresh_process=True, **kw)
@@ -92,7 +93,7 @@ def test_the_statistics_are_one_secure_sum(sites):
 def test_a_site_sends_into_a_secure_sum_only_unless_its_operator_allows_plain(sites):
     """The coordinator chooses the aggregation; a site does not follow it into plain sums by default (with plain
     aggregation the coordinator reads each site's upload)."""
-    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": NAMES[i]}, X) for i, X in enumerate(sites)})
+    ex = InMemoryExchange({1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i]}, X) for i, X in enumerate(sites)})
     with pytest.raises(ProtocolAbortedError, match="allow-plain"):
         drive(Coordinator(_plan(aggregation="plain")), ex)
     assert set(ex.ops) == {"hello", "plain"}  # nothing but the refused request went out
@@ -121,7 +122,7 @@ def test_scripted_exchange_dropped_site_and_late_reply_without_flower(sites):
     """The coordinator alone, fed by hand: a site that never answers and one whose reply comes after the
     deadline are both dropped at that step; plain aggregation completes with the one left."""
     plan = _plan(aggregation="plain", gamma=1.0, rounds=1, local_steps=1, min_sites=1, init="public")
-    workers = {a: SiteWorker({"site-name": NAMES[a], "allow-plain": True}, X) for a, X in enumerate(sites)}
+    workers = {a: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[a], "allow-plain": True}, X) for a, X in enumerate(sites)}
     co = Coordinator(plan)
     step = co.start([0, 1, 2])
     assert isinstance(step, Request) and set(step.payloads) == {0, 1, 2}
@@ -183,7 +184,7 @@ def test_spec_codec_round_trip_and_strictness():
 
 
 def test_site_reports_protocol_errors_instead_of_crashing(sites):
-    w = SiteWorker({"site-name": "s0", "allow-plain": True}, sites[0])
+    w = SiteWorker({"allow-paper-mode": True, "site-name": "s0", "allow-plain": True}, sites[0])
     assert w.handle({"op": "secagg", "msgs": [b"junk"]})["error"].startswith(("ProtocolError", "DecodeError"))
     assert "unknown operation" in w.handle({"op": "nope"})["error"]
     assert w.handle({"op": "plain", "task": "model"})["error"].startswith("DecodeError")
@@ -212,7 +213,7 @@ def test_site_refuses_a_landmark_map_that_does_not_match_the_landmarks(sites):
     Y = np.random.default_rng(0).normal(size=(6, 3))
     req = put_array(put_array(put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "Zn": 1.0, "space": "raw"}, "Y", Y),
                               "landmark_embedding", np.zeros((5, 2))), "masses", np.ones(6))
-    rep = SiteWorker({"site-name": "s0"}, sites[0]).handle(req)
+    rep = SiteWorker({"allow-paper-mode": True, "site-name": "s0"}, sites[0]).handle(req)
     assert rep["error"].startswith("ProtocolError") and "does not match" in rep["error"]
 
 
@@ -343,10 +344,10 @@ def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
     low = dict(local, sigma=[v * 0.5 for v in wire["sigma"]])
     rep = SiteWorker(dict(node, **{"allow-seeded-noise": True}), X).handle(dict(task, op="plain", dp=json.dumps(low)))
     assert rep["error"].startswith("ProtocolError") and "own calibration" in rep["error"]
-    rep = SiteWorker({"site-name": "s0", "allow-seeded-noise": True, "allow-plain": True}, X).handle(
+    rep = SiteWorker({"allow-paper-mode": True, "site-name": "s0", "allow-seeded-noise": True, "allow-plain": True}, X).handle(
         dict(task, op="plain", dp=json.dumps(local)))
     assert "epsilon-budget" in rep["error"]
-    strict = SiteWorker({"site-name": "s0", "require-dp": "true", "allow-plain": True}, X)
+    strict = SiteWorker({"allow-paper-mode": True, "site-name": "s0", "require-dp": "true", "allow-plain": True}, X)
     rep = strict.handle({"op": "plain", "task": "stats", "want": ["moments"], "scale": 1.0, "site": 0, "seed": 0})
     assert rep["error"].startswith("ConfigError") and "require-dp" in rep["error"]
     rep = strict.handle(put_array({"op": "rows", "kind": "distance", "site": 0}, "Y", np.zeros((6, 3))))
@@ -387,7 +388,7 @@ def test_site_refuses_a_request_that_disagrees_with_its_dp_plan(sites, tmp_path,
                 put_array(f, "Y", get_array(f, "Y")[:-1])
         return f
 
-    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
+    workers = {1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
     res = _run(_plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, rounds=2, run_id="lie", noise_seed_for_testing=1),
                sites, tmp_path, ex=InMemoryExchange(workers, fresh_process=True, before_request=lying))
     assert res.survivors == [1, 2]
@@ -424,7 +425,7 @@ def test_rows_under_dp_need_rows_epsilon_and_are_data_perturbed(sites, tmp_path)
 def test_audit_gate_stops_before_anything_per_record_leaves(sites):
     """Landmarks that are the members themselves (given as the start, a negligible step) must fail the default
     policy; nothing per record may leave a site after that."""
-    members = [SiteWorker({"site-name": n}, X).split(0.3, 3)[0] for n, X in zip(NAMES, sites)]
+    members = [SiteWorker({"allow-paper-mode": True, "site-name": n}, X).split(0.3, 3)[0] for n, X in zip(NAMES, sites)]
     init = np.vstack(members)
     strict = dict(aggregation="plain", method="tsne", nystrom="rows", landmarks=len(init), rounds=1, local_steps=1,
                   lr=1e-12, gamma=1.0, init=init, audit_holdout=0.3)
@@ -468,7 +469,7 @@ def test_restarted_site_is_readmitted_with_its_ledger(sites, tmp_path):
                 restarted["address"] = self.restart(1002)  # ... and comes back with a new address
             return out
 
-    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
+    workers = {1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
     ex = Restarting(workers, fresh_process=True)
     res = _run(_plan(aggregation="plain", epsilon=3.0, clip_norm=2.0, rounds=3, local_steps=1, run_id="rs1",
                      noise_seed_for_testing=1), sites, tmp_path, ex=ex)
@@ -486,11 +487,11 @@ def test_restarted_site_with_other_data_is_not_readmitted(sites):
             out = super().request(payloads, deadline)
             if any(f.get("op") == "plain" for f in payloads.values()) and 1002 in self.dead and len(self.workers) == 3:
                 new = self.restart(1002)
-                self.workers[new] = SiteWorker({"site-name": "s2", "allow-plain": True}, sites[0])  # another file
+                self.workers[new] = SiteWorker({"allow-paper-mode": True, "site-name": "s2", "allow-plain": True}, sites[0])  # another file
             return out
 
     res = _run(_plan(aggregation="plain", gamma=1.0, rounds=3), sites,
-               ex=Restarting({1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True}, X)
+               ex=Restarting({1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], "allow-plain": True}, X)
                               for i, X in enumerate(sites)},
                              silent_from={1002: "plain"}))
     assert res.readmitted == [] and res.survivors == [0, 1]
@@ -510,7 +511,7 @@ def test_restarted_site_rejoins_secagg_with_its_new_identity_key(tmp_path):
                 self.restart(3)
             return out
 
-    ex = Restarting({i: SiteWorker({"site-name": f"q{i}"}, X) for i, X in enumerate(arrays)},
+    ex = Restarting({i: SiteWorker({"allow-paper-mode": True, "site-name": f"q{i}"}, X) for i, X in enumerate(arrays)},
                     silent_from={3: "secagg-input"}, fresh_process=True)
     res = drive(Coordinator(_plan(gamma=1.0, init="public", rounds=2, local_steps=1, degree=None, threshold=None,
                                   min_sites=5)), ex)

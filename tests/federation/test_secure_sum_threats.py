@@ -36,7 +36,7 @@ TASK = {"task": "stats", "want": ["moments"], "scale": 4.0}
 def _sites(n, seed=3):
     rng = np.random.default_rng(seed)
     arrays = [rng.normal(size=(20 + 3 * i, 2)) * 0.5 + 0.2 * i for i in range(n)]
-    workers = [SiteWorker({"site-name": f"h{i}"}, X) for i, X in enumerate(arrays)]
+    workers = [SiteWorker({"site-name": f"h{i}", "allow-paper-mode": True}, X) for i, X in enumerate(arrays)]
     keys = tuple(w.handle({"op": "hello"})["identity"] for w in workers)
     return arrays, workers, keys
 
@@ -127,7 +127,7 @@ def test_ckks_site_refuses_a_server_weight():
 def _refusal(n, keys, workers, options=None, **spec_kw):
     """Site 1's answer to a secagg-start with this spec: its error, or None when it started its client."""
     spec = _spec(n, keys, **spec_kw)
-    w = SiteWorker({"site-name": "h1", **(options or {})}, workers[1]._records, state=dict(workers[1].state))
+    w = SiteWorker({"allow-paper-mode": True, "site-name": "h1", **(options or {})}, workers[1]._records, state=dict(workers[1].state))
     rep = w.handle(_start(spec, 1))
     if "error" in rep:
         assert not _clients(w) and "rng" not in w.state  # refused before anything was computed
@@ -197,7 +197,7 @@ def test_distributed_dp_floor_counts_the_colluders():
     fields = {k: v for k, v in _start(_spec(n, keys), 1).items() if k not in TASK}  # a gradient upload, DP plan
     fields = put_array(dict(fields, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
     fields["spec"] = encode_spec(_spec(n, keys, fields=fields))
-    w = SiteWorker({"site-name": "h1", "dp-colluders": 2}, workers[1]._records, state=dict(workers[1].state))
+    w = SiteWorker({"allow-paper-mode": True, "site-name": "h1", "dp-colluders": 2}, workers[1]._records, state=dict(workers[1].state))
     err = w.handle(fields)["error"]
     assert "t = 3 and dp-colluders = 2" in err and "needs 5 survivors" in err and not _clients(w)
 
