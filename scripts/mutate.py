@@ -54,17 +54,19 @@ class Mutation:
 ACC = "tests/accounting/"
 SS = "tests/securesum/"
 CKKS_TESTS = (SS + "test_attack_ckks.py", SS + "test_ckks_machines.py", SS + "test_protocols_ckks.py")
-CELL_TESTS = ("tests/federation/test_cell_axes.py", "tests/federation/test_cells_scale.py",
-              "tests/federation/test_coordinator.py", "-k", "cell")
+CELL_TESTS = ("tests/federation/test_cell_axes.py", "tests/federation/test_cells_scale.py", "tests/audits/test_disclosure.py")
 
 MUTATIONS = [
     # ---- the five survivors of issue 22 (the cell floor: two mutations)
-    Mutation("cell-floor-strict", "cell floor: a mean over exactly floor records is revealed, or not",
-             "securefed/landmarks/cells.py", "    keep = counts >= floor\n", "    keep = counts > floor\n", CELL_TESTS,
-             "survived"),
-    Mutation("cell-floor-minus-one", "cell floor: a mean over floor − 1 records revealed",
-             "securefed/landmarks/cells.py", "    keep = counts >= floor\n", "    keep = counts >= floor - 1\n",
-             CELL_TESTS, "survived"),
+    Mutation("cell-floor-cut-strict", "cell floor: a split leaving exactly floor records on a side is allowed",
+             "securefed/landmarks/celltree.py", "        if n0 < floor or n1 < floor:\n",
+             "        if n0 <= floor or n1 <= floor:\n", CELL_TESTS, "survived"),
+    Mutation("cell-floor-cut-minus-one", "cell floor: no split leaves fewer than floor records on a side",
+             "securefed/landmarks/celltree.py", "        if n0 < floor or n1 < floor:\n",
+             "        if n0 < floor - 1 or n1 < floor - 1:\n", CELL_TESTS, "survived"),
+    Mutation("cell-floor-atom-minus-one", "cell floor: the site's disclosure auditor refuses an atom under the floor",
+             "securefed/audits/disclosure.py", "        if 0.5 < atom < floor - 0.5:\n",
+             "        if 0.5 < atom < floor - 1.5:\n", ("tests/audits/test_disclosure.py",), "survived"),
     Mutation("ckks-no-flood", "CKKS decryptor floods the decryption (key-recovery hygiene)",
              "securefed/securesum/ckks/machines.py",
              "        out = randomized_round(raw + gaussian_noise(p.length, spec.flood_sigma), p.step)\n",
