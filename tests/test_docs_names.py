@@ -39,17 +39,20 @@ def _inline_names(path):
 
 
 def _parameters(args: str) -> list | None:
-    """The items of a documented argument list ``(a, b=None, …)`` as (name, has "=") pairs and "…" markers; None
-    when the parentheses hold an expression rather than parameter names (then only the name is checked)."""
-    out = []
+    """The items of a documented argument list ``(a, b=None, *, c, …)`` as (name, keyword) pairs — keyword: given
+    with ``=`` or after a bare ``*`` — and "…" markers; None when the parentheses hold an expression rather than
+    parameter names (then only the name is checked)."""
+    out, keyword_only = [], False
     for item in (i.strip() for i in args[1:-1].split(",")):
         if item in ("…", "..."):
             out.append("…")
-        elif item not in ("", "*", "/"):
+        elif item == "*":
+            keyword_only = True
+        elif item not in ("", "/"):
             name = item.split("=", 1)[0].strip().lstrip("*")
             if not name.isidentifier():
                 return None
-            out.append((name, "=" in item))
+            out.append((name, keyword_only or "=" in item))
     return out
 
 
@@ -182,6 +185,8 @@ def test_every_name_in_the_docs_resolves():
                                       ("RunResult.inventory", True), ("os.urandom", True),
                                       ("federation.sums.secure_sum(co, task, label, clip, weights=None, tap=None)", False),
                                       ("federation.sums.secure_sum(co, task, label, clip, …)", True),
+                                      ("federation.sums.secure_sum(co, task, label, clip, weights=None, tap=None, "
+                                       "integer_bits=None, *, out_shape, scales=None)", True),
                                       ("federation.sums.secure_sum(co, task, clip, label)", False),
                                       ("federation.sums.secure_sum(co, task, label, clip, aggregator=None)", False),
                                       ("Coordinator.release(what, to=…, covered=…, note=…)", True)])

@@ -157,30 +157,73 @@ def test_knn_graph_nndescent_recall():
     assert np.all(np.diff(dist, axis=1) >= -1e-6)
 
 
+# Four clusters in 8-D, 40 of the records as landmarks: the Nyström feature map Φ of the Gaussian kernel and its
+# kNN graph drive openTSNE / umap-learn; the reference is the same library on the exact kernel's neighbours (for a
+# Gaussian kernel ‖φ(x) − φ(x')‖² = 2 − 2k(x, x') is monotone in ‖x − x'‖, so they are the Euclidean neighbours,
+# found here by scikit-learn). Quality is scored by scikit-learn's trustworthiness and a 10-NN classifier.
+_RC = np.random.default_rng(7)
+YC = np.repeat(np.arange(4), 60)
+XC = (_RC.normal(size=(4, 8)) * 4)[YC] + _RC.normal(size=(240, 8))
+LC = XC[_RC.choice(240, 40, replace=False)]
+
+
+def _phi_clusters():
+    gamma = 1.0 / float(np.median(sq_dists(XC)))
+    return kernel_feature_map(gaussian_kernel(XC, LC, gamma), gaussian_kernel(LC, LC, gamma))
+
+
+def _exact_knn(k):
+    from sklearn.neighbors import NearestNeighbors
+
+    dist, idx = NearestNeighbors(n_neighbors=k + 1).fit(XC).kneighbors(XC)
+    return idx[:, 1:], dist[:, 1:]
+
+
+def _quality(emb):
+    from sklearn.manifold import trustworthiness
+    from sklearn.model_selection import cross_val_score
+    from sklearn.neighbors import KNeighborsClassifier
+
+    assert emb.shape == (240, 2) and np.isfinite(emb).all()
+    return (trustworthiness(XC, emb, n_neighbors=10),
+            float(cross_val_score(KNeighborsClassifier(10), emb, YC, cv=5).mean()))
+
+
 def test_knn_plugs_into_opentsne():
     from openTSNE import TSNEEmbedding
     from openTSNE.affinity import PerplexityBasedNN
-    from openTSNE.initialization import random as random_init
+    from openTSNE.initialization import pca as pca_init
     from openTSNE.nearest_neighbors import PrecomputedNeighbors
 
-    Phi = kernel_feature_map(gaussian_kernel(X, X[:40], 0.2), gaussian_kernel(X[:40], X[:40], 0.2))
-    idx, dist = knn_graph(Phi, 30, method="exact", include_self=False)
-    aff = PerplexityBasedNN(perplexity=10, knn_index=PrecomputedNeighbors(idx, dist))
-    P = aff.P
-    assert P.shape == (120, 120) and P.diagonal().sum() == 0 and abs(P.sum() - 1) < 1e-8
-    emb = TSNEEmbedding(random_init(len(X), random_state=0), aff, random_state=0, n_jobs=1).optimize(n_iter=50)
-    assert np.isfinite(np.asarray(emb)).all()
+    def tsne(idx, dist):
+        aff = PerplexityBasedNN(perplexity=15, knn_index=PrecomputedNeighbors(idx, dist))
+        emb = TSNEEmbedding(pca_init(XC, random_state=0), aff, random_state=0, n_jobs=1)
+        return np.asarray(emb.optimize(n_iter=250, exaggeration=12).optimize(n_iter=250))
+
+    idx, dist = knn_graph(_phi_clusters(), 45, method="exact", include_self=False)
+    P = PerplexityBasedNN(perplexity=15, knn_index=PrecomputedNeighbors(idx, dist)).P
+    assert P.shape == (240, 240) and P.diagonal().sum() == 0 and abs(P.sum() - 1) < 1e-8
+    trust, acc = _quality(tsne(idx, dist))
+    ref_trust, ref_acc = _quality(tsne(*_exact_knn(45)))
+    assert trust >= ref_trust - 0.02 and trust > 0.93 and acc >= 0.95, (trust, ref_trust, acc)
+    # the floors bite: the same graph with its neighbours shuffled maps far worse
+    shuffled = np.random.default_rng(0).permutation(240)[idx]
+    bad_trust, bad_acc = _quality(tsne(shuffled, dist))
+    assert bad_trust < 0.8 and bad_acc < 0.8, (bad_trust, bad_acc)
 
 
 def test_knn_plugs_into_umap():
     import umap
 
-    idx, dist = knn_graph(X, 10, method="exact")
+    idx, dist = knn_graph(_phi_clusters(), 15, method="exact")  # umap-learn expects each point first
+    ei, ed = _exact_knn(14)
+    ei, ed = np.hstack([np.arange(240)[:, None], ei]), np.hstack([np.zeros((240, 1)), ed])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # umap warns that no NNDescent index is attached (no transform())
-        emb = umap.UMAP(n_neighbors=10, precomputed_knn=(idx, dist, None), n_epochs=30, random_state=0,
-                        init="random").fit_transform(X)
-    assert emb.shape == (120, 2) and np.isfinite(emb).all()
+        emb, ref = (umap.UMAP(n_neighbors=15, precomputed_knn=(i, d, None), n_epochs=200, random_state=0,
+                              init="random").fit_transform(XC) for i, d in ((idx, dist), (ei, ed)))
+    (trust, acc), (ref_trust, _) = _quality(emb), _quality(ref)
+    assert trust >= ref_trust - 0.02 and trust > 0.93 and acc >= 0.95, (trust, ref_trust, acc)
 
 
 # ----------------------------------------------------------------------------- choose / bad input
