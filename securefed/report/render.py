@@ -277,6 +277,13 @@ def _details(report: dict, figures: dict) -> list[str]:
         tt = {("centralized_time" if k == "centralized" else k): v for k, v in t.items()}
         parts.append("<h3>Time taken</h3>" + _kv(tt, list(tt), fmt=lambda k, x: _v(x, 3)))
 
+    parts.extend(_appendix(report))
+    return parts
+
+
+def _appendix(report: dict) -> list[str]:
+    """The ledger, references, parameters, versions, glossary and report.json names (the report's last sections)."""
+    parts = []
     led = report["ledger"]
     parts.append("<h2>Privacy ledger</h2>")
     parts.append(_kv({"events": led.get("n_events"), "overrides recorded": led.get("overrides"),

@@ -201,6 +201,23 @@ def verify_sum(proof: bytes, spec: RoundSpec, own_client_id: int, *, schedule: s
             _check(u in peer_sets[v], "peer-sets", f"survivor {u} masked with survivor {v}, which did not mask with {u}",
                    u)
     dropped = sorted(set().union(*peer_sets.values()) - set(U))
+    adverts, seeds, mask_keys = _proved_secrets(p, spec, key_digest, U, dropped)
+    # recompute the sum and compare
+    acc = unmasked_sum(spec, inputs, seeds, mask_keys, peer_sets, {v: a.s_pk for v, a in adverts.items()})
+    worst, bound = range_excess(spec, acc)
+    _check(worst <= bound, "out-of-range", f"the recomputed sum lies outside its public range ({worst:.3g} > "
+           f"{bound:.3g})")
+    claimed = np.frombuffer(p.total, dtype=fp.dtype)
+    diff = np.flatnonzero(claimed != acc)
+    _check(diff.size == 0, "forged-total", f"the released total differs from the sum of the survivors' inputs at "
+           f"{diff.size} of {spec.length} coordinates (first: {diff[:5].tolist()})")
+    return acc
+
+
+def _proved_secrets(p: SumProof, spec: RoundSpec, key_digest: bytes, U: tuple, dropped: list):
+    """The signed advertisements, the survivors' self-mask seeds and the dropped clients' mask keys of a proof,
+    each checked against what its owner signed or committed to (raises SumProofError)."""
+    sid, rnd = spec.session_id, spec.round_index
     # the keys every client signed at the start of the round
     _check(tuple(k.sender for k in p.keys) == tuple(sorted(set(U) | set(dropped))), "advertisement",
            "the advertisements are not exactly those of the survivors and the dropped clients they masked with")
@@ -232,13 +249,4 @@ def verify_sum(proof: bytes, spec: RoundSpec, own_client_id: int, *, schedule: s
         _check(crypto.x25519_public_bytes(sk) == adverts[e.owner].s_pk, "mask-key",
                f"client {e.owner}'s mask key does not match the public key it signed", e.owner)
         mask_keys[e.owner] = sk
-    # recompute the sum and compare
-    acc = unmasked_sum(spec, inputs, seeds, mask_keys, peer_sets, {v: a.s_pk for v, a in adverts.items()})
-    worst, bound = range_excess(spec, acc)
-    _check(worst <= bound, "out-of-range", f"the recomputed sum lies outside its public range ({worst:.3g} > "
-           f"{bound:.3g})")
-    claimed = np.frombuffer(p.total, dtype=fp.dtype)
-    diff = np.flatnonzero(claimed != acc)
-    _check(diff.size == 0, "forged-total", f"the released total differs from the sum of the survivors' inputs at "
-           f"{diff.size} of {spec.length} coordinates (first: {diff[:5].tolist()})")
-    return acc
+    return adverts, seeds, mask_keys

@@ -141,10 +141,10 @@ def test_what_leaves_modes():
     # the default: cells through SecAgg+; the floor is named and so is who applies it
     rows = what_leaves({"aggregation": "secagg", "dp": False, "nystrom": "local", "landmark_method": "cells", "cell_floor": 15})
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
-    assert set(applies) == {"cells (federated k-means with a floor, no DP)", "SecAgg+ or CKKS aggregation",
+    assert set(applies) == {"cells (a cell tree with a floor, no DP)", "SecAgg+ or CKKS aggregation",
                             "a malicious site (no range proofs)", "no rows, coordinates sent (local placement, the default)"}
-    cells = applies["cells (federated k-means with a floor, no DP)"]
-    assert "≥ 15 records" in cells and "applied by the coordinator" in cells
+    cells = applies["cells (a cell tree with a floor, no DP)"]
+    assert "≥ 15 records" in cells and "Every site recomputes each query" in cells and "fewer than 15" in cells
     # the DP billboard: its ε is named for the whole run; FedDL's row does not apply
     rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "local", "landmark_method": "billboard"},
                        privacy={"epsilon": 4.0, "delta": 1e-5})
