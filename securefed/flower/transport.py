@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from ..errors import DecodeError
+from . import trace as _trace
 
 __all__ = ["RECORD", "MESSAGE_TYPE", "make_content", "read_content", "FlowerExchange"]
 
@@ -81,9 +82,12 @@ class FlowerExchange:
 
         msgs = [Message(make_content(**fields), dst_node_id=int(node), message_type=MESSAGE_TYPE,
                         ttl=max(deadline - self.now(), 1.0) + 30.0) for node, fields in payloads.items()]
+        t_push = time.time()
         ids = list(self.grid.push_messages(msgs))
         owner = {mid: node for mid, node in zip(ids, payloads) if mid}
         replies: dict = {}
+        arrived: dict = {}
+        t_pushed = time.time()
         while owner and self.now() < deadline:
             for rep in self.grid.pull_messages(list(owner)):
                 mid = rep.metadata.reply_to_message_id
@@ -91,6 +95,7 @@ class FlowerExchange:
                 if node is None or int(rep.metadata.src_node_id) != int(node):
                     continue
                 del owner[mid]
+                arrived[mid] = time.time()
                 if not rep.has_content():
                     replies[node] = {"error": f"FlowerError: {rep.error.reason if rep.error is not None else 'error reply'}"}
                     continue
@@ -100,4 +105,7 @@ class FlowerExchange:
                     replies[node] = {"error": f"DecodeError: {exc}"}
             if owner:
                 time.sleep(self.poll)
+        if _trace.enabled():
+            _trace.emit("server", push0=t_push, push1=t_pushed, end=time.time(), msgs=dict(zip(ids, payloads)),
+                        arrived=arrived, ops=sorted({str(f.get("op")) for f in payloads.values()}))
         return replies
