@@ -28,7 +28,10 @@ to the site's own ledger before the reply (:mod:`.privacy`).
 Site options (the SuperNode's ``--node-config`` keys, or the in-process driver's): ``site-name``,
 ``data-path``, ``label-column``, ``allow-plain`` (default false: the site sends its uploads only into a secure
 sum; true lets the coordinator see each of them), ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``,
-``require-dp``, ``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``.
+``require-dp``, ``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``; reading the
+file as ``securefed run`` does: ``id-column``, ``keep-column`` (comma-separated), ``layer``; ``send-record-ids`` (default
+false: the record ids never leave the site; true: they go with its coordinates, so the coordinator's outputs join
+back to the records by id).
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ class SiteWorker:
     def __init__(self, options: dict, records: np.ndarray | None = None, state: dict | None = None):
         self.options = dict(options)
         self._records = None if records is None else np.asarray(records, dtype=np.float64)
+        self._ids = None  # record ids from the site's file (site option id-column), when it has them
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
         self.kept = None  # what this site kept of the embedding (coordinates keep)
@@ -152,7 +156,14 @@ class SiteWorker:
             if not path:
                 raise ConfigError(bad_value("site option data-path", path, "start the SuperNode with --node-config "
                                             "'data-path=\"/path/site.csv\" site-name=\"A\"'"))
-            self._records = load_dataset(str(path), label_column=self.options.get("label-column") or None).X
+            keep = [c.strip() for c in str(self.options.get("keep-column") or "").split(",") if c.strip()]
+            ds = load_dataset(str(path), label_column=self.options.get("label-column") or None,
+                              id_column=self.options.get("id-column") or None, layer=self.options.get("layer") or None,
+                              allow_id_like=keep)
+            if _truthy(self.options.get("send-record-ids", False)) and ds.ids is None:
+                raise ConfigError(bad_value("site option send-record-ids", self.options.get("send-record-ids"),
+                                            "name the file's id column too (id-column=\"...\"), or drop send-record-ids"))
+            self._records, self._ids = ds.X, ds.ids
         return self._records
 
     def split(self, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -516,6 +527,8 @@ class SiteWorker:
                 os.makedirs(str(path), exist_ok=True)
                 np.save(os.path.join(str(path), f"{self.name}-embedding.npy"), self.kept)
             return {"kept": int(len(out))}
+        if self._ids is not None and _truthy(self.options.get("send-record-ids", False)):
+            reply["record_ids"] = [str(v) for v in self._ids]  # the site's own choice: ids name who is in its data
         return reply
 
 
