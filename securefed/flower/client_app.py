@@ -35,12 +35,12 @@ import time
 
 _T_IMPORT = time.time()  # for the maintainers' trace (securefed.flower.trace): what importing this module costs
 
-from flwr.app import ConfigRecord, Context, Message  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
 
-from . import trace as _trace  # noqa: E402
-from . import worker as _warm  # noqa: E402
-from .transport import make_content, read_content  # noqa: E402
+from . import trace as _trace
+from . import worker as _warm
+from .transport import make_content, read_content
 
 __all__ = ["app", "forward_request", "answer_in_process"]
 
