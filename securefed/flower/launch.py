@@ -100,13 +100,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pythonpath(current: str) -> str:
-    """``current`` with the source tree this ``securefed`` was imported from first, so that the SuperNodes, their
-    ClientApps and the sites' warm workers run the same code as the caller (a checkout or a git worktree rather
-    than another editable install); an installed package (no ``pyproject.toml`` beside it) adds nothing."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parts = [p for p in current.split(os.pathsep) if p]
-    if os.path.exists(os.path.join(root, "pyproject.toml")) and root not in [os.path.abspath(p) for p in parts]:
+def _pythonpath(current: str, root: str | None = None) -> str:
+    """``current`` with the source tree this ``securefed`` was imported from (or ``root``) first, so that the
+    SuperNodes, their ClientApps and the sites' warm workers run the same code as the caller (a checkout or a git
+    worktree rather than another editable install); an installed package (no ``pyproject.toml`` beside it) adds
+    nothing."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.abspath(root) if root else here
+    parts = [p for p in current.split(os.pathsep) if p and os.path.abspath(p) != root]
+    if os.path.exists(os.path.join(root, "pyproject.toml")):
         parts.insert(0, root)
     return os.pathsep.join(parts)
 
@@ -128,6 +130,9 @@ class LocalDeployment:
         pair from ``ssh-keygen``.
     env : dict, optional
         Extra environment of every process this deployment starts (e.g. ``PYTHONPATH`` additions for a test).
+    code_root : str, optional
+        The securefed source tree the deployment's processes import (default: the one this module comes from);
+        benchmarks use it to run two versions side by side.
     superexec : {"flower", "securefed"}
         How each SuperNode starts its ClientApps: ``"flower"`` (default: ``--isolation subprocess``, Flower's own
         SuperExec starts one ``flwr-clientapp`` process per message) or ``"securefed"`` (opt-in: ``--isolation
@@ -136,14 +141,16 @@ class LocalDeployment:
     """
 
     def __init__(self, workdir: str, certs: str | None = None, bin_dir: str | None = None, node_auth: bool = False,
-                 superexec: str = "flower", env: dict | None = None):
+                 superexec: str = "flower", env: dict | None = None, code_root: str | None = None):
         self.workdir = os.path.abspath(workdir)
         if node_auth and certs is None:
             raise ConfigError(bad_value("node_auth", True, "Flower's SuperNode authentication needs TLS; pass certs"))
         if superexec not in ("flower", "securefed"):
-            raise ConfigError(bad_value("superexec", superexec, "use 'flower' (Flower's own, the default) or 'securefed'"))
+            raise ConfigError(bad_value("superexec", superexec,
+                                        "use 'flower' (Flower's own, the default) or 'securefed'"))
         self.superexec = superexec
         self.extra_env = dict(env or {})
+        self.code_root = code_root
         self.node_auth = node_auth
         self.certs = certs
         self.bin = bin_dir or os.path.dirname(sys.executable)
@@ -158,7 +165,7 @@ class LocalDeployment:
                    PYTHONUNBUFFERED="1", PATH=self.bin + os.pathsep + os.environ.get("PATH", ""),
                    **FLOWER_ENV)
         env.update(self.extra_env)
-        path = _pythonpath(env.get("PYTHONPATH", ""))
+        path = _pythonpath(env.get("PYTHONPATH", ""), self.code_root)
         if path:
             env["PYTHONPATH"] = path
         os.makedirs(env["FLWR_HOME"], exist_ok=True)
@@ -168,8 +175,8 @@ class LocalDeployment:
         if name in self.procs:  # a restarted site: keep the old process in the cleanup list
             self.procs[f"{name}#{len(self.procs)}"] = self.procs.pop(name)
         log = open(os.path.join(self.workdir, name + ".log"), "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(env_of or name), cwd=self.workdir,
-                             start_new_session=True)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(env_of or name),
+                             cwd=self.workdir, start_new_session=True)
         log.close()
         self.procs[name] = p
         return p
@@ -184,7 +191,7 @@ class LocalDeployment:
         if self._pace is None or now - self._pace[1] > max_age:
             t0 = time.monotonic()
             subprocess.run([self._python(), "-c", "import flwr.supernode.runtime.run_clientapp"], env=self._env("pace"),
-                           capture_output=True, check=False)
+                           capture_output=True, check=False)  # its exit status does not matter, its time does
             self._pace = (max(time.monotonic() - t0, 0.5), time.monotonic())
         return self._pace[0]
 

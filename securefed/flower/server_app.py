@@ -22,7 +22,7 @@ import traceback
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..errors import ProtocolTimeoutError, SecureFedError
+from ..errors import ProtocolAbortedError, ProtocolTimeoutError, SecureFedError
 from .transport import FlowerExchange
 
 __all__ = ["app", "main", "DRIVER_DEFAULTS", "run_over_flower", "wait_for_sites", "write_join_table"]
@@ -69,15 +69,16 @@ def wait_for_sites(grid, min_sites: int, wait: float, poll: float = 0.2) -> dict
     t0 = time.monotonic()
     while len(list(grid.get_node_ids())) < min_sites:
         if time.monotonic() - t0 > wait:
-            raise ProtocolTimeoutError(f"only {len(list(grid.get_node_ids()))} SuperNodes connected within wait-sites = "
-                                       f"{wait:g} s (min-sites = {min_sites}); start the missing SuperNodes, or check "
-                                       "that each was registered (node authentication) and reaches the SuperLink")
+            raise ProtocolTimeoutError(f"only {len(list(grid.get_node_ids()))} SuperNodes connected within "
+                                       f"wait-sites = {wait:g} s (min-sites = {min_sites}); start the missing "
+                                       "SuperNodes, or check that each was registered (node authentication) and "
+                                       "reaches the SuperLink")
         time.sleep(poll)
     connected = time.monotonic() - t0
     nodes = sorted(int(n) for n in grid.get_node_ids())
     left = max(wait - connected, 1.0)
-    ids = grid.push_messages([Message(make_content(op="ping"), dst_node_id=n, message_type=MESSAGE_TYPE, ttl=left + 30.0)
-                              for n in nodes])
+    ids = grid.push_messages([Message(make_content(op="ping"), dst_node_id=n, message_type=MESSAGE_TYPE,
+                                      ttl=left + 30.0) for n in nodes])
     owner = {mid: n for mid, n in zip(ids, nodes) if mid}
     answered, failed = {}, {}
     t_ping = time.monotonic()
@@ -130,6 +131,7 @@ def run_over_flower(grid, run_config: dict, flower_run_id=None) -> dict:
     out_dir = str(rc.pop("out-dir", DRIVER_DEFAULTS["out-dir"]))
     wait = float(rc.pop("wait-sites", DRIVER_DEFAULTS["wait-sites"]))
     co = None
+    ready: dict = {}
     try:
         extra = {} if rc.get("run-id") or flower_run_id is None else {"run_id": f"flower-run-{flower_run_id}"}
         plan = from_run_config(rc, **extra)
@@ -148,6 +150,13 @@ def run_over_flower(grid, run_config: dict, flower_run_id=None) -> dict:
         write_join_table(out_dir, res.embedding or {}, ids)
     except SecureFedError as exc:
         doc = {"status": "aborted", "error_type": type(exc).__name__, "reason": str(exc)}
+        slow = max(ready.get("ping_seconds") or [0.0])
+        slow_stages = isinstance(exc, (ProtocolAbortedError, ProtocolTimeoutError)) and not rc.get("stage-timeout")
+        if slow > 10.0 and slow_stages:
+            doc["hint"] = (f"the SuperNodes took up to {slow:.0f} s to answer the readiness ping; SecAgg+ stages wait "
+                           "30 s (advertise, share, consistency) by default — on a deployment this slow set "
+                           "stage-timeout (seconds per stage) in the run configuration "
+                           "(docs/deploying-on-flower.md §2)")
         if co is not None and "audit" in co.partial:
             audit = {k: v for k, v in co.partial["audit"].items() if k != "mia_result"}
             write_json(os.path.join(out_dir, "audit.json"), audit)

@@ -42,7 +42,7 @@ def _run(paths, options):
 
 
 def test_id_and_label_columns_stay_out_of_the_features_and_the_ids_on_the_site(tmp_path):
-    paths, ids, feats = _write_sites(tmp_path)
+    paths, _, feats = _write_sites(tmp_path)
     res, workers = _run(paths, lambda i: {"id-column": "patient_id", "label-column": "diagnosis"})
     assert res.n_features == 3
     for i, w in workers.items():  # the features are the three f-columns, in file order
