@@ -27,14 +27,14 @@ usage() { echo "usage: $0 WORKDIR [--set KEY=VALUE ...] [--node KEY=VALUE ...] [
 work=$1; shift
 sets=(--set value-bound=16 --set min-sites=3)
 node_extra=""
-run_config=()
+run_config=""
 demo_records=0
 superexec=flower
 while [ $# -gt 0 ]; do
   case $1 in
     --set) [ $# -ge 2 ] || usage; sets+=(--set "$2"); shift 2 ;;
     --node) [ $# -ge 2 ] || usage; node_extra+=" $2"; shift 2 ;;
-    --run-config) [ $# -ge 2 ] || usage; run_config=(--run-config "$2"); shift 2 ;;
+    --run-config) [ $# -ge 2 ] || usage; run_config=$2; shift 2 ;;
     --superexec) [ $# -ge 2 ] || usage; superexec=$2; shift 2 ;;
     --demo-records) [ $# -ge 2 ] || usage; demo_records=$2; shift 2 ;;
     *) usage ;;
@@ -143,7 +143,11 @@ done
 
 say "6. the run"
 securefed flower-app "$work/app" "${sets[@]}" --set out-dir="$work/run"
-flwr run "$work/app" securefed "${run_config[@]}"
+if [ -n "$run_config" ]; then
+  flwr run "$work/app" securefed --run-config "$run_config"
+else
+  flwr run "$work/app" securefed
+fi
 # The ServerApp always writes run/result.json: every wait in a run has its deadline (wait-sites, request-timeout).
 # This loop only stops early when a process of the deployment dies.
 until [ -f "$work/run/result.json" ]; do
