@@ -129,8 +129,6 @@ def securefed_query(msg: Message, context: Context) -> Message:
     """Answer one securefed request (through the site's warm worker, or in this process)."""
     t_enter = time.time()
     request = read_content(msg)
-    if request.get("op") == "ping":  # the ServerApp's readiness probe (wait-sites): answered here, no site involved
-        return Message(make_content(pong=1), reply_to=msg)
     options = dict(context.node_config)
     t_fwd = time.time()
     if _warm.enabled(options):

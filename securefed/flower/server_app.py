@@ -2,8 +2,9 @@
 over Flower.
 
 It waits (``wait-sites`` seconds at most) until ``min-sites`` SuperNodes are connected and their ClientApps answer
-(:func:`wait_for_sites`: a ``ping`` the ClientApp answers without the site; not one of the run's round trips), runs
-the job the run configuration describes (the plan's options, :func:`securefed.plan.from_run_config`, plus the
+(:func:`wait_for_sites`, then the run's first request, which waits for answers up to what is left of
+``wait-sites``; when too few answer, the reason names the likely causes), runs the job the run configuration
+describes (the plan's options, :func:`securefed.plan.from_run_config`, plus the
 driver's ``out-dir`` and ``wait-sites``) and writes the run
 folder (:func:`securefed.report.layout.write_run_result`): ``result.json`` (status, figures, bytes per site
 per sum, privacy, audit, what was released), ``landmarks.npy``, the embedding files and, under DP, the
@@ -46,7 +47,7 @@ def _progress(out_dir: str):
     return write
 
 
-#: what a connected SuperNode that does not answer usually means (the ServerApp's error names it)
+#: what a connected SuperNode that does not answer usually means (the ServerApp's reason names it)
 NOT_ANSWERING = (
     "a SuperNode that is connected but does not answer cannot run its ClientApp: look in its log. \"Runtime task-token "
     "authentication failed\" means flwr-clientapp took longer than Flower's 30 s between the task's claim and its "
@@ -55,17 +56,11 @@ NOT_ANSWERING = (
     "share a Runtime API port (give each its own --port)")
 
 
-def wait_for_sites(grid, min_sites: int, wait: float, poll: float = 0.2) -> dict:
-    """Wait (at most ``wait`` seconds in all) until ``min_sites`` SuperNodes are connected **and** their ClientApps
-    answer a ``ping`` (the ClientApp answers it without the site). Returns what it saw (seconds, connected,
-    answered); raises :class:`~securefed.errors.ProtocolTimeoutError` naming the likely cause otherwise.
-
-    Once ``min_sites`` have answered, the others get as long again as the answers took (then the run goes on
-    without waiting for them here; the coordinator's ``hello`` still asks every connected SuperNode)."""
-    from flwr.app import Message
-
-    from .transport import MESSAGE_TYPE, make_content
-
+def wait_for_sites(grid, min_sites: int, wait: float, poll: float = 0.2) -> float:
+    """Wait (at most ``wait`` seconds) until ``min_sites`` SuperNodes are connected; returns the seconds it took.
+    Raises :class:`~securefed.errors.ProtocolTimeoutError` naming what to check otherwise. (That they also answer
+    is the run's first request's business: :class:`~securefed.flower.transport.FlowerExchange` gives it what is
+    left of ``wait-sites``.)"""
     t0 = time.monotonic()
     while len(list(grid.get_node_ids())) < min_sites:
         if time.monotonic() - t0 > wait:
@@ -74,38 +69,7 @@ def wait_for_sites(grid, min_sites: int, wait: float, poll: float = 0.2) -> dict
                                        "SuperNodes, or check that each was registered (node authentication) and "
                                        "reaches the SuperLink")
         time.sleep(poll)
-    connected = time.monotonic() - t0
-    nodes = sorted(int(n) for n in grid.get_node_ids())
-    left = max(wait - connected, 1.0)
-    ids = grid.push_messages([Message(make_content(op="ping"), dst_node_id=n, message_type=MESSAGE_TYPE,
-                                      ttl=left + 30.0) for n in nodes])
-    owner = {mid: n for mid, n in zip(ids, nodes) if mid}
-    answered, failed = {}, {}
-    t_ping = time.monotonic()
-    grace_end = None
-    while owner:
-        t = time.monotonic()
-        if t - t0 > wait or (grace_end is not None and t > grace_end):
-            break
-        for rep in grid.pull_messages(list(owner)):
-            node = owner.pop(rep.metadata.reply_to_message_id, None)
-            if node is None:
-                continue
-            if rep.has_content():
-                answered[node] = round(time.monotonic() - t_ping, 2)
-            else:
-                failed[node] = rep.error.reason if rep.error is not None else "error reply"
-        if len(answered) >= min_sites and grace_end is None:
-            grace_end = time.monotonic() + (time.monotonic() - t_ping)
-        if owner:
-            time.sleep(poll / 4)
-    seen = {"seconds": round(time.monotonic() - t0, 2), "connected": len(nodes), "answered": len(answered),
-            "ping_seconds": sorted(answered.values())}
-    if len(answered) < min_sites:
-        why = f"; ClientApp errors: {sorted(set(failed.values()))}" if failed else ""
-        raise ProtocolTimeoutError(f"{len(nodes)} SuperNode(s) connected but only {len(answered)} answered within "
-                                   f"wait-sites = {wait:g} s (min-sites = {min_sites}){why}: {NOT_ANSWERING}")
-    return seen
+    return time.monotonic() - t0
 
 
 def write_join_table(out_dir: str, embedding: dict, ids: dict | None) -> str | None:
@@ -130,32 +94,37 @@ def run_over_flower(grid, run_config: dict, flower_run_id=None) -> dict:
     rc = dict(run_config)
     out_dir = str(rc.pop("out-dir", DRIVER_DEFAULTS["out-dir"]))
     wait = float(rc.pop("wait-sites", DRIVER_DEFAULTS["wait-sites"]))
-    co = None
-    ready: dict = {}
+    co = exchange = plan = None
     try:
         extra = {} if rc.get("run-id") or flower_run_id is None else {"run_id": f"flower-run-{flower_run_id}"}
         plan = from_run_config(rc, **extra)
         progress = _progress(out_dir)
-        ready = wait_for_sites(grid, plan.min_sites, wait)
-        progress({"event": "sites-ready", **ready})
+        connected = wait_for_sites(grid, plan.min_sites, wait)
+        # the run's first request (hello) waits for answers up to what is left of wait-sites (at least its own
+        # deadline): a SuperNode is connected before its first ClientApp has started
+        exchange = FlowerExchange(grid, first_wait=max(wait - connected, 0.0))
         os.makedirs(out_dir, exist_ok=True)
         from ..federation.privacy import derive_run_id
 
         ledger = open_server_ledger(plan, plan.run_id or derive_run_id(plan), os.path.join(out_dir, "ledger.jsonl")) \
             if plan.dp else None
         co = Coordinator(plan, ledger=ledger, on_event=progress)
-        res = drive(co, FlowerExchange(grid))
+        res = drive(co, exchange)
+        progress({"event": "first-request", **(exchange.first or {})})
         ids = (res.embedding or {}).pop("record_ids", None)
         doc = write_run_result(out_dir, res, plan)
         write_join_table(out_dir, res.embedding or {}, ids)
     except SecureFedError as exc:
         doc = {"status": "aborted", "error_type": type(exc).__name__, "reason": str(exc)}
-        slow = max(ready.get("ping_seconds") or [0.0])
-        slow_stages = isinstance(exc, (ProtocolAbortedError, ProtocolTimeoutError)) and not rc.get("stage-timeout")
-        if slow > 10.0 and slow_stages:
-            doc["hint"] = (f"the SuperNodes took up to {slow:.0f} s to answer the readiness ping; SecAgg+ stages wait "
-                           "30 s (advertise, share, consistency) by default — on a deployment this slow set "
-                           "stage-timeout (seconds per stage) in the run configuration "
+        first = (exchange.first if exchange is not None else None) or {}
+        if first and plan is not None and first["replied"] < plan.min_sites:
+            doc["reason"] += (f" — {first['asked']} SuperNode(s) connected but {first['replied']} answered the "
+                              f"first request within wait-sites = {wait:g} s: {NOT_ANSWERING}")
+        elif max(first.get("reply_seconds") or [0.0]) > 10.0 and not rc.get("stage-timeout") \
+                and isinstance(exc, (ProtocolAbortedError, ProtocolTimeoutError)):
+            doc["hint"] = (f"the sites took up to {max(first['reply_seconds']):.0f} s to answer the first request; "
+                           "SecAgg+ stages wait 30 s (advertise, share, consistency) by default — on a deployment this "
+                           "slow set stage-timeout (seconds per stage) in the run configuration "
                            "(docs/deploying-on-flower.md §2)")
         if co is not None and "audit" in co.partial:
             audit = {k: v for k, v in co.partial["audit"].items() if k != "mia_result"}

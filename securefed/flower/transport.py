@@ -65,12 +65,19 @@ class FlowerExchange:
         SuperLink's (BENCHMARKS.md, "Deployment at the speed of the protocol"); a reply takes Flower at least a
         ClientApp start and the SuperNode's 0.5 s reply poll, so polling that phase every 0.05 s only burns the CPU
         the ClientApps need on a small machine.
+    first_wait : float
+        The run's first request (the coordinator's ``hello``) waits for answers at least this long from the
+        exchange's start (the ServerApp's ``wait-sites``): a SuperNode is connected before its first ClientApp has
+        started, which on a loaded machine takes long (docs/deploying-on-flower.md §2). :attr:`first` records what it
+        saw.
     """
 
-    def __init__(self, grid, poll: float = 0.05, poll_first: float = 0.25):
+    def __init__(self, grid, poll: float = 0.05, poll_first: float = 0.25, first_wait: float = 0.0):
         self.grid, self.poll, self.poll_first = grid, poll, poll_first
         self.polls = 0
         self.t0 = time.monotonic()
+        self.first_wait = float(first_wait)
+        self.first: dict | None = None  # what the run's first request saw: asked, answered, seconds
 
     def now(self) -> float:
         """Seconds since the exchange started (the clock the coordinator and its state machines run on)."""
@@ -87,6 +94,9 @@ class FlowerExchange:
         reply from another node than the one asked is discarded (it cannot stand in for that site)."""
         from flwr.app import Message
 
+        first = self.first is None
+        if first:
+            deadline = max(deadline, self.first_wait)
         msgs = [Message(make_content(**fields), dst_node_id=int(node), message_type=MESSAGE_TYPE,
                         ttl=max(deadline - self.now(), 1.0) + 30.0) for node, fields in payloads.items()]
         t_push = time.time()
@@ -113,6 +123,11 @@ class FlowerExchange:
                     replies[node] = {"error": f"DecodeError: {exc}"}
             if owner:
                 time.sleep(min(self.poll if arrived else self.poll_first, max(deadline - self.now(), 0.0)))
+        if first:
+            self.first = {"asked": len(payloads), "replied": len(replies),
+                          "answered": sum(1 for r in replies.values() if "error" not in r),
+                          "seconds": round(time.time() - t_push, 2),
+                          "reply_seconds": sorted(round(t - t_push, 2) for t in arrived.values())}
         if _trace.enabled():
             _trace.emit("server", push0=t_push, push1=t_pushed, end=time.time(), msgs=dict(zip(ids, payloads)),
                         arrived=arrived, ops=sorted({str(f.get("op")) for f in payloads.values()}), polls=self.polls)

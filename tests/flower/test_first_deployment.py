@@ -61,8 +61,12 @@ def _scenario(tmp_path, superexec: str):
         dep.start_superlink()
         for i, p in enumerate(paths):
             dep.start_supernode(f"site{i}", p, node_config={"allow-plain": True})
-        out = dep.run(CFG)
+        # the default launcher gets a 10 s request-timeout: its run must still wait wait-sites (45 s) for the
+        # first answers — the user's wait-sites=300 "seemed to have no effect"
+        out = dep.run(dict(CFG, **{"request-timeout": 10.0}) if superexec == "flower" else CFG)
+        t0 = time.monotonic()
         res = dep.wait_result(out, round_trips=3, extra=WAIT_SITES)
+        res["_waited"] = time.monotonic() - t0
 
         def logs() -> str:
             return "".join(open(os.path.join(dep.workdir, f"site-site{i}.log"), errors="replace").read()
@@ -216,9 +220,10 @@ def test_walkthrough_on_one_machine_with_tls_node_auth_and_record_ids(tmp_path, 
 def test_clientapps_slower_than_flowers_window_stop_the_run_at_wait_sites_with_the_cause(slow_start):
     res, logs, _, _ = slow_start("flower")
     assert "Runtime task-token authentication failed" in logs  # Flower revoked the late ClientApps' tokens
-    assert res["status"] == "aborted" and res["error_type"] == "ProtocolTimeoutError", res
+    assert res["status"] == "aborted" and res["error_type"] == "ProtocolAbortedError", res  # hello: 0 answered
     reason = res["reason"]
-    assert "connected but only 0 answered within wait-sites = 45 s" in reason, reason
+    assert "3 SuperNode(s) connected but 0 answered the first request within wait-sites = 45 s" in reason, reason
+    assert res["_waited"] > WAIT_SITES  # not the 10 s of request-timeout
     assert "Runtime task-token authentication failed" in reason and "30 s" in reason
 
 
