@@ -44,6 +44,36 @@ def main(grid: Grid, context: Context) -> None:
             if left:
                 time.sleep(0.05)
         seconds.append(time.monotonic() - t)
+    polls = _poll_cost(grid, float(cfg.get("poll-seconds", 0.0)), float(cfg.get("poll-interval", 0.05)))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "echo.json"), "w") as fh:
-        json.dump({"nodes": len(nodes), "seconds": seconds}, fh)
+        json.dump({"nodes": len(nodes), "seconds": seconds, "polls": polls}, fh)
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        rest = fh.read().rsplit(b")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _poll_cost(grid, seconds: float, interval: float) -> dict | None:
+    """What polling for replies costs: ``pull_messages`` with nothing to pull every ``interval`` s for ``seconds`` s —
+    CPU of this ServerApp and of the SuperLink (on a loopback: this process's grandparent) per poll."""
+    if seconds <= 0:
+        return None
+    with open(f"/proc/{os.getppid()}/stat", "rb") as fh:
+        link = int(fh.read().rsplit(b")", 1)[1].split()[1])
+    l0, t0 = _cpu(link), time.monotonic()
+    time.sleep(seconds)  # the SuperLink's own background work (the SuperNodes' pulls), to subtract
+    idle_rate = (_cpu(link) - l0) / (time.monotonic() - t0)
+    c0, l0, t0, n = time.process_time(), _cpu(link), time.monotonic(), 0
+    while time.monotonic() - t0 < seconds:
+        grid.pull_messages([])
+        n += 1
+        time.sleep(interval)
+    wall = time.monotonic() - t0
+    link_cpu = _cpu(link) - l0 - idle_rate * wall
+    return {"polls": n, "wall_s": round(wall, 2), "interval": interval,
+            "serverapp_cpu_per_poll_ms": round(1e3 * (time.process_time() - c0) / n, 2),
+            "superlink_cpu_per_poll_ms": round(1e3 * link_cpu / n, 2),
+            "superlink_idle_cpu_per_s_ms": round(1e3 * idle_rate, 1)}

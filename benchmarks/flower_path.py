@@ -21,12 +21,13 @@ the job's round trips (median over round trips; per site, then the slowest site)
 Settings: ``stock`` (flwr as installed, ``--isolation subprocess``: the SuperNode's SuperExec starts one
 ``flwr-clientapp`` process per message) and ``fork`` (``--isolation process`` with securefed's SuperExec,
 :mod:`securefed.flower.superexec`: one pre-imported process forks per message — an opt-in that uses Flower
-internals); ``--flower-bin DIR`` adds the same two settings with the Flower executables in ``DIR`` (a throw-away
-virtualenv with a patched COPY of flwr, e.g. the SuperNode's idle sleep and reply poll made configurable — see
-docs/flower-upstream-request.md; never shipped) and ``--flower-env K=V`` for its environment.
+internals); ``--flower-build 'LABEL|DIR|K=V,…'`` adds the same settings with the Flower executables in ``DIR`` (a
+throw-away virtualenv with a patched COPY of flwr, e.g. the SuperNode's idle sleep and reply poll made configurable
+— see docs/flower-upstream-request.md; never shipped) and that environment.
 
     OMP_NUM_THREADS=1 python benchmarks/flower_path.py [--job step|default] [--settings stock fork]
-        [--echo-trips 10] [--repeats 1] [--flower-bin /tmp/flwr-patched/bin --flower-env K=V ...] [--json out.json]
+        [--echo-trips 10] [--repeats 1] [--flower-build 'LABEL|BIN_DIR|K=V,K=V' ...] [--stage-timeout S]
+        [--keep-traces DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -134,8 +134,8 @@ def decompose(trace_file: str) -> dict:
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc(pid: int):
-    """(cmdline, parent pid, CPU seconds) of a live process, or None."""
+def _stat(pid: int):
+    """(cmdline, parent pid, start ticks, own CPU s, reaped children's CPU s) of a process, or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             rest = fh.read().rsplit(b")", 1)[1].split()
@@ -143,85 +143,96 @@ def _proc(pid: int):
             cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return None
-    return cmd, int(rest[1]), (int(rest[11]) + int(rest[12])) / TICK
+    return (cmd, int(rest[1]), int(rest[19]), (int(rest[11]) + int(rest[12])) / TICK,
+            (int(rest[13]) + int(rest[14])) / TICK)
 
 
-class CpuSampler(threading.Thread):
-    """CPU seconds of every process under the deployment's process groups, by role (sampled every 0.2 s; a
-    process's last sample before it exits counts, so short-lived ClientApps lose at most their last 0.2 s)."""
+def _role(cmd: str) -> str:
+    for key, name in (("flwr-serverapp", "ServerApp"), ("flower-superlink", "SuperLink"),
+                      ("flower-supernode", "SuperNode"), ("flwr-clientapp", "ClientApp"),
+                      ("securefed.flower.worker", "site worker"), ("flower-superexec", "SuperExec"),
+                      ("securefed.flower.superexec", "SuperExec")):
+        if key in cmd:
+            return name
+    return "other"
 
-    def __init__(self, roots: list, workdir: str, interval: float = 0.2):
-        super().__init__(daemon=True)
-        self.roots, self.interval, self.workdir = set(roots), interval, workdir
-        self.n = 0
-        self.seen: dict = {}  # (pid, first cmd) -> [role, cpu]
-        self.stop = threading.Event()
 
-    @staticmethod
-    def role(cmd: str, parent_cmd: str) -> str:
-        for key, name in (("flwr-serverapp", "ServerApp"), ("flower-superlink", "SuperLink"),
-                          ("flower-supernode", "SuperNode"), ("flwr-clientapp", "ClientApp"),
-                          ("securefed.flower.worker", "site worker"), ("flower-superexec", "SuperExec")):
-            if key in cmd:
-                return name
-        if "securefed.flower.superexec" in cmd:  # securefed's SuperExec, or one of its forked ClientApps
-            return "ClientApp" if "securefed.flower.superexec" in parent_cmd else "SuperExec"
-        return "other"
+class CpuMeter:
+    """CPU seconds a run costs each role of the deployment, from two snapshots of /proc (start and end of the run).
 
-    def sample(self):
-        stack = [(r, "") for r in self.roots]
-        self.n += 1
-        if self.n % 10 == 1:  # the sites' warm workers run detached (new session): find them by their --cwd
-            for d in os.listdir("/proc"):
-                if d.isdigit() and (p := _proc(int(d))) is not None and "securefed.flower.worker" in p[0] \
-                        and self.workdir in p[0]:
-                    self.roots.add(int(d))
-        while stack:  # the process trees under the roots, through /proc/<pid>/task/*/children
-            pid, parent = stack.pop()
-            p = _proc(pid)
+    A process's own CPU goes to its role (by its command line); the CPU of its children that have exited and been
+    reaped (``cutime``/``cstime``) goes to the role of those children: a SuperExec's reaped children are ClientApps
+    (the SuperNodes') or ServerApps (the SuperLink's). ClientApps live well under a second, so sampling them would
+    miss most of their CPU; their parent's counters have all of it. The sites' warm workers run detached (their own
+    session, re-parented when their ClientApp exits) and are found by their ``--cwd`` (the deployment's directory)."""
+
+    def __init__(self, roots: list, workdir: str):
+        self.roots, self.workdir = list(roots), workdir
+        self.start = self.snapshot()
+
+    def _tree(self) -> dict:
+        procs, stack, seen = {}, list(self.roots), set()
+        for d in os.listdir("/proc"):
+            if d.isdigit() and (p := _stat(int(d))) is not None and "securefed.flower.worker" in p[0] \
+                    and self.workdir in p[0]:
+                stack.append(int(d))
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            p = _stat(pid)
             if p is None:
                 continue
-            self.seen.setdefault((pid, p[0]), [self.role(p[0], parent), 0.0])[1] = p[2]
+            procs[pid] = p
             for f in glob.glob(f"/proc/{pid}/task/*/children"):
                 try:
                     with open(f) as fh:
-                        stack += [(int(c), p[0]) for c in fh.read().split()]
+                        stack += [int(c) for c in fh.read().split()]
                 except OSError:
                     pass
+        return procs
 
-    def run(self):
-        while not self.stop.is_set():
-            self.sample()
-            self.stop.wait(self.interval)
+    def snapshot(self) -> dict:
+        out: dict = {}
+        procs = self._tree()
+        for pid, (cmd, ppid, start, own, kids) in procs.items():
+            role = _role(cmd) if cmd else "ClientApp"  # a zombie has no command line: an exited ClientApp
+            parent_cmd = procs.get(ppid, ("",))[0]
+            kid_role = ("ServerApp" if "flower-superlink" in parent_cmd else "ClientApp") if role == "SuperExec" \
+                else "SuperExec" if role in ("SuperLink", "SuperNode") else "other"
+            out[(pid, start, role)] = own
+            out[(pid, start, kid_role + " (reaped)")] = kids
+        return out
 
     def totals(self) -> dict:
-        out: dict = {}
-        for role, cpu in self.seen.values():
-            out[role] = out.get(role, 0.0) + cpu
-        return {k: round(v, 1) for k, v in sorted(out.items())}
+        end, tot = self.snapshot(), {}
+        for key, v in end.items():
+            role = key[2].replace(" (reaped)", "")
+            tot[role] = tot.get(role, 0.0) + v - self.start.get(key, 0.0)
+        return {k: round(v, 1) for k, v in sorted(tot.items()) if abs(v) >= 0.05}
 
 
 def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths: list, cfg: dict, echo_trips: int,
-                tmp: str, tag: str) -> dict:
+                tmp: str, tag: str, code_root: str | None = None) -> dict:
     trace_dir = os.path.join(tmp, "trace-" + tag)
     old = {k: os.environ.get(k) for k in [*env, "SECUREFED_FLOWER_TRACE"]}
     os.environ.update(env)
     os.environ["SECUREFED_FLOWER_TRACE"] = trace_dir
     try:
-        with LocalDeployment(os.path.join(tmp, "dep-" + tag), bin_dir=bin_dir,
+        with LocalDeployment(os.path.join(tmp, "dep-" + tag), bin_dir=bin_dir, code_root=code_root,
                              superexec={"stock": "flower", "fork": "securefed"}[launcher]) as dep:
             dep.start_superlink()
             for i, p in enumerate(paths):
                 dep.start_supernode(f"site{i}", p)
             echo = run_echo(dep, echo_trips, len(paths), tag) if echo_trips else []
-            cpu = CpuSampler([p.pid for p in dep.procs.values()], dep.workdir)
-            cpu.start()
+            cpu = CpuMeter([p.pid for p in dep.procs.values()], dep.workdir)
             t0 = time.perf_counter()
             out = dep.run(dict(cfg))
             doc = dep.wait_result(out, 3600)
             wall = time.perf_counter() - t0
-            cpu.stop.set()
-            cpu.join()
+            time.sleep(0.5)  # the last ClientApps exit and are reaped
+            cpu_s = cpu.totals()
     finally:
         for k, v in old.items():
             if v is None:
@@ -234,11 +245,55 @@ def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths:
            "s_per_round_trip": round(wall / rt, 2) if rt else None,
            "echo_round_trip_s": round(_med(echo), 2) if echo else None,
            "echo_s": [round(x, 2) for x in echo], "load1": round(os.getloadavg()[0], 1),
-           "cpu_s": cpu.totals(), "cpu_s_per_round_trip": round(sum(cpu.totals().values()) / rt, 2) if rt else None}
+           "cpu_s": cpu_s, "cpu_s_per_round_trip": round(sum(cpu_s.values()) / rt, 2) if rt else None}
     tf = os.path.join(trace_dir, "trace.jsonl")
     if os.path.exists(tf):
         row["parts"] = decompose(tf)
     return row
+
+
+def add_build_args(ap) -> None:
+    ap.add_argument("--flower-build", action="append", default=[], metavar="LABEL|BIN_DIR|K=V,K=V",
+                    help="also run every setting with the Flower executables in BIN_DIR (a throw-away virtualenv "
+                         "with a patched COPY of flwr) and this environment, e.g. 'idle 0.1 s|/tmp/flwr-patched/bin|"
+                         "FLWR_SUPERNODE_IDLE_PULL_INTERVAL=0.1,FLWR_SUPERNODE_REPLY_POLL_INTERVAL=0.05'")
+    ap.add_argument("--no-stock-flower", action="store_true", help="only the --flower-build builds")
+    ap.add_argument("--code", action="append", default=[], metavar="LABEL=ROOT",
+                    help="also run the stock setting with the securefed source tree ROOT (e.g. an export of an earlier "
+                         "commit: git archive COMMIT | tar -x -C ROOT) — before/after in the same run")
+
+
+def parse_builds(a) -> list:
+    """[(label, bin dir or None, env)]: the installed flwr first, then every --flower-build."""
+    builds = [] if a.no_stock_flower else [("flwr 1.41", None, {})]
+    for spec in a.flower_build:
+        label, bin_dir, env = (spec.split("|") + ["", ""])[:3]
+        builds.append((label, bin_dir, dict(kv.split("=", 1) for kv in env.split(",") if kv)))
+    return builds
+
+
+def table(rows: list) -> str:
+    """One markdown line per setting: medians over its runs."""
+    keys = ("wait", "boot", "import", "handler", "site", "back", "push", "coordinator")
+    out = ["| setting | runs | echo round trip (s) | job round trip, median (s) | wall / round trip (s) | "
+           + " | ".join(keys) + " | CPU s / round trip | load |",
+           "|---" * (len(keys) + 7) + "|"]
+    for name in dict.fromkeys(r["setting"] for r in rows):
+        rs = [r for r in rows if r["setting"] == name]
+        ok = [r for r in rs if r["status"] == "completed"]
+        parts = [r.get("parts") or {} for r in rs]
+
+        def med(xs, fmt="{:.2f}"):
+            xs = [x for x in xs if x is not None]
+            return fmt.format(statistics.median(xs)) if xs else "–"
+
+        out.append(f"| {name} | {len(rs)}" + (f" ({len(rs) - len(ok)} aborted)" if len(ok) < len(rs) else "")
+                   + f" | {med([r['echo_round_trip_s'] for r in rs])} | {med([p.get('round_trip') for p in parts])} | "
+                   f"{med([r['s_per_round_trip'] for r in ok])} | "
+                   + " | ".join(med([p.get(k) for p in parts]) for k in keys)
+                   + f" | {med([r.get('cpu_s_per_round_trip') for r in ok], '{:.1f}')} | "
+                   f"{med([r['load1'] for r in rs], '{:.0f}')} |")
+    return "\n".join(out)
 
 
 def main():
@@ -247,11 +302,10 @@ def main():
     ap.add_argument("--settings", nargs="+", default=["stock", "fork"], choices=["stock", "fork"])
     ap.add_argument("--echo-trips", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--flower-bin", help="also run every setting with the Flower executables in this directory")
-    ap.add_argument("--flower-env", action="append", default=[], metavar="K=V",
-                    help="environment for the --flower-bin settings (e.g. FLWR_SUPERNODE_IDLE_PULL_INTERVAL=0.05)")
+    add_build_args(ap)
     ap.add_argument("--stage-timeout", type=float, default=None,
-                    help="SecAgg+ stage deadline (unset: the protocol's 30–120 s; a loaded 2-core machine may need more)")
+                    help="SecAgg+ stage deadline (unset: the protocol's 30–120 s; a loaded 2-core machine may need "
+                         "more)")
     ap.add_argument("--keep-traces", help="copy each setting's trace.jsonl into this directory")
     ap.add_argument("--json", help="also write every row here")
     a = ap.parse_args()
@@ -261,30 +315,31 @@ def main():
     cfg = job_config(a.job, 16.0)
     if a.stage_timeout:
         cfg["stage-timeout"] = a.stage_timeout
-    builds = [("flwr 1.41", None, {})]
-    if a.flower_bin:
-        builds.append(("patched copy", a.flower_bin, dict(kv.split("=", 1) for kv in a.flower_env)))
+    builds = parse_builds(a)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sf-path-") as tmp:
         paths = write_site_files(os.path.join(tmp, "data"), sites)
         for rep in range(a.repeats):
-            order = [(b, s) for b in builds for s in a.settings]
+            order = [(b, s, None) for b in builds for s in a.settings]
+            order += [(builds[0], "stock", c) for c in a.code]
             if rep % 2:
                 order.reverse()
-            for (bname, bdir, benv), launcher in order:
-                name = f"{bname}, {launcher}"
+            for (bname, bdir, benv), launcher, code in order:
+                name = f"{bname}, {launcher}" + (f", code {code.split('=', 1)[0]}" if code else "")
                 tag = f"{rep}-{len(rows)}"
-                row = one_setting(name, bdir, launcher, benv, paths, cfg, a.echo_trips, tmp, tag)
+                row = one_setting(name, bdir, launcher, benv, paths, cfg, a.echo_trips, tmp, tag,
+                                  code_root=code.split("=", 1)[1] if code else None)
                 row.update(repeat=rep, job=a.job)
                 if a.keep_traces and os.path.exists(os.path.join(tmp, "trace-" + tag, "trace.jsonl")):
                     os.makedirs(a.keep_traces, exist_ok=True)
-                    shutil.copy(os.path.join(tmp, "trace-" + tag, "trace.jsonl"),
-                                os.path.join(a.keep_traces, f"{a.job}-{tag}-{launcher}-{bname.replace(' ', '_')}.jsonl"))
+                    dest = f"{a.job}-{tag}-{launcher}-{bname.replace(' ', '_')}.jsonl"
+                    shutil.copy(os.path.join(tmp, "trace-" + tag, "trace.jsonl"), os.path.join(a.keep_traces, dest))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+    print(table(rows))
     return rows
 
 
