@@ -27,7 +27,7 @@ def echo(msg: Message, context: Context) -> Message:
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    out, trips, sites = str(cfg["out"]), int(cfg["trips"]), int(cfg["sites"])
+    out, trips, sites = str(cfg["out"]), int(cfg["trips"]), int(cfg["sites"])  # trips may be 0 (poll cost only)
     t0 = time.monotonic()
     while len(list(grid.get_node_ids())) < sites and time.monotonic() - t0 < 300:
         time.sleep(0.2)

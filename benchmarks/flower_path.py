@@ -64,8 +64,9 @@ def job_config(job: str, bound: float) -> dict:
     return dict(JOBS[job], **{"min-sites": 3, "seed": 0, "value-bound": bound})
 
 
-def run_echo(dep: LocalDeployment, trips: int, sites: int, tag: str) -> list:
-    """Submit the echo app to ``dep``; returns its round trips' seconds."""
+def run_echo(dep: LocalDeployment, trips: int, sites: int, tag: str, poll_seconds: float = 0.0) -> dict:
+    """Submit the echo app to ``dep``; returns its ``echo.json`` (round trips' seconds; with ``poll_seconds``, what
+    one poll for replies costs the ServerApp and the SuperLink)."""
     app = os.path.join(dep.workdir, "echo-app-" + tag)
     out = os.path.join(dep.workdir, "echo-" + tag)
     os.makedirs(app, exist_ok=True)
@@ -77,7 +78,8 @@ def run_echo(dep: LocalDeployment, trips: int, sites: int, tag: str) -> list:
             "", "[tool.hatch.build.targets.wheel]", 'packages = ["."]', "", "[tool.flwr.app]",
             'publisher = "securefed"', "", "[tool.flwr.app.components]",
             'serverapp = "flower_echo_app:server"', 'clientapp = "flower_echo_app:client"', "",
-            "[tool.flwr.app.config]", f"out = {json.dumps(out)}", f"trips = {trips}", f"sites = {sites}", ""]))
+            "[tool.flwr.app.config]", f"out = {json.dumps(out)}", f"trips = {trips}", f"sites = {sites}",
+            f"poll-seconds = {float(poll_seconds)!r}", "poll-interval = 0.05", ""]))
     r = subprocess.run([os.path.join(dep.bin, "flwr"), "run", app, "local"], env=dep._write_cli_config(),
                        cwd=dep.workdir, capture_output=True, text=True, timeout=300)
     if "Successfully started run" not in r.stdout:
@@ -85,12 +87,12 @@ def run_echo(dep: LocalDeployment, trips: int, sites: int, tag: str) -> list:
     path = os.path.join(out, "echo.json")
     t0 = time.monotonic()
     while not os.path.exists(path):
-        if time.monotonic() - t0 > 120 + 60 * trips:
+        if time.monotonic() - t0 > 120 + 60 * trips + 3 * poll_seconds:
             raise RuntimeError(f"the echo app wrote nothing; logs in {dep.workdir}")
         time.sleep(0.2)
     time.sleep(0.2)
     with open(path) as fh:
-        return json.load(fh)["seconds"]
+        return json.load(fh)
 
 
 def _med(xs):
@@ -105,9 +107,11 @@ def decompose(trace_file: str) -> dict:
     apps = {e["msg"]: e for e in events if e["kind"] == "clientapp"}
     workers = sorted((e for e in events if e["kind"] == "worker"), key=lambda e: e["recv"])
     parts = {k: [] for k in ("wait", "boot", "import", "load", "handler", "site", "back", "push", "coordinator",
-                             "round_trip")}
+                             "round_trip", "polls")}
     for k, ev in enumerate(server):
         parts["push"].append(ev["push1"] - ev["push0"])
+        if "polls" in ev:  # the exchange's cumulative count of polls for replies
+            parts["polls"].append(ev["polls"] - (server[k - 1].get("polls", 0) if k else 0))
         if k + 1 < len(server):
             parts["round_trip"].append(server[k + 1]["push0"] - ev["push0"])
             parts["coordinator"].append(server[k + 1]["push0"] - ev["end"])
@@ -214,7 +218,7 @@ class CpuMeter:
 
 
 def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths: list, cfg: dict, echo_trips: int,
-                tmp: str, tag: str, code_root: str | None = None) -> dict:
+                tmp: str, tag: str, code_root: str | None = None, poll_seconds: float = 0.0) -> dict:
     trace_dir = os.path.join(tmp, "trace-" + tag)
     old = {k: os.environ.get(k) for k in [*env, "SECUREFED_FLOWER_TRACE"]}
     os.environ.update(env)
@@ -225,7 +229,8 @@ def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths:
             dep.start_superlink()
             for i, p in enumerate(paths):
                 dep.start_supernode(f"site{i}", p)
-            echo = run_echo(dep, echo_trips, len(paths), tag) if echo_trips else []
+            e = run_echo(dep, echo_trips, len(paths), tag, poll_seconds) if echo_trips or poll_seconds else {}
+            echo = e.get("seconds") or []
             cpu = CpuMeter([p.pid for p in dep.procs.values()], dep.workdir)
             t0 = time.perf_counter()
             out = dep.run(dict(cfg))
@@ -245,7 +250,8 @@ def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths:
            "s_per_round_trip": round(wall / rt, 2) if rt else None,
            "echo_round_trip_s": round(_med(echo), 2) if echo else None,
            "echo_s": [round(x, 2) for x in echo], "load1": round(os.getloadavg()[0], 1),
-           "cpu_s": cpu_s, "cpu_s_per_round_trip": round(sum(cpu_s.values()) / rt, 2) if rt else None}
+           "cpu_s": cpu_s, "cpu_s_per_round_trip": round(sum(cpu_s.values()) / rt, 2) if rt else None,
+           "poll_cost": e.get("polls")}
     tf = os.path.join(trace_dir, "trace.jsonl")
     if os.path.exists(tf):
         row["parts"] = decompose(tf)
@@ -307,6 +313,9 @@ def main():
                     help="SecAgg+ stage deadline (unset: the protocol's 30–120 s; a loaded 2-core machine may need "
                          "more)")
     ap.add_argument("--keep-traces", help="copy each setting's trace.jsonl into this directory")
+    ap.add_argument("--poll-cost", type=float, default=0.0, metavar="SECONDS",
+                    help="also let the echo ServerApp poll for replies (every 0.05 s, nothing to pull) this long and "
+                         "report the ServerApp's and the SuperLink's CPU per poll")
     ap.add_argument("--json", help="also write every row here")
     a = ap.parse_args()
     ds = load_dataset("digits")
@@ -328,7 +337,7 @@ def main():
                 name = f"{bname}, {launcher}" + (f", code {code.split('=', 1)[0]}" if code else "")
                 tag = f"{rep}-{len(rows)}"
                 row = one_setting(name, bdir, launcher, benv, paths, cfg, a.echo_trips, tmp, tag,
-                                  code_root=code.split("=", 1)[1] if code else None)
+                                  code_root=code.split("=", 1)[1] if code else None, poll_seconds=a.poll_cost)
                 row.update(repeat=rep, job=a.job)
                 if a.keep_traces and os.path.exists(os.path.join(tmp, "trace-" + tag, "trace.jsonl")):
                     os.makedirs(a.keep_traces, exist_ok=True)
