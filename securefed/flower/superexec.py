@@ -62,13 +62,18 @@ def _log(msg: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie — exited, not yet reaped by its parent — counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return True
 
 
 def _child(run_clientapp, address: str, token: str, insecure: bool, certificates) -> None:
@@ -97,7 +102,6 @@ def serve(address: str, insecure: bool, root_certificates: str | None, parent_pi
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
     from flwr.supercore.constant import TaskType
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
@@ -105,16 +109,19 @@ def serve(address: str, insecure: bool, root_certificates: str | None, parent_pi
     for name in preload:  # the ClientApp code, imported once: Flower's loader finds it in sys.modules
         importlib.import_module(name)
     certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
+    # no retry invoker: a failed AcquireTask comes back here at once, so the loop keeps watching the SuperNode (the
+    # loop itself retries); the forked ClientApps build their own client, with Flower's retries
     client = RuntimeHttpClient.from_server_address(
         server_address=address, insecure=insecure, root_certificates=certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-        retry_invoker=make_simple_http_retry_invoker())
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")], retry_invoker=None)
     poll = _poll_interval()
     stopping: list = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: stopping.append("SIGINT"))
     children: set = set()
     launched = 0
+    failing_since = None
+    logged = 0.0
     _log(f"serving {address} (ClientApp tasks; {', '.join(preload)} preloaded; poll {poll:g} s)")
     try:
         while not stopping:
@@ -126,8 +133,12 @@ def serve(address: str, insecure: bool, root_certificates: str | None, parent_pi
                 return f"the SuperNode (pid {parent_pid}) is gone"
             try:
                 res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)]))
+                failing_since = None
             except Exception as exc:  # noqa: BLE001 — the SuperNode restarting or not up yet: try again
-                _log(f"AcquireTask failed ({type(exc).__name__}: {exc}); retrying")
+                if failing_since is None or time.monotonic() - logged > 30.0:
+                    _log(f"AcquireTask failed ({type(exc).__name__}: {exc}); retrying every second")
+                    logged = time.monotonic()
+                failing_since = failing_since or time.monotonic()
                 time.sleep(max(poll, 1.0))
                 continue
             if res.HasField("task") and res.token:
