@@ -573,6 +573,15 @@ class Coordinator:
             out["labels"] = {s.names[i]: np.asarray(r["labels"], dtype=np.int64) for i, r in sorted(replies.items())}
         else:
             out["coordinates"] = {s.names[i]: M.decode_reply(M.PlaceReply, r).embedding for i, r in sorted(replies.items())}
+        ids = {s.names[i]: [str(v) for v in rids] for i, r in sorted(replies.items())
+               if (rids := M.decode_reply(M.PlaceReply, r).record_ids) is not None}
+        for name, v in ids.items():  # a site that chose send-record-ids: its ids, in its record order
+            if len(v) != len(out.get("coordinates", out.get("labels", {})).get(name, v)):
+                raise ProtocolError(f"site {name!r} sent {len(v)} record ids for a different number of records")
+        if ids:
+            out["record_ids"] = ids
+            self.release(f"the record ids of {', '.join(sorted(ids))} (site option send-record-ids)",
+                         note="the site chose to send them: they name who is in its data")
         out.update(missing=missing, bytes_from_site=self._stage_bytes)
         return out
 

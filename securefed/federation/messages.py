@@ -623,6 +623,7 @@ class PlaceReply:
     embedding: Array | None = None
     labels: list[int] | None = None
     kept: int | None = None
+    record_ids: list[str] | None = None  # the site's own choice (site option send-record-ids): its ids, in order
 
 
 def decode_reply(cls, fields: dict):

@@ -30,7 +30,10 @@ Site options (the SuperNode's ``--node-config`` keys, or the in-process driver's
 sum; true lets the coordinator see each of them), ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``,
 ``require-dp``, ``allow-distributed-noise`` (default false: the site adds its full σ to every DP release and refuses a
 plan that asks it for a share σ/√t; true lets it add the share inside a secure sum), ``dp-colluders``,
-``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``.
+``ckks-min-survivors``, ``ckks-allow-minority-quorum``, ``ckks-allow-signature-verify``; reading the file as
+``securefed run`` does: ``id-column``, ``keep-column`` (comma-separated), ``layer``; ``send-record-ids`` (default
+false: the record ids never leave the site; true: they go with its coordinates, so the coordinator's outputs join
+back to the records by id).
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ class SiteWorker:
     def __init__(self, options: dict, records: np.ndarray | None = None, state: dict | None = None):
         self.options = dict(options)
         self._records = None if records is None else np.asarray(records, dtype=np.float64)
+        self._ids: tuple[str, ...] | None = None  # record ids from the site's file (site option id-column), when it has them
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
         self.kept: np.ndarray | None = None  # what this site kept of the embedding (coordinates keep)
@@ -153,7 +157,14 @@ class SiteWorker:
             if not path:
                 raise ConfigError(bad_value("site option data-path", path, "start the SuperNode with --node-config "
                                             "'data-path=\"/path/site.csv\" site-name=\"A\"'"))
-            self._records = load_dataset(str(path), label_column=self.options.get("label-column") or None).X
+            keep = [c.strip() for c in str(self.options.get("keep-column") or "").split(",") if c.strip()]
+            ds = load_dataset(str(path), label_column=self.options.get("label-column") or None,
+                              id_column=self.options.get("id-column") or None, layer=self.options.get("layer") or None,
+                              allow_id_like=keep)
+            if truthy(self.options.get("send-record-ids", False)) and ds.ids is None:
+                raise ConfigError(bad_value("site option send-record-ids", self.options.get("send-record-ids"),
+                                            "name the file's id column too (id-column=\"...\"), or drop send-record-ids"))
+            self._records, self._ids = ds.X, ds.ids
         return self._records
 
     def split(self, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -926,6 +937,9 @@ class SiteWorker:
                 os.makedirs(str(path), exist_ok=True)
                 np.save(os.path.join(str(path), f"{self.name}-embedding.npy"), self.kept)
             return M.encode(M.PlaceReply(kept=int(len(out))))
+        if self._ids is not None and truthy(self.options.get("send-record-ids", False)):
+            # the site's own choice: ids name who is in its data
+            reply = dataclasses.replace(reply, record_ids=[str(v) for v in self._ids])
         return M.encode(reply)
 
 

@@ -31,12 +31,16 @@ one) lets the run's worker exit at once.
 from __future__ import annotations
 
 import sys
+import time
 
-from flwr.app import ConfigRecord, Context, Message
-from flwr.clientapp import ClientApp
+_T_IMPORT = time.time()  # for the maintainers' trace (securefed.flower.trace): what importing this module costs
 
-from . import worker as _warm
-from .transport import make_content, read_content
+from flwr.app import ConfigRecord, Context, Message  # noqa: E402 (after the import clock starts)
+from flwr.clientapp import ClientApp  # noqa: E402
+
+from . import trace as _trace  # noqa: E402
+from . import worker as _warm  # noqa: E402
+from .transport import make_content, read_content  # noqa: E402
 
 __all__ = ["app", "forward_request", "answer_in_process"]
 
@@ -117,11 +121,16 @@ def forward_request(request: dict, options: dict, run_id, node_id, marker: dict 
     return reply, marker
 
 
+_T_IMPORTED = time.time()
+
+
 @app.query("securefed")
 def securefed_query(msg: Message, context: Context) -> Message:
     """Answer one securefed request (through the site's warm worker, or in this process)."""
+    t_enter = time.time()
     request = read_content(msg)
     options = dict(context.node_config)
+    t_fwd = time.time()
     if _warm.enabled(options):
         stored = context.state.config_records.get(_WARM)
         reply, marker = forward_request(request, options, context.run_id, context.node_id,
@@ -133,5 +142,11 @@ def securefed_query(msg: Message, context: Context) -> Message:
         stored = context.state.config_records.get(_STATE)
         reply, state = answer_in_process(request, options, dict(stored) if stored is not None else None, context.run_id)
         context.state[_STATE] = ConfigRecord(state)
-    return Message(make_content(**reply), reply_to=msg)
+    t_answered = time.time()
+    out = Message(make_content(**reply), reply_to=msg)
+    if _trace.enabled():
+        _trace.emit("clientapp", node=context.node_id, msg=msg.metadata.message_id, op=request.get("op"),
+                    proc_start=_trace.process_start_time(), import0=_T_IMPORT, import1=_T_IMPORTED, enter=t_enter,
+                    fwd0=t_fwd, fwd1=t_answered, exit=time.time())
+    return out
 

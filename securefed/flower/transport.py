@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from ..errors import DecodeError
+from . import trace as _trace
 
 __all__ = ["RECORD", "MESSAGE_TYPE", "make_content", "read_content", "FlowerExchange"]
 
@@ -57,12 +58,26 @@ class FlowerExchange:
     ----------
     grid : flwr.serverapp.Grid
     poll : float
-        Seconds between polls for replies.
+        Seconds between polls once the first reply of a request is in (the others usually follow within a second,
+        and the round trip ends with the last one).
+    poll_first : float
+        Seconds between polls until then. Every poll costs ≈ 2 ms of the ServerApp's CPU and ≈ 6 ms of the
+        SuperLink's (BENCHMARKS.md, "Deployment at the speed of the protocol"); a reply takes Flower at least a
+        ClientApp start and the SuperNode's 0.5 s reply poll, so polling that phase every 0.05 s only burns the CPU
+        the ClientApps need on a small machine.
+    first_wait : float
+        The run's first request (the coordinator's ``hello``) waits for answers at least this long from the
+        exchange's start (the ServerApp's ``wait-sites``): a SuperNode is connected before its first ClientApp has
+        started, which on a loaded machine takes long (docs/deploying-on-flower.md §2). :attr:`first` records what it
+        saw.
     """
 
-    def __init__(self, grid, poll: float = 0.05):
-        self.grid, self.poll = grid, poll
+    def __init__(self, grid, poll: float = 0.05, poll_first: float = 0.25, first_wait: float = 0.0):
+        self.grid, self.poll, self.poll_first = grid, poll, poll_first
+        self.polls = 0
         self.t0 = time.monotonic()
+        self.first_wait = float(first_wait)
+        self.first: dict | None = None  # what the run's first request saw: asked, answered, seconds
 
     def now(self) -> float:
         """Seconds since the exchange started (the clock the coordinator and its state machines run on)."""
@@ -79,18 +94,26 @@ class FlowerExchange:
         reply from another node than the one asked is discarded (it cannot stand in for that site)."""
         from flwr.app import Message
 
+        first = self.first is None
+        if first:
+            deadline = max(deadline, self.first_wait)
         msgs = [Message(make_content(**fields), dst_node_id=int(node), message_type=MESSAGE_TYPE,
                         ttl=max(deadline - self.now(), 1.0) + 30.0) for node, fields in payloads.items()]
+        t_push = time.time()
         ids = list(self.grid.push_messages(msgs))
         owner = {mid: node for mid, node in zip(ids, payloads) if mid}
         replies: dict = {}
+        arrived: dict = {}
+        t_pushed = time.time()
         while owner and self.now() < deadline:
+            self.polls += 1
             for rep in self.grid.pull_messages(list(owner)):
                 mid = rep.metadata.reply_to_message_id
                 node = owner.get(mid)
                 if node is None or int(rep.metadata.src_node_id) != int(node):
                     continue
                 del owner[mid]
+                arrived[mid] = time.time()
                 if not rep.has_content():
                     replies[node] = {"error": f"FlowerError: {rep.error.reason if rep.error is not None else 'error reply'}"}
                     continue
@@ -99,5 +122,13 @@ class FlowerExchange:
                 except DecodeError as exc:
                     replies[node] = {"error": f"DecodeError: {exc}"}
             if owner:
-                time.sleep(self.poll)
+                time.sleep(min(self.poll if arrived else self.poll_first, max(deadline - self.now(), 0.0)))
+        if first:
+            self.first = {"asked": len(payloads), "replied": len(replies),
+                          "answered": sum(1 for r in replies.values() if "error" not in r),
+                          "seconds": round(time.time() - t_push, 2),
+                          "reply_seconds": sorted(round(t - t_push, 2) for t in arrived.values())}
+        if _trace.enabled():
+            _trace.emit("server", push0=t_push, push1=t_pushed, end=time.time(), msgs=dict(zip(ids, payloads)),
+                        arrived=arrived, ops=sorted({str(f.get("op")) for f in payloads.values()}), polls=self.polls)
         return replies

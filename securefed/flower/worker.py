@@ -67,6 +67,8 @@ import sys
 import time
 from typing import Any
 
+from . import trace as _trace
+
 __all__ = ["WorkerError", "FrameError", "PeerError", "WorkerGone", "MAGIC", "MAX_FRAME", "DEFAULT_IDLE_MINUTES",
            "encode_fields", "decode_fields", "pack", "unpack", "send_frame", "recv_frame", "peer_uid", "check_peer",
            "Location", "site_location", "enabled", "idle_minutes", "connect", "start_worker", "call", "main"]
@@ -452,7 +454,9 @@ class _Worker:
         if expect is not None and expect != self.token:
             return {"type": "stale", "worker": self.token}, False
         try:
+            t0 = time.time()
             fields = self._handle(env["options"], env["fields"])
+            _trace.emit("worker", op=env["fields"].get("op"), recv=t0, done=time.time())
             note = None
             if fields.get("error") is None and env["fields"].get("op") == "hello":
                 note = f"identity key fingerprint {self.site.fingerprint()}"

@@ -143,9 +143,10 @@ def test_private_directory_is_required(tmp_path):
 
 
 def test_client_app_module_does_not_import_the_site_code():
+    # nor the launcher and the run plan: a fresh ClientApp process per message pays for flwr and the stdlib only
     code = ("import sys, securefed.flower.client_app; "
             "bad = sorted(m for m in sys.modules if m.startswith(('securefed.federation', 'securefed.securesum', "
-            "'scipy', 'sklearn', 'pandas'))); assert not bad, bad")
+            "'securefed.plan', 'securefed.flower.launch', 'scipy', 'sklearn', 'pandas'))); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
 
 
