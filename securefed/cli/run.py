@@ -69,7 +69,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     job = p.add_argument_group("the job")
     job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
-                     help="digits | breast_cancer | wine | iris | mnist5k, or a .csv/.npy/.npz path")
+                     help="digits | breast_cancer | wine | iris | mnist5k | fashion-mnist[-5k|-20k] (apt-get install "
+                          "dataset-fashion-mnist), or a .csv/.npy/.npz path")
     job.add_argument("--site", action="append", default=None, metavar="PATH",
                      help="one site's records (CSV/NPY/NPZ/.h5ad); repeat per site, or give a glob or a directory of "
                           "per-site files (site names: the file stems); replaces --dataset, --clients and --partition")
