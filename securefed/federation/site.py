@@ -137,6 +137,7 @@ class SiteWorker:
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
         self.kept = None  # what this site kept of the embedding (coordinates keep)
+        self.on_progress = None  # in process: the run's on_event callback, for the placement's progress events
 
     # ------------------------------------------------------------------------------ records
     @property
@@ -475,6 +476,15 @@ class SiteWorker:
             raise ProtocolError(f"unknown rows kind {fields.get('kind')!r}; expected 'distance' or 'kernel'")
         return {**put_array({}, "rows", R), **extra}
 
+    def _progress(self, n_records: int):
+        """``progress(done, total)`` for a long local computation: a ``"placement"`` event to :attr:`on_progress`
+        (the in-process run's ``on_event``; a Flower site has none), or None."""
+        if self.on_progress is None:
+            return None
+        name, hook = self.name, self.on_progress
+        return lambda done, total: hook({"event": "placement", "site": name, "records": int(n_records),
+                                         "done": int(done), "total": int(total)})
+
     def _place(self, fields: dict) -> dict:
         """No-rows mode: place this site's records (all of them, file order) against the coordinator's landmark map,
         using nothing but that broadcast and its own records; return the coordinates / labels, or keep them."""
@@ -501,7 +511,7 @@ class SiteWorker:
                 raise ProtocolError("the landmark map does not match the landmarks")
             if method == "tsne":
                 out = placement.place_refine(F, Y, E, get_array(fields, "masses"), float(fields["Zn"]),
-                                             perplexity=float(fields["perplexity"]))
+                                             perplexity=float(fields["perplexity"]), progress=self._progress(len(F)))
             elif method == "umap":
                 out = placement.place_weighted(F, Y, E, perplexity=2.0)
             else:
