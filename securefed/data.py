@@ -52,8 +52,6 @@ __all__ = [
     "SiteData",
     "BUILTIN_DATASETS",
     "FASHION_MNIST_DIR",
-    "fashion_mnist_subset",
-    "read_idx",
     "FILE_TYPES",
     "PARTITION_SCHEMES",
     "load_dataset",
@@ -65,6 +63,8 @@ __all__ = [
     "check_sites",
     "check_finite",
     "as_float_matrix",
+    "fashion_mnist_subset",
+    "read_idx",
 ]
 
 BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "iris", "mnist5k", "fashion-mnist", "fashion-mnist-5k",
@@ -208,7 +208,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def fashion_mnist_subset(n_total: int, size: int) -> np.ndarray:
-    """The records of a seeded subset (``fashion-mnist-5k`` / ``-20k``): a fixed random choice (seed 0), in file order."""
+    """The records of a seeded subset (``fashion-mnist-5k`` / ``-20k``): a fixed random choice (seed 0), in file
+    order."""
     return np.sort(np.random.default_rng(0).choice(int(n_total), size=int(size), replace=False))
 
 
@@ -216,8 +217,9 @@ def _load_fashion_mnist(name: str) -> Dataset:
     folder = Path(FASHION_MNIST_DIR)
     missing = [f for pair in _FASHION_FILES for f in pair if not (folder / f).is_file()]
     if missing:
-        raise ConfigError(bad_value("name_or_path", name, f"{folder}/{missing[0]} is missing: install the Debian package "
-                                    "with apt-get install dataset-fashion-mnist (nothing is downloaded at run time)"))
+        raise ConfigError(bad_value("name_or_path", name, f"{folder}/{missing[0]} is missing: install the Debian "
+                                    "package with apt-get install dataset-fashion-mnist (nothing is downloaded at run "
+                                    "time)"))
     Xs, ys = [], []
     for images, labels in _FASHION_FILES:
         X, y = read_idx(folder / images), read_idx(folder / labels)

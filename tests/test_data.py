@@ -427,7 +427,7 @@ def _fake_fashion(folder, n_train=30, n_test=12, side=4, seed=0):
 
 
 def test_fashion_mnist_reads_the_package_layout(tmp_path, monkeypatch):
-    import securefed.data as data
+    from securefed import data
 
     parts = _fake_fashion(tmp_path)
     monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path))
@@ -441,7 +441,7 @@ def test_fashion_mnist_reads_the_package_layout(tmp_path, monkeypatch):
 
 
 def test_fashion_mnist_subsets_are_seeded_and_nested_in_file_order(tmp_path, monkeypatch):
-    import securefed.data as data
+    from securefed import data
 
     _fake_fashion(tmp_path, n_train=60, n_test=20)
     monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path))
@@ -457,7 +457,7 @@ def test_fashion_mnist_subsets_are_seeded_and_nested_in_file_order(tmp_path, mon
 
 
 def test_fashion_mnist_absent_names_the_debian_package(tmp_path, monkeypatch):
-    import securefed.data as data
+    from securefed import data
 
     monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path / "nowhere"))
     for name in ("fashion-mnist", "fashion-mnist-20k"):
@@ -470,7 +470,7 @@ def test_fashion_mnist_absent_names_the_debian_package(tmp_path, monkeypatch):
 def test_fashion_mnist_corrupt_file_is_a_data_error(tmp_path, monkeypatch):
     import gzip
 
-    import securefed.data as data
+    from securefed import data
 
     _fake_fashion(tmp_path)
     with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as fh:
