@@ -28,7 +28,7 @@ JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "site": None, "id_col
 
 def _type_of(default, name: str):
     if name in ("lr", "gamma", "value_bound", "stage_timeout", "epsilon", "noise_multiplier", "clip_norm",
-                "rows_epsilon", "kernel_gamma"):
+                "rows_epsilon", "kernel_gamma", "placement_perplexity"):
         return float
     if name in ("fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
                 "min_survivors", "noise_seed_for_testing"):

@@ -155,9 +155,30 @@ def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tm
     for res in runs:
         emb = res.embedding
         own = place_refine(res.landmark_space.features(_sites()[0]), res.landmarks, emb["landmark_embedding"],
-                           res.masses, emb["Zn"], perplexity=10.0)
+                           res.masses, emb["Zn"], perplexity=5.0)  # the placement perplexity under DP
         np.testing.assert_allclose(emb["coordinates"][res.sites[0]], own, rtol=0, atol=1e-9)
     assert not np.allclose(runs[0].landmarks, runs[1].landmarks)  # the other site's change reached the billboard
+
+
+def test_placement_perplexity_is_5_under_dp_and_10_without_unless_given():
+    """The default the measurements support (BENCHMARKS §11): what each site is asked to place its records with."""
+    dp = dict(epsilon=2.0, clip_norm=8.0 * math.sqrt(10), noise_seed_for_testing=3)
+    for kw, want in ((dp, 5.0), ({}, 10.0), (dict(dp, placement_perplexity=10.0), 10.0),
+                     ({"placement_perplexity": 7.0}, 7.0)):
+        plan = RunPlan.build("api", method="tsne", value_bound=8.0, aggregation="plain", audit_holdout=0.0,
+                             landmarks=20, seed=1, **kw)
+        assert plan.placement_perplexity == want
+        asked = []
+
+        def hook(address, fields, asked=asked):
+            if fields.get("op") == "place":
+                asked.append(fields["perplexity"])
+            return fields
+
+        run_in_process(plan, _sites(), exchange={"before_request": hook})
+        assert asked == [want] * 3
+    # DP by a noise multiplier (no ε target) is DP too
+    assert RunPlan.build("api", noise_multiplier=1.0, clip_norm=1.0).placement_perplexity == 5.0
 
 
 def test_coordinates_keep_sends_nothing_per_record(tmp_path):
