@@ -78,6 +78,9 @@ def one(a) -> dict:
             opts = {"epsilon": 1e6 if math.isinf(a.eps) else a.eps, "clip_norm": 255.0 * math.sqrt(X.shape[1]),
                     "n_clusters": 10, "seed": a.seed, "n_jobs": a.n_jobs}  # securefed run's public clip norm
             out["epsilon"] = a.eps
+        if a.placement_perplexity is not None:
+            opts["placement_perplexity"] = a.placement_perplexity
+            out["placement_perplexity"] = a.placement_perplexity
         plan = RunPlan.build("cli", method="tsne", keep_rows=True, min_sites=1, **opts)
         events = []
 
@@ -117,6 +120,7 @@ def main():
     ap.add_argument("--no-central", action="store_true")
     ap.add_argument("--no-default", action="store_true", help="with --eps: skip the no-DP default run")
     ap.add_argument("--n-jobs", type=int, default=1)
+    ap.add_argument("--placement-perplexity", type=float, default=None, help="instead of the plan's default")
     ap.add_argument("--log", default=None, help="append the JSON lines to this file too")
     ap.add_argument("--progress", action="store_true", help="print the run's events")
     ap.add_argument("--one", choices=["fed", "central"], help=argparse.SUPPRESS)
@@ -136,6 +140,8 @@ def main():
             cmd = [sys.executable, __file__, "--one", part, "--n", str(n), "--sites", str(a.sites), "--partition",
                    a.partition, "--seed", str(a.seed), "--n-jobs", str(a.n_jobs)]
             cmd += ["--progress"] if a.progress else []
+            if a.placement_perplexity is not None:
+                cmd += ["--placement-perplexity", str(a.placement_perplexity)]
             if e is not None:
                 cmd += ["--eps", str(e)]
             p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=dict(os.environ))
@@ -159,6 +165,8 @@ def main():
         cen = next((c for c in rows if c["n"] == r["n"] and c["part"] == "central" and "wall" in c), None)
         st = r.get("stages")
         eps = "" if r.get("epsilon") is None else r["epsilon"]
+        if r.get("placement_perplexity") is not None:
+            eps = f"{eps} (placement perplexity {r['placement_perplexity']:g})"
         audit = "" if r.get("auc") is None else f"{r['auc']:.3f} ({r['verdict']})"
         stages = "" if not st else " / ".join(f"{st[k]:.0f}" for k in ("landmarks", "audit", "placement"))
         ratio = "" if cen is None or r["part"] == "central" else f"{r['wall'] / cen['wall']:.2f}"
