@@ -48,7 +48,9 @@ class ProgressPrinter:
             self.say("embedding", f"{ev['records']} rows from {len(ev['sites'])} sites (the paper's mode); computing the map")
         elif kind == "placement":  # a site's own placement (in process): when it ends, and every ~10 s while it runs
             now = time.perf_counter()
-            if ev["done"] == ev["total"] or now - self._last_placement >= self.placement_every:
+            if ev["done"] == 0:  # a site starts: the clock of its "placing" lines starts with it
+                self._last_placement = now
+            elif ev["done"] == ev["total"] or now - self._last_placement >= self.placement_every:
                 self._last_placement = now
                 what = "placed" if ev["done"] == ev["total"] else f"placing ({ev['done']}/{ev['total']} iterations)"
                 self.say("embedding", f"{ev['site']} {what} its {ev['records']} records")

@@ -189,3 +189,9 @@ def test_a_site_reports_its_placement_progress_and_the_printer_shows_it():
     for ev in events:
         printer(ev)
     assert out.getvalue().count("\n") == 1 and "[embedding] s0 placed its 120 records" in out.getvalue()
+    out = io.StringIO()
+    printer = ProgressPrinter(out, placement_every=0.0)  # a long placement: a line per event after the start
+    for ev in events:
+        printer(ev)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 10 and "placing (25/250 iterations) its 120 records" in lines[0]
