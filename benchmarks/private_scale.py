@@ -78,6 +78,9 @@ def one(a) -> dict:
             opts = {"epsilon": 1e6 if math.isinf(a.eps) else a.eps, "clip_norm": 255.0 * math.sqrt(X.shape[1]),
                     "n_clusters": 10, "seed": a.seed, "n_jobs": a.n_jobs}  # securefed run's public clip norm
             out["epsilon"] = a.eps
+        if a.landmarks is not None:
+            opts["landmarks"] = a.landmarks
+            out["landmarks"] = a.landmarks
         if a.placement_perplexity is not None:
             opts["placement_perplexity"] = a.placement_perplexity
             out["placement_perplexity"] = a.placement_perplexity
@@ -121,6 +124,7 @@ def main():
     ap.add_argument("--no-default", action="store_true", help="with --eps: skip the no-DP default run")
     ap.add_argument("--n-jobs", type=int, default=1)
     ap.add_argument("--placement-perplexity", type=float, default=None, help="instead of the plan's default")
+    ap.add_argument("--landmarks", type=int, default=None, help="instead of the plan's default (300)")
     ap.add_argument("--log", default=None, help="append the JSON lines to this file too")
     ap.add_argument("--progress", action="store_true", help="print the run's events")
     ap.add_argument("--one", choices=["fed", "central"], help=argparse.SUPPRESS)
@@ -142,6 +146,8 @@ def main():
             cmd += ["--progress"] if a.progress else []
             if a.placement_perplexity is not None:
                 cmd += ["--placement-perplexity", str(a.placement_perplexity)]
+            if a.landmarks is not None:
+                cmd += ["--landmarks", str(a.landmarks)]
             if e is not None:
                 cmd += ["--eps", str(e)]
             p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=dict(os.environ))
@@ -167,6 +173,8 @@ def main():
         eps = "" if r.get("epsilon") is None else r["epsilon"]
         if r.get("placement_perplexity") is not None:
             eps = f"{eps} (placement perplexity {r['placement_perplexity']:g})"
+        if r.get("landmarks") is not None:
+            eps = f"{eps} (landmarks {r['landmarks']})"
         audit = "" if r.get("auc") is None else f"{r['auc']:.3f} ({r['verdict']})"
         stages = "" if not st else " / ".join(f"{st[k]:.0f}" for k in ("landmarks", "audit", "placement"))
         ratio = "" if cen is None or r["part"] == "central" else f"{r['wall'] / cen['wall']:.2f}"
