@@ -207,7 +207,7 @@ def density(args, eps_list, seeds):
                 F = est.landmark_space_.features(X)
                 E = est.landmark_embedding_
                 alone = place_refine(F, est.landmarks_, E, est.landmark_masses_, est.landmark_map_zn_,
-                                     perplexity=float(est.placement_perplexity), interact=False)
+                                     perplexity=float(est.plan_.placement_perplexity), interact=False)
                 exact_lm = density_counts(alone, d["lo"], d["hi"], d["grid"])
                 exact_ref = density_counts(est.embedding_, d["lo"], d["hi"], d["grid"])
                 noisy = d["counts"].ravel()

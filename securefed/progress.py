@@ -7,7 +7,10 @@
 
 :func:`progress_for` picks one from an estimator's ``verbose``: ``"auto"`` (the default) draws the bar when standard
 error is a terminal and prints nothing otherwise (logs, pipes, tests); ``1`` / ``True`` prints the lines; ``0`` /
-``False`` nothing."""
+``False`` nothing.
+
+Besides the coordinator's events, an in-process run passes each site's ``"placement"`` events (``site``, ``records``,
+``done`` / ``total`` iterations of :func:`securefed.embedding.placement.place_refine`) to the same callback."""
 
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ __all__ = ["ProgressPrinter", "ProgressBar", "progress_for"]
 class ProgressPrinter:
     """``on_event`` callback of the coordinator that prints a line per stage (and about ten per landmark stage)."""
 
-    def __init__(self, stream=None, *, every: int | None = None):
+    def __init__(self, stream=None, *, every: int | None = None, placement_every: float = 10.0):
         self.stream = sys.stderr if stream is None else stream
         self.every = every
+        self.placement_every = float(placement_every)
         self.t0 = time.perf_counter()
+        self._last_placement = self.t0
 
     def say(self, stage: str, text: str) -> None:
         print(f"[{stage}] {text} ({time.perf_counter() - self.t0:.1f} s)", file=self.stream, flush=True)
@@ -49,6 +54,14 @@ class ProgressPrinter:
                                   "own records")
         elif kind == "rows":
             self.say("embedding", f"{ev['records']} rows from {len(ev['sites'])} sites (the paper's mode); computing the map")
+        elif kind == "placement":  # a site's own placement (in process): when it ends, and every ~10 s while it runs
+            now = time.perf_counter()
+            if ev["done"] == 0:  # a site starts: the clock of its "placing" lines starts with it
+                self._last_placement = now
+            elif ev["done"] == ev["total"] or now - self._last_placement >= self.placement_every:
+                self._last_placement = now
+                what = "placed" if ev["done"] == ev["total"] else f"placing ({ev['done']}/{ev['total']} iterations)"
+                self.say("embedding", f"{ev['site']} {what} its {ev['records']} records")
         elif kind == "embedded":
             self.say("embedding", f"done ({ev['what']})")
         elif kind == "readmit":

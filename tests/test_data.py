@@ -406,3 +406,94 @@ def test_feature_scale_warning_and_standardize():
         standardize(np.ones((2, 2)), [0, 0], [1.0])
     site = SiteData("a", ds.X, None, None, ds.feature_names, None, "a")
     assert "'worst area'" in feature_scale_warning([site])
+
+
+# ----------------------------------------------------------------------------- Fashion-MNIST (Debian package files)
+
+def _write_idx(path, arr: np.ndarray) -> None:
+    """An idx file as LeCun's format defines it, written here independently of the loader (gzip, big-endian sizes)."""
+    import gzip
+    import struct
+
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(struct.pack(">I", d) for d in arr.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + np.ascontiguousarray(arr, dtype=np.uint8).tobytes())
+
+
+def _fake_fashion(folder, n_train=30, n_test=12, side=4, seed=0):
+    rng = np.random.default_rng(seed)
+    parts = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        X = rng.integers(0, 256, size=(n, side, side), dtype=np.uint8)
+        y = rng.integers(0, 10, size=n, dtype=np.uint8)
+        _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", X)
+        _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", y)
+        parts[prefix] = (X, y)
+    return parts
+
+
+def test_fashion_mnist_reads_the_package_layout(tmp_path, monkeypatch):
+    from securefed import data
+
+    parts = _fake_fashion(tmp_path)
+    monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path))
+    ds = load_dataset("fashion-mnist")
+    (Xa, ya), (Xb, yb) = parts["train"], parts["t10k"]
+    # train first, then the test images, each image flattened row by row, pixel values unscaled
+    np.testing.assert_array_equal(ds.X, np.vstack([Xa.reshape(30, 16), Xb.reshape(12, 16)]).astype(np.float64))
+    np.testing.assert_array_equal(ds.y, np.concatenate([ya, yb]))
+    assert ds.X.dtype == np.float64 and ds.y.dtype == np.int64 and ds.name == "fashion-mnist"
+    assert len(ds.target_names) == 10 and ds.target_names[0] == "T-shirt/top"
+
+
+def test_fashion_mnist_subsets_are_seeded_and_nested_in_file_order(tmp_path, monkeypatch):
+    from securefed import data
+
+    _fake_fashion(tmp_path, n_train=60, n_test=20)
+    monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path))
+    monkeypatch.setattr(data, "_FASHION_SUBSETS", {"fashion-mnist-5k": 10, "fashion-mnist-20k": 25})
+    full = load_dataset("fashion-mnist")
+    a, b = load_dataset("fashion-mnist-5k"), load_dataset("fashion-mnist-5k")
+    np.testing.assert_array_equal(a.X, b.X)  # the same records every time: a public, seeded choice
+    assert a.X.shape == (10, 16) and load_dataset("fashion-mnist-20k").X.shape == (25, 16)
+    rows = {r.tobytes(): i for i, r in enumerate(full.X)}
+    idx = [rows[r.tobytes()] for r in a.X]
+    assert idx == sorted(idx) and len(set(idx)) == 10  # distinct records of the full set, in file order
+    np.testing.assert_array_equal(a.y, full.y[idx])
+
+
+def test_fashion_mnist_absent_names_the_debian_package(tmp_path, monkeypatch):
+    from securefed import data
+
+    monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path / "nowhere"))
+    for name in ("fashion-mnist", "fashion-mnist-20k"):
+        with pytest.raises(ConfigError) as e:
+            load_dataset(name)
+        msg = str(e.value)
+        assert "apt-get install dataset-fashion-mnist" in msg and name in msg and "\n" not in msg
+
+
+def test_fashion_mnist_corrupt_file_is_a_data_error(tmp_path, monkeypatch):
+    import gzip
+
+    from securefed import data
+
+    _fake_fashion(tmp_path)
+    with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as fh:
+        fh.write(bytes([0, 0, 8, 1, 0, 0, 0, 99]) + bytes(5))  # announces 99 labels, holds 5
+    monkeypatch.setattr(data, "FASHION_MNIST_DIR", str(tmp_path))
+    with pytest.raises(DataError, match="reinstall"):
+        load_dataset("fashion-mnist")
+
+
+@pytest.mark.skipif(not __import__("os").path.isfile("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"),
+                    reason="the Debian package dataset-fashion-mnist is not installed")
+def test_fashion_mnist_real_package_files():
+    ds = load_dataset("fashion-mnist-5k")
+    assert ds.X.shape == (5000, 784) and ds.X.min() == 0 and ds.X.max() == 255
+    assert set(np.unique(ds.y)) == set(range(10))
+    from securefed.data import read_idx
+
+    y = np.concatenate([read_idx("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"),
+                        read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")])
+    assert len(y) == 70_000 and np.all(np.bincount(y) == 7_000)  # the published class balance

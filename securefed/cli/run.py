@@ -22,7 +22,7 @@ CLI_DEFAULTS = {"n_clusters": None}  # spectral: the number of labels when the d
 
 def _type_of(default, name: str):
     if name in ("lr", "gamma", "value_bound", "stage_timeout", "epsilon", "noise_multiplier", "clip_norm",
-                "rows_epsilon", "kernel_gamma"):
+                "rows_epsilon", "kernel_gamma", "placement_perplexity"):
         return float
     if name in ("fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
                 "min_survivors", "noise_seed_for_testing"):
@@ -68,7 +68,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     job = p.add_argument_group("the job")
     job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
-                     help="digits | breast_cancer | wine | iris | mnist5k, or a .csv/.npy/.npz path")
+                     help="digits | breast_cancer | wine | iris | mnist5k | fashion-mnist[-5k|-20k] (apt-get install "
+                          "dataset-fashion-mnist), or a .csv/.npy/.npz path")
     job.add_argument("--site", action="append", default=None, metavar="PATH",
                      help="one site's records (CSV/NPY/NPZ/.h5ad); repeat per site, or give a glob or a directory of "
                           "per-site files (site names: the file stems); replaces --dataset, --clients and --partition")

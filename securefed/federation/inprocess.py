@@ -184,6 +184,7 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
             if plan.noise_seed_for_testing is not None:
                 o.setdefault("allow-seeded-noise", True)
         workers[i] = SiteWorker(o, X)
+        workers[i].on_progress = on_event  # the sites' long steps (the placement) report on the same channel
     ex = InMemoryExchange(workers, **dict(exchange or {}))
     # the site computations are small products: one BLAS thread is 5–10× faster than two on 2 shared cores
     with threadpool_limits(limits=1, user_api="blas"):

@@ -142,6 +142,7 @@ class SiteWorker:
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
         self.kept: np.ndarray | None = None  # what this site kept of the embedding (coordinates keep)
+        self.on_progress = None  # in process: the run's on_event callback, for the placement's progress events
 
     # ------------------------------------------------------------------------------ records
     @property
@@ -884,6 +885,15 @@ class SiteWorker:
         R = gaussian_kernel(X, Y, float(req.gamma)) if req.kind == "kernel" else sq_dists(X, Y)
         return M.encode(M.RowsReply(R, event, report))
 
+    def _progress(self, n_records: int):
+        """``progress(done, total)`` for a long local computation: a ``"placement"`` event to :attr:`on_progress`
+        (the in-process run's ``on_event``; a Flower site has none), or None."""
+        if self.on_progress is None:
+            return None
+        name, hook = self.name, self.on_progress
+        return lambda done, total: hook({"event": "placement", "site": name, "records": int(n_records),
+                                         "done": int(done), "total": int(total)})
+
     def _place(self, req: M.Place) -> dict:
         """No-rows mode: place this site's records (all of them, file order) against the coordinator's landmark map,
         using nothing but that broadcast and its own records; return the coordinates / labels, or keep them."""
@@ -922,7 +932,8 @@ class SiteWorker:
             if req.method == "tsne":
                 if req.masses is None or req.Zn is None or req.perplexity is None:
                     raise DecodeError("malformed 'place' message: t-SNE placement needs masses, Zn and perplexity")
-                out = placement.place_refine(F, Y, E, req.masses, float(req.Zn), perplexity=float(req.perplexity))
+                out = placement.place_refine(F, Y, E, req.masses, float(req.Zn), perplexity=float(req.perplexity),
+                                             progress=self._progress(len(F)))
             elif req.method == "umap":
                 out = placement.place_weighted(F, Y, E, perplexity=2.0)
             else:

@@ -8,7 +8,8 @@ identity for ≤ ``dim`` features), the scale (the public value bound), the rand
 (:func:`rff_frequencies`, public seed, two public length scales) and the number of landmarks.
 
 * **Release 1** — each site sums ``φ(x) = [cos Wx, sin Wx]/√m`` over its records (:func:`rff`); ``‖φ(x)‖ = 1``
-  exactly, so replacing one record changes the sum by at most ``Δ₁ = 2`` (L2). The total carries Gaussian noise
+  exactly, so replacing one record changes the sum by at most ``Δ₁ = 2`` (L2; not √2: for the fixed frequencies
+  ``⟨φ(a), φ(b)⟩ = (1/m) Σ cos(w·(a − b))`` can be negative, ``docs/maths.md`` §12). The total carries Gaussian noise
   ``N(0, σ₁² I)``.
 * The coordinator fits ``k`` landmarks whose mean feature matches the noisy mean embedding
   (:func:`fit_to_embedding`) — post-processing.
@@ -40,7 +41,7 @@ __all__ = ["public_basis", "scaled_features", "rff_frequencies", "rff", "fit_to_
            "density_box", "density_counts",
            "RFF_SENSITIVITY", "COUNT_SENSITIVITY", "DEFAULT_LENGTHSCALES", "DEFAULT_FREQUENCIES", "FEATURE_NORM"]
 
-RFF_SENSITIVITY = 2.0               # replace-one L2 change of Σφ (‖φ‖ = 1)
+RFF_SENSITIVITY = 2.0               # replace-one L2 change of Σφ (‖φ‖ = 1); not √2: ⟨φ(a), φ(b)⟩ can be < 0 (maths §12)
 COUNT_SENSITIVITY = math.sqrt(2.0)  # replace-one L2 change of the per-landmark counts
 DEFAULT_LENGTHSCALES = (3.0, 6.0)   # public: in units of the scaled features (records scaled into [−1, 1])
 DEFAULT_FREQUENCIES = 2000          # public: m random frequencies (4 000 numbers per site in release 1)

@@ -63,6 +63,46 @@ def test_replace_one_sensitivity_of_both_releases_by_brute_force(seed):
     assert np.allclose(np.linalg.norm(rff(F, W), axis=1), 1.0)  # ‖φ(x)‖ = 1 exactly
 
 
+def _phi_by_hand(f, W):
+    """φ(f) = [cos w₁·f … cos w_m·f, sin w₁·f … sin w_m·f]/√m, one frequency at a time (not the product's rff)."""
+    m = len(W)
+    return np.array([math.cos(float(w @ f)) for w in W] + [math.sin(float(w @ f)) for w in W]) / math.sqrt(m)
+
+
+def test_release1_sensitivity_of_the_finite_feature_map_exceeds_root2_so_it_stays_2():
+    """‖φ(a) − φ(b)‖² = 2 − 2⟨φ(a), φ(b)⟩ and ⟨φ(a), φ(b)⟩ = (1/m) Σ_j cos(w_j·(a − b)): its expectation over the
+    frequencies is the Gaussian kernel (≥ 0, hence "Δ ≤ √2"), but for the fixed public frequencies it goes negative.
+    Pairs of records found by a search over the feature ball (the product's own frequencies, 64 public dimensions,
+    features clipped to norm 10) move Σφ by more than √2: booking Δ₁ = √2 would be wrong; 2 (the triangle inequality,
+    ‖φ‖ = 1) is what holds, and no pair exceeds it."""
+    from securefed.landmarks.merf import DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES, FEATURE_NORM
+
+    m_px, d = 784, 64
+    B, _ = public_basis(m_px, d, 0)
+    W = rff_frequencies(d, DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES)
+    rng = np.random.default_rng(0)
+    R = 2 * FEATURE_NORM  # a − b for features a, b in the ball of radius 10
+    D = rng.normal(size=(4000, d))
+    D *= R / np.linalg.norm(D, axis=1, keepdims=True)
+    D = D[np.argsort(np.cos(D @ W.T).mean(axis=1))[:24]]  # the most negative of random pairs, then descend
+    for it in range(150):  # projected normalised gradient descent on (1/m) Σ cos(w·δ) over the ball
+        g = -(np.sin(D @ W.T) @ W)
+        D -= (0.5 if it < 100 else 0.2) * g / np.linalg.norm(g, axis=1, keepdims=True)
+        D *= np.minimum(1.0, R / np.linalg.norm(D, axis=1, keepdims=True))
+    worst = 0.0
+    for delta in D[:8]:
+        # two records whose scaled features are ±δ/2 (pixel values through the public basis: B has orthonormal
+        # columns, so x = scale·fᵀBᵀ maps back to f), one replacing the other in a site's data
+        xa, xb = 255.0 * (delta / 2) @ B.T, -255.0 * (delta / 2) @ B.T
+        fa, fb = scaled_features(np.vstack([xa, xb]), B, 255.0)
+        np.testing.assert_allclose(fa - fb, delta, atol=1e-9)
+        change = float(np.linalg.norm(_phi_by_hand(fa, W) - _phi_by_hand(fb, W)))
+        assert change == pytest.approx(float(np.linalg.norm(rff(fa[None], W) - rff(fb[None], W))), rel=1e-9)
+        worst = max(worst, change)
+    assert worst > math.sqrt(2.0) + 0.05, worst  # found: 1.5 or more — √2 does not hold for this map
+    assert worst <= RFF_SENSITIVITY == 2.0
+
+
 @pytest.mark.parametrize("eps", [0.5, 1.0, 4.0, 8.0])
 def test_calibration_agrees_with_an_independent_accountant(eps, closed_form):
     """The two Gaussian releases at (σ₁, Δ₁) and (σ₂, Δ₂) compose to the target (ε, δ): checked with Google's
@@ -132,9 +172,30 @@ def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tm
     for res in runs:
         emb = res.embedding
         own = place_refine(res.landmark_space.features(_sites()[0]), res.landmarks, emb["landmark_embedding"],
-                           res.masses, emb["Zn"], perplexity=10.0)
+                           res.masses, emb["Zn"], perplexity=5.0)  # the placement perplexity under DP
         np.testing.assert_allclose(emb["coordinates"][res.sites[0]], own, rtol=0, atol=1e-9)
     assert not np.allclose(runs[0].landmarks, runs[1].landmarks)  # the other site's change reached the billboard
+
+
+def test_placement_perplexity_is_5_under_dp_and_10_without_unless_given():
+    """The default the measurements support (BENCHMARKS §11): what each site is asked to place its records with."""
+    dp = dict(epsilon=2.0, clip_norm=8.0 * math.sqrt(10), noise_seed_for_testing=3)
+    for kw, want in ((dp, 5.0), ({}, 10.0), (dict(dp, placement_perplexity=10.0), 10.0),
+                     ({"placement_perplexity": 7.0}, 7.0)):
+        plan = RunPlan.build("api", method="tsne", value_bound=8.0, aggregation="plain", audit_holdout=0.0,
+                             landmarks=20, seed=1, **kw)
+        assert plan.placement_perplexity == want
+        asked = []
+
+        def hook(address, fields, asked=asked):
+            if fields.get("op") == "place":
+                asked.append(fields["perplexity"])
+            return fields
+
+        run_in_process(plan, _sites(), exchange={"before_request": hook})
+        assert asked == [want] * 3
+    # DP by a noise multiplier (no ε target) is DP too
+    assert RunPlan.build("api", noise_multiplier=1.0, clip_norm=1.0).placement_perplexity == 5.0
 
 
 def test_coordinates_keep_sends_nothing_per_record(tmp_path):
