@@ -291,8 +291,9 @@ def cells(co):
                                     "leak) or bring more records"))
     sums = len(tree.history)
     co.release(f"{tree.level} levels of a cell tree: per level the record count of each candidate child cell, then the "
-               f"sums of the features (and of their products) of each child of an accepted split — every split "
-               f"accepted only when each child holds ≥ {cp.floor} records, each query recomputed by every site",
+               f"sums of the features (and of their squares, and of their products on as many public axes as the cell's "
+               f"size allows) of each child of an accepted split — every split accepted only when each child holds "
+               f"≥ {cp.floor} records, each query recomputed by every site",
                note=f"the released cells are nested (a laminar family): no set of fewer than {cp.floor} records is a "
                     "combination of the released sums, checked by every site before it answers")
     space = LandmarkSpace("pca", tree.mu, tree.V)

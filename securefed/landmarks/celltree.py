@@ -15,8 +15,13 @@ The queries, in order (one secure sum each):
    splits through its mean along its top principal axis (2 children) or its top two axes (4 children: the quadrants),
    the axes from the cell's own released second moments (:func:`split_axes`). Each record of the cell goes to the
    child on its side of each hyperplane (:func:`child_index`).
-2. **sums of level L** — for every split that is *accepted*, each child's ``Σf`` (and, where the child may split again
-   or axis points are asked for, its ``Σffᵀ``, upper triangle).
+2. **sums of level L** — for every split that is *accepted*, each child's ``Σf`` and ``Σf²`` (coordinate by
+   coordinate), and its second moments ``Σggᵀ`` (upper triangle) of ``g = Uf`` on the top r principal axes U of its
+   parent, with r = :func:`second_rank` of the child's count (r = d, the full ``Σffᵀ``, only for large cells).
+   Exact second moments of a small cell give its members away: the centred ``Σffᵀ`` of m ≤ d records spans exactly
+   their (m − 1)-dimensional subspace, so a member's features lie in it and a non-member's do not, and for m a
+   little above d a member's leverage under the cell's covariance is visibly below a non-member's. Per-coordinate
+   sums of squares carry no more about one record than its cell's mean does (docs/maths.md §12).
 
 A split is accepted only when **every** child holds at least ``floor`` records (a 4-way split that fails falls back
 to the 2-way split along the first axis, whose counts are sums of the quadrants' counts); otherwise the cell stays a
@@ -72,15 +77,31 @@ def _untri(t: np.ndarray, d: int) -> np.ndarray:
     return Q
 
 
+def second_rank(count: float, d: int) -> int:
+    """How many dimensions r of a cell of ``count`` records may have their second moments released: the largest
+    r ≤ d with ``r + 2·r^1.5 ≤ count`` (0 for the tiniest cells).
+
+    For a Gaussian cell of m records, a record's leverage ``(g − m̂)ᵀ S⁻¹ (g − m̂)`` under the released r × r scatter S
+    is about r/m for a member and r/(m − r) for a non-member, with a spread of about √(2r)/m: a signal-to-noise ratio
+    of r^1.5 / (√2 (m − r)). At m ≥ r + 2 r^1.5 it is below 0.36 — a membership AUC below 0.6, the audit's limit.
+    (At m ≤ r the centred scatter even spans exactly the members' subspace.)"""
+    r = 0
+    while r < d and (r + 1) + 2.0 * (r + 1) ** 1.5 <= float(count):
+        r += 1
+    return r
+
+
 def split_axes(mean: np.ndarray, second: np.ndarray, count: float, n_axes: int) -> np.ndarray:
-    """The top ``n_axes`` principal axes of a cell (rows), from its released mean and second moments Σffᵀ / count.
+    """The top ``n_axes`` principal axes of a cell (rows), from its released mean and second moments Σffᵀ / count
+    (a diagonal ``second`` — a cell with per-coordinate sums of squares only — gives the coordinates of largest
+    variance).
 
     Each axis is normalised in sign (its largest-magnitude coordinate positive) and rounded (:func:`public_round`),
     so every party derives the same hyperplanes."""
     cov = second / max(float(count), 1.0) - np.outer(mean, mean)
     cov = (cov + cov.T) / 2.0
     w, V = np.linalg.eigh(cov)
-    A = V[:, np.argsort(w)[::-1][:n_axes]].T.copy()
+    A = V[:, np.argsort(-w, kind="stable")[:n_axes]].T.copy()
     for a in A:
         if a[np.argmax(np.abs(a))] < 0:
             a *= -1.0
@@ -181,7 +202,9 @@ class _Node:
     path: tuple            # () root; (2, 1): child 1 of child 2 of the root
     count: float
     mean: np.ndarray       # in the basis (f coordinates)
-    second: np.ndarray | None = None   # Σffᵀ (d × d) when released
+    second: np.ndarray | None = None   # Σffᵀ (d × d): the root only (from the basis sum)
+    diag: np.ndarray | None = None     # Σf² per coordinate (d) when released
+    proj: tuple | None = None          # (U: r × d public axes, Σ(Uf)(Uf)ᵀ: r × r) when released
     centre: np.ndarray | None = None   # the split's origin and axes (when this cell is on the frontier)
     axes: np.ndarray | None = None
     edges: list | None = None          # the public bin edges along each axis (count pass)
@@ -247,9 +270,10 @@ class CellTree:
             parts, desc = [], []
             r = self._feature_bound()
             for cell, k in self.accepted:
-                with_second = self._wants_second(cell, k)
-                parts += [(k * self.d, n * r)] + ([(k * tri_len(self.d), n * r * r)] if with_second else [])
-                desc.append({"cell": list(cell.path), "children": k, "second": with_second, "cut": cell.cut,
+                ranks = [len(U) for U in self._child_axes(cell)]
+                parts += [(k * self.d, n * r), (k * self.d, n * r * r)]
+                parts += [(tri_len(rk), n * r * r) for rk in ranks if rk]
+                desc.append({"cell": list(cell.path), "children": k, "second": ranks, "cut": cell.cut,
                              "cuts2": list(cell.cuts2), "centre": cell.centre.tolist(), "axes": cell.axes.tolist(),
                              "edges": [e.tolist() for e in cell.edges]})
             return Query(self.step, "sums", sum(p for p, _ in parts), tuple(parts), {"cells": desc, **self._space_doc()})
@@ -269,11 +293,38 @@ class CellTree:
             r *= float(np.max(np.abs(self.V))) * math.sqrt(self.m)  # |f_j| ≤ ‖x − μ‖·‖V_j‖ with V = diag(1/σ)·U
         return r
 
-    def _wants_second(self, cell: _Node, k: int) -> bool:
-        """Every child of an accepted split releases its second moments: a child splits along its own principal axes,
-        and a leaf's covariance shapes the landmarks (:func:`mixture_landmarks`). Same sets as the sums: the family
-        stays laminar."""
-        return True
+    def _child_axes(self, cell: _Node) -> list:
+        """For each child of an accepted split, the public axes U (r × d) its second moments are released on: the top
+        r = :func:`second_rank` (child count) principal axes of the parent (every child releases ``Σf`` and ``Σf²``
+        too). Same sets as the sums: the family stays laminar."""
+        out = []
+        for c in cell.children:
+            r = second_rank(c.count, self.d)
+            out.append(split_axes(cell.mean, self._second_like(cell), cell.count, r) if r else np.zeros((0, self.d)))
+        return out
+
+    def covariance(self, cell: _Node) -> np.ndarray:
+        """A released cell's covariance in the basis: from ``Σffᵀ`` (the root); else its released block on the axes U
+        plus, across the rest, the per-coordinate variances from ``Σf²`` (projected off U)."""
+        c = max(float(cell.count), 1.0)
+        if cell.second is not None:
+            cov = cell.second / c - np.outer(cell.mean, cell.mean)
+            return (cov + cov.T) / 2.0
+        if cell.diag is None:
+            raise ProtocolError(f"cell {list(cell.path)} has no released second moments")
+        D = np.diag(np.maximum(cell.diag / c - cell.mean ** 2, 0.0))
+        if cell.proj is None or len(cell.proj[0]) == 0:
+            return D
+        U, Q = cell.proj
+        g = U @ cell.mean
+        Cr = Q / c - np.outer(g, g)
+        P = np.eye(self.d) - U.T @ U
+        cov = U.T @ Cr @ U + P @ D @ P
+        return (cov + cov.T) / 2.0
+
+    def _second_like(self, cell: _Node) -> np.ndarray:
+        """Σffᵀ, or the matrix whose covariance is the diagonal one (for :func:`split_axes`)."""
+        return (self.covariance(cell) + np.outer(cell.mean, cell.mean)) * max(float(cell.count), 1.0)
 
     # ------------------------------------------------------------------------------ a site's upload
     def features(self, X: np.ndarray) -> np.ndarray:
@@ -331,13 +382,16 @@ class CellTree:
         for cell, k in self.accepted:
             idx = members[cell.path]
             ci = self.route(cell, F[idx])
+            Fc = F[idx]
             S = np.zeros((k, self.d))
-            np.add.at(S, ci, F[idx])
-            out.append(S.ravel())
-            if self._wants_second(cell, k):
-                Q = np.zeros((k, self.d, self.d))
-                np.add.at(Q, ci, F[idx][:, :, None] * F[idx][:, None, :])
-                out.append(_tri(Q).ravel())
+            np.add.at(S, ci, Fc)
+            D2 = np.zeros((k, self.d))
+            np.add.at(D2, ci, Fc * Fc)
+            out += [S.ravel(), D2.ravel()]
+            for j, U in enumerate(self._child_axes(cell)):
+                if len(U):
+                    G = Fc[ci == j] @ U.T
+                    out.append(_tri(G.T @ G))
         return np.concatenate(out) if out else np.zeros(0)
 
     def family(self, F: np.ndarray, q: Query | None = None) -> list:
@@ -396,13 +450,13 @@ class CellTree:
         front = []
         if self.level < p.max_levels:
             for cell in sorted(cells, key=lambda c: (-c.count, c.path)):
-                if cell.second is None or cell.count < p.margin * p.floor or room < 1:
+                if (cell.second is None and cell.diag is None) or cell.count < p.margin * self.floor_of(cell) or room < 1:
                     cell.leaf = True
                     continue
-                n_axes = 2 if (cell.count >= 2 * p.margin * p.floor and self.d >= 2 and room >= 3) else 1
+                n_axes = 2 if (cell.count >= 2 * p.margin * self.floor_of(cell) and self.d >= 2 and room >= 3) else 1
                 cell.centre = public_round(cell.mean)
-                cell.axes = split_axes(cell.mean, cell.second, cell.count, n_axes)
-                cov = cell.second / max(cell.count, 1.0) - np.outer(cell.mean, cell.mean)
+                cell.axes = split_axes(cell.mean, self._second_like(cell), cell.count, n_axes)
+                cov = self.covariance(cell)
                 cell.edges = [bin_edges(float(a @ cov @ a), cell.count) for a in cell.axes]
                 room -= (1 << n_axes) - 1
                 front.append(cell)
@@ -412,6 +466,22 @@ class CellTree:
         self.frontier = front
         if not front:
             self.done = True
+
+    def floor_of(self, cell) -> int:
+        """The least count of each child of ``cell``: the plan's floor, raised with the cell's effective dimension.
+
+        A record's membership in a cell of m records shows in its distance to the cell's mean: in an isotropic
+        k-dimensional cell, a member's squared distance is smaller than a non-member's by 2σ²k/m against a spread of
+        σ²√(2k), a signal-to-noise ratio √(2k)/m. The effective k is the participation ratio (tr C)² / tr(C²) of the
+        cell's released covariance C (public: every party computes it), so the floor is ``DIM_FLOOR · √k`` records per
+        mixture landmark (``LANDMARKS_PER_LEAF`` of them per leaf) when that exceeds the plan's floor."""
+        p = self.plan
+        if DIM_FLOOR <= 0 or (cell.second is None and cell.diag is None) or cell.count <= 0:
+            return int(p.floor)
+        cov = self.covariance(cell)
+        t, t2 = float(np.trace(cov)), float(np.sum(cov * cov))
+        k = t * t / t2 if t2 > 0 else 1.0
+        return int(max(p.floor, np.ceil(DIM_FLOOR * np.sqrt(k) * LANDMARKS_PER_LEAF)))
 
     def _n_leaves(self) -> int:
         def count(c):
@@ -434,7 +504,8 @@ class CellTree:
                                     f"cell {cell.count:.0f}; the counts are not a sum of honest uploads")
             grid = h.reshape((BINS,) * len(cell.axes))
             marg = grid if grid.ndim == 1 else grid.sum(axis=1)
-            cut = best_cut(marg, p.floor) if room >= 1 else None
+            floor = self.floor_of(cell)
+            cut = best_cut(marg, floor) if room >= 1 else None
             if cut is None:
                 cell.leaf, cell.axes, cell.centre, cell.edges = True, None, None, None
                 continue
@@ -443,7 +514,7 @@ class CellTree:
             cuts2: list = []
             kids: list = []
             for half in halves:
-                c2 = best_cut(half.sum(axis=0), p.floor) if grid.ndim == 2 and room >= 1 else None
+                c2 = best_cut(half.sum(axis=0), floor) if grid.ndim == 2 and room >= 1 else None
                 if c2 is None:
                     cuts2.append(None)
                     kids.append(half.sum())
@@ -464,13 +535,17 @@ class CellTree:
         for cell, k in self.accepted:
             S = total[pos:pos + k * self.d].reshape(k, self.d)
             pos += k * self.d
-            Q = None
-            if self._wants_second(cell, k):
-                Q = _untri(total[pos:pos + k * tri_len(self.d)].reshape(k, tri_len(self.d)), self.d)
-                pos += k * tri_len(self.d)
+            D2 = total[pos:pos + k * self.d].reshape(k, self.d)
+            pos += k * self.d
+            axes = self._child_axes(cell)
             for j, child in enumerate(cell.children):
                 child.mean = S[j] / max(child.count, 1.0)
-                child.second = None if Q is None else Q[j]
+                child.diag = D2[j].copy()
+                child.second, child.proj = None, None
+                U = axes[j]
+                if len(U):
+                    child.proj = (U, _untri(total[pos:pos + tri_len(len(U))], len(U)))
+                    pos += tri_len(len(U))
                 child.released = True
                 new.append(child)
         self.accepted = []
@@ -500,12 +575,12 @@ class CellTree:
     def landmarks(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(landmarks, masses)``: with ``axes`` = 0 (default) the centres of a k-means on a public, seeded sample of the
         leaves' Gaussian mixture (:func:`mixture_landmarks`: post-processing of the released means and second
-        moments, one landmark per leaf); with ``axes`` = R > 0 the leaves' means and their axis points
+        moments, :meth:`n_landmarks` of them); with ``axes`` = R > 0 the leaves' means and their axis points
         (:func:`~.cells.axis_points`). Masses sum to the members' count."""
         L = self.leaves()
         Y = np.array([c.mean for c in L])
         c = np.array([c.count for c in L])
-        cov = np.array([x.second / max(x.count, 1.0) - np.outer(x.mean, x.mean) for x in L])
+        cov = np.array([self.covariance(x) for x in L])
         if self.plan.axes > 0:
             return axis_points(Y, c, cov, self.plan.axes)
         import hashlib
@@ -515,9 +590,15 @@ class CellTree:
         if key not in _LANDMARKS:  # a pure function of public numbers: computed once per process
             if len(_LANDMARKS) > 16:
                 _LANDMARKS.clear()
-            _LANDMARKS[key] = mixture_landmarks(Y, cov, c, max(len(L), MIN_CELLS), seed)
+            _LANDMARKS[key] = mixture_landmarks(Y, cov, c, self.n_landmarks(), seed)
         Yk, ck = _LANDMARKS[key]
         return Yk.copy(), ck.copy()
+
+    def n_landmarks(self) -> int:
+        """k of the mixture landmarks: ``LANDMARKS_PER_LEAF`` per leaf, at least ``MIN_CELLS`` and at most the plan's
+        ``max_cells`` (``landmarks``, and N / floor). A public function of the released tree."""
+        n = len(self.leaves())  # ≤ max_cells: the tree splits only while there is room
+        return max(min(int(round(LANDMARKS_PER_LEAF * n)), int(self.plan.max_cells)), n, MIN_CELLS)
 
 
 _LANDMARKS: dict = {}
@@ -527,6 +608,10 @@ _LANDMARKS: dict = {}
 DRAWS_PER_RECORD = 20
 MAX_DRAWS = 40_000
 KMEANS_ITERATIONS = 15
+#: records per mixture landmark per √(effective dimension) of a cell (``CellTree.floor_of``; 0: the plan's floor only)
+DIM_FLOOR = 2.0
+#: mixture landmarks per leaf: 1.5 measured 1–2 CA-10NN points above 1 on digits and MNIST-5k (BENCHMARKS §9d)
+LANDMARKS_PER_LEAF = 1.5
 
 
 def mixture_landmarks(means: np.ndarray, covs: np.ndarray, counts: np.ndarray, k: int, seed: int):

@@ -113,8 +113,9 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
         {"stage": "landmarks", "mode": "cells (a cell tree with a floor, no DP)",
          "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per level the "
                           f"pooled histogram of every candidate cell along its principal axes and, for the children of each "
-                          f"split whose children all hold ≥ {floor} records, the pooled sums of their features and second "
-                          f"moments. Every site recomputes each query, verifies each total and refuses a sum after which a "
+                          f"split whose children all hold ≥ {floor} records, the pooled sums of their features, of their "
+                          f"squares, and of their products on as many public axes as each child's size allows (never the "
+                          f"full second moments of a small cell, which would span its records). Every site recomputes each query, verifies each total and refuses a sum after which a "
                           f"set of fewer than {floor} of the records would be a combination of the released sums — against a "
                           "coordinator that deviates, colluding with no site",
          "applies": lm == "cells"},

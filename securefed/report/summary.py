@@ -466,7 +466,7 @@ def _who_learns(mode: dict, privacy: dict | None, rec_block: dict, run: RunFolde
     if method == "cells":
         floor = mode.get("cell_floor") or "the floor"
         lm = (f"{'each site' if agg == 'plain' else 'only the sum over sites'} of the cell tree's record counts and, for "
-              f"cells of at least {floor} records, of their feature sums and second moments — over nested cells of "
+              f"cells of at least {floor} records, of their feature sums, sums of squares and second moments on a few public axes — over nested cells of "
               f"≥ {floor} records each (a floor, and a check that no smaller set of records is a combination of the "
               "released sums, that every site applies to its own records)")
     elif method == "billboard":

@@ -36,8 +36,8 @@ def test_axis_points_are_the_cells_sigma_points():
 
 
 def test_a_cells_run_with_axes_uses_the_leaves_second_moments():
-    """With axes, the landmarks are the cell tree's leaves — their means and μ ± √λ₁·v₁ — checked against the leaves
-    recomputed from the records (the same tree built on the pooled records: its queries are a function of the sums)."""
+    """With axes, the landmarks are the cell tree's leaves — their means and μ ± √λ₁·v₁, λ₁ of the covariance released
+    for the leaf — checked against the leaves recomputed from the records (the same tree built on the pooled records: its queries are a function of the sums)."""
     from securefed.landmarks.celltree import CellsPlan, CellTree
 
     ds = load_dataset("digits")
@@ -62,7 +62,14 @@ def test_a_cells_run_with_axes_uses_the_leaves_second_moments():
         R = F[members[leaf.path]]
         assert len(R) == pytest.approx(leaf.count) and len(R) >= 25  # every leaf over at least the floor
         np.testing.assert_allclose(means[L], R.mean(axis=0), atol=1e-6)
-        lam = np.linalg.eigvalsh(np.cov(R.T, bias=True))[-1]
+        C = np.cov(R.T, bias=True)
+        if leaf.proj is not None and len(leaf.proj[0]):
+            # what the coordinator holds of a small leaf: its covariance on the released axes U, the per-coordinate
+            # variances across the rest (celltree.second_rank: no full second moments of small cells)
+            U = leaf.proj[0]
+            P = np.eye(len(C)) - U.T @ U
+            C = U.T @ (U @ C @ U.T) @ U + P @ np.diag(np.diag(C)) @ P
+        lam = np.linalg.eigvalsh(C)[-1]
         assert np.linalg.norm(res1.landmarks[3 * L + 1] - means[L]) == pytest.approx(np.sqrt(lam), rel=1e-6)
     assert any("principal axes" in r["what"] for r in res1.inventory)
 

@@ -1,0 +1,34 @@
+"""The default cells pass their own membership audit on 50-dimensional blobs from 1 000 to 10 000 records (issue 27
+item 3).
+
+The floor is raised with the records per landmark (``landmark_stages.cells_floor``) and with each cell's effective
+dimension (``CellTree.floor_of``), and small cells release their second moments on a few axes only
+(``celltree.second_rank``). Before: on 10 000 such records the fixed floor of 15 released cells where the membership
+attack reached AUC 0.642 (> the 0.6 limit); with full second moments and 1.5 landmarks per leaf, 1 000 and 2 000
+records gave 0.666 and 0.678. (At 400 records — 80 held-out records, an AUC standard error of ≈ 0.035 — the audit
+measures 0.62: BENCHMARKS §13g.) The AUC is the audit's own (members vs held-out records, each site scoring its
+own)."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_blobs
+
+from securefed.data import partition
+from securefed.federation.inprocess import run_in_process
+from securefed.plan import RunPlan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_the_default_cells_pass_their_audit_on_blobs(n):
+    X, y = make_blobs(n_samples=n, n_features=50, centers=20, random_state=0)
+    parts = partition(X, y, 10, "iid", random_state=0)
+    plan = RunPlan.build("api", method="none", landmark_method="cells", value_bound=float(np.ceil(np.abs(X).max())),
+                         allow_audit_failure=True, seed=0)
+    res = run_in_process(plan, [X[i] for i in parts])
+    auc = res.audit["mia"]["auc"]
+    assert res.audit["passed"] and auc <= 0.6, auc
+    floor = res.landmark_info["floor"]
+    assert floor >= 15 and min(res.landmark_info["released_counts"]) >= floor
+    if n == 10_000:  # 8 000 members for at most 300 landmarks: the floor rises to N / landmarks = 26
+        assert floor == 8_000 // 300, floor
