@@ -168,27 +168,25 @@ def test_a_site_reports_its_placement_progress_and_the_printer_shows_it():
     site is done (and no more than every few seconds while it runs)."""
     import io
 
-    from securefed.federation.site import SiteWorker
-    from securefed.federation.wire import get_array, put_array
+    from securefed.federation.inprocess import run_in_process
+    from securefed.plan import RunPlan
     from securefed.progress import ProgressPrinter
 
-    rng, Z, _ = _map(2, k=20, n=10, spread=8.0)
-    X = rng.normal(size=(120, 3))
-    Y = X[rng.choice(120, 20, replace=False)]
-    req = put_array(put_array(put_array({"op": "place", "method": "tsne", "perplexity": 5.0, "Zn": 1e4}, "Y", Y),
-                              "landmark_embedding", Z), "masses", np.full(20, 12.0))
-    w = SiteWorker({"site-name": "s0"}, X)
-    events = []
-    w.on_progress = events.append
-    rep = w.handle(req)
-    assert get_array(rep, "embedding").shape == (120, 2)
-    assert events[0] == {"event": "placement", "site": "s0", "records": 120, "done": 0, "total": 250}
+    rng = np.random.default_rng(0)
+    sites = [rng.normal(size=(120, 3)) + 3.0 * i for i in range(3)]
+    plan = RunPlan.build("api", method="tsne", landmark_method="cells", value_bound=12.0, cell_floor=10,
+                         audit_holdout=0.0, seed=0)
+    seen: list = []
+    res = run_in_process(plan, sites, on_event=seen.append)
+    assert sum(len(v) for v in res.embedding["coordinates"].values()) == 360
+    events = [e for e in seen if e.get("event") == "placement" and e["site"] == "site-00"]
+    assert events[0] == {"event": "placement", "site": "site-00", "records": 120, "done": 0, "total": 250}
     assert events[-1]["done"] == 250 and [e["done"] for e in events] == list(range(0, 251, 25))
     out = io.StringIO()
     printer = ProgressPrinter(out, placement_every=3600.0)
     for ev in events:
         printer(ev)
-    assert out.getvalue().count("\n") == 1 and "[embedding] s0 placed its 120 records" in out.getvalue()
+    assert out.getvalue().count("\n") == 1 and "[embedding] site-00 placed its 120 records" in out.getvalue()
     out = io.StringIO()
     printer = ProgressPrinter(out, placement_every=0.0)  # a long placement: a line per event after the start
     for ev in events:
