@@ -60,7 +60,7 @@ def _scenario(tmp_path, superexec: str):
     with LocalDeployment(str(tmp_path / "dep"), superexec=superexec, env=env) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p, node_config={"allow-plain": True})
+            dep.start_supernode(f"site{i}", p, node_config={"allow-plain": True, "allow-paper-mode": True})
         # the default launcher gets a 10 s request-timeout: its run must still wait wait-sites (45 s) for the
         # first answers — the user's wait-sites=300 "seemed to have no effect"
         out = dep.run(dict(CFG, **{"request-timeout": 10.0}) if superexec == "flower" else CFG)
@@ -180,10 +180,11 @@ def test_walkthrough_on_one_machine_with_tls_node_auth_and_record_ids(tmp_path, 
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), PYTHON=sys.executable,
                OMP_NUM_THREADS="1")
     work = tmp_path / "w"
-    # a short job (4 round trips): what is checked is the recipe, not the map; the sites allow plain sums for it
+    # a short job (4 round trips): what is checked is the recipe, not the map; the sites allow plain sums and the
+    # paper's FedDL for it
     job = ["--set", "landmark-method=feddl", "--set", "landmarks=8", "--set", "rounds=1", "--set", "aggregation=plain",
            "--set", "audit-holdout=0", "--set", "method=tsne", "--node", "allow-plain=true",
-           "--node", "send-record-ids=true", "--demo-records", "80"]
+           "--node", "allow-paper-mode=true", "--node", "send-record-ids=true", "--demo-records", "80"]
     # the script's waits are all bounded by the run's own deadlines (wait-sites, request-timeout); this cap only
     # guards against a hang, derived from the work like LocalDeployment's: set-up, wait-sites, 4 round trips
     pace = LocalDeployment(str(tmp_path / "pace"))
@@ -238,7 +239,7 @@ def test_securefeds_superexec_forks_instead_of_starting_an_interpreter_and_the_r
     assert "task-token authentication failed" not in logs
     assert res["sites"] == ["site0", "site1", "site2"] and res["survivors"] == res["sites"]
     ref = drive(Coordinator(from_run_config({k: v for k, v in CFG.items() if k != "wait-sites"})),
-                InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}", "allow-plain": True}, X)
+                InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}", "allow-plain": True, "allow-paper-mode": True}, X)
                                   for i, X in enumerate(arrays)}, fresh_process=True))
     # the same coordinator and site code with the same seeds and plain sums: the landmarks bit for bit
     np.testing.assert_array_equal(np.load(os.path.join(out, "landmarks.npy")), ref.landmarks)

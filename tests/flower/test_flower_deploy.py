@@ -114,7 +114,7 @@ def _dp_rows_scenario(tmp_path) -> tuple:
         dep.start_superlink()
         for i, p in enumerate(paths):
             dep.start_supernode(f"site{i}", p, node_config={"epsilon-budget": 3.5, "allow-seeded-noise": True,
-                                                            "ledger-path": ledgers[i], "allow-plain": True})
+                                                            "ledger-path": ledgers[i], "allow-plain": True, "allow-paper-mode": True})
         out = dep.run(cfg)
         return dep.wait_result(out, round_trips=6), out, arrays, ledgers
 
@@ -136,7 +136,7 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p)
+            dep.start_supernode(f"site{i}", p, node_config={"allow-paper-mode": True})  # the paper's FedDL
         out = dep.run(cfg)
         res = dep.wait_result(out, round_trips=12)
     assert res["status"] == "completed", res
@@ -155,7 +155,8 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     from securefed.federation import Coordinator, InMemoryExchange, SiteWorker, drive
     from securefed.plan import from_run_config
 
-    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}"}, X) for i, X in enumerate(arrays)},
+    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}", "allow-paper-mode": True}, X)
+                           for i, X in enumerate(arrays)},
                           fresh_process=True)
     ref_run = drive(Coordinator(from_run_config(cfg)), ex)
     np.testing.assert_array_equal(Y, ref_run.landmarks)

@@ -39,7 +39,7 @@ def test_killed_warm_worker_drops_its_site_with_a_typed_error(tmp_path):
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p, node_config={"warm-worker-dir": dirs[i], "allow-plain": True})
+            dep.start_supernode(f"site{i}", p, node_config={"warm-worker-dir": dirs[i], "allow-plain": True, "allow-paper-mode": True})
         out = dep.run(cfg)
         prog = os.path.join(out, "progress.jsonl")
         t0 = time.monotonic()

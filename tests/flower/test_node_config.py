@@ -36,8 +36,8 @@ def _write_sites(tmp_path, n=25):
 
 
 def _run(paths, options):
-    workers = {100 + i: SiteWorker({"site-name": f"site{i}", "data-path": p, "allow-plain": True, **options(i)})
-               for i, p in enumerate(paths)}
+    workers = {100 + i: SiteWorker({"site-name": f"site{i}", "data-path": p, "allow-plain": True,
+                                    "allow-paper-mode": True, **options(i)}) for i, p in enumerate(paths)}
     return drive(Coordinator(from_run_config(CFG)), InMemoryExchange(workers)), workers
 
 

@@ -161,7 +161,7 @@ def site(tmp_path):
 
     np.save(tmp_path / "site.npy", np.random.default_rng(3).normal(size=(30, 3)))
     superexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    opts = {"data-path": "site.npy", "site-name": "A", "allow-plain": True}   # relative: resolved in the cwd
+    opts = {"data-path": "site.npy", "site-name": "A", "allow-plain": True, "allow-paper-mode": True}   # relative: resolved in the cwd
 
     def ask(request, marker, run_id=7, options=None):
         return forward_request(request, options or opts, run_id, 11, marker, parent_pid=superexec.pid, cwd=str(tmp_path))
