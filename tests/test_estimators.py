@@ -55,9 +55,11 @@ ROWS = dict(SMALL, nystrom="rows")  # the paper's mode (explicit since issue 15)
 @pytest.mark.slow
 def test_fed_tsne_digits_quality_floor():
     """The default (private) run on digits, 10 sites split by label: no row leaves a site, the landmark audit
-    passes, and the map keeps CA-10NN ≥ 0.93 (centralized openTSNE: 0.978). Issue 15 asks for ≤ 2 points below
-    centralized; the cells reach 2–6 points below (BENCHMARKS.md, benchmarks/private_map.py) — this floor
-    records what is reached, so a regression fails here."""
+    passes, and the map keeps CA-10NN ≥ 0.915 (centralized openTSNE: 0.978; this run: 0.920). Issue 15 asks for ≤ 2
+    points below centralized; the cells reach 2–6 points below (BENCHMARKS.md, benchmarks/private_map.py) — this
+    floor records what is reached, so a regression fails here. It was 0.93 for the federated k-means cells, whose
+    centres the coordinator chose and whose small cells released their full second moments (which gave members
+    away); the cell tree without either costs about a point here (BENCHMARKS §11c)."""
     sites, y = _split("digits", 10, "label")
     est = FedTSNE(value_bound=16, random_state=0)  # digits' public range, as `securefed run` states it
     E = est.fit_transform(sites)
@@ -65,7 +67,7 @@ def test_fed_tsne_digits_quality_floor():
     assert E.shape == (len(X), 2) and np.all(np.isfinite(E))
     m = embedding_metrics(X, E, y, random_state=0)
     assert set(m) == set(METRIC_KEYS)
-    assert m["ca_10nn"] >= 0.93 and m["trustworthiness"] >= 0.975, m
+    assert m["ca_10nn"] >= 0.915 and m["trustworthiness"] >= 0.975, m
     # the default is private: no rows, cell means over ≥ 15 records, the audit gate passed
     assert est.rows_sent_ == 0 and est.plan_.nystrom == "local" and est.plan_.landmark_method == "cells"
     assert est.audit_["passed"] and est.audit_["auc"] <= 0.6, est.audit_

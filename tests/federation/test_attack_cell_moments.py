@@ -56,12 +56,12 @@ def test_released_second_moments_do_not_give_members_away():
     tree, M, H = _tree_and_split()
     d = tree.d
     cells = _released(tree)
-    # 1. what is released: no block with r + 2 r^1.5 > m (independently of second_rank's loop)
+    # 1. what is released: no block with r + 8 r^1.5 > m (independently of second_rank's loop)
     for c in cells:
         b = _blocks(c, d)
         if b is not None and c is not tree.root:
             r = len(b[0])
-            assert r + 2.0 * r ** 1.5 <= c.count + 1e-9, (c.path, r, c.count)
+            assert r + 8.0 * r ** 1.5 <= c.count + 1e-9, (c.path, r, c.count)
     # 2. the attack: for each record, its smallest relative residual off a released block's span, among the cells
     #    on its public path, and its summed leverage z-score along the path
     def scores(X):
@@ -91,4 +91,4 @@ def test_released_second_moments_do_not_give_members_away():
     assert np.mean(rm < 1e-6) < 0.01, np.mean(rm < 1e-6)     # on the old tree: every member (1.0)
     y = np.r_[np.ones(len(M)), np.zeros(len(H))]
     auc = roc_auc_score(y, np.r_[zm, zh])
-    assert auc < 0.62, auc
+    assert auc < 0.6, auc
