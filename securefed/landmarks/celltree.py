@@ -220,6 +220,7 @@ class _Node:
     children: list = field(default_factory=list)
     leaf: bool = False
     released: bool = False   # its feature sums were released (the root: by the basis sum)
+    child_axes: list | None = None  # the public axes of each child's second moments (CellTree._child_axes)
 
 
 @dataclass(frozen=True)
@@ -303,12 +304,16 @@ class CellTree:
     def _child_axes(self, cell: _Node) -> list:
         """For each child of an accepted split, the public axes U (r × d) its second moments are released on: the top
         r = :func:`second_rank` (child count) principal axes of the parent (every child releases ``Σf`` and ``Σf²``
-        too). Same sets as the sums: the family stays laminar."""
-        out = []
-        for c in cell.children:
-            r = second_rank(c.count, self.d)
-            out.append(split_axes(cell.mean, self._second_like(cell), cell.count, r) if r else np.zeros((0, self.d)))
-        return out
+        too). Same sets as the sums: the family stays laminar. Computed once per split (a function of released
+        numbers)."""
+        if cell.child_axes is None:
+            out = []
+            for c in cell.children:
+                r = second_rank(c.count, self.d)
+                out.append(split_axes(cell.mean, self._second_like(cell), cell.count, r) if r else
+                           np.zeros((0, self.d)))
+            cell.child_axes = out
+        return cell.child_axes
 
     def covariance(self, cell: _Node) -> np.ndarray:
         """A released cell's covariance in the basis: from ``Σffᵀ`` (the root); else its released block on the axes U
