@@ -31,7 +31,7 @@ def _clauses(dom: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("extra", [["--cell-floor", "6"], ["--epsilon", "1", "--landmarks", "20"]], ids=["cells", "dp"])
+@pytest.mark.parametrize("extra", [["--cell-floor", "8"], ["--epsilon", "1", "--landmarks", "20"]], ids=["cells", "dp"])
 def test_a_keep_run_never_says_a_coordinate_left(tmp_path, capsys, extra):
     from securefed.report.browser import find_chromium, render_report
 
