@@ -280,7 +280,8 @@ class CellTree:
             for cell, k in self.accepted:
                 ranks = [len(U) for U in self._child_axes(cell)]
                 parts += [(k * self.d, n * r), (k * self.d, n * r * r)]
-                parts += [(tri_len(rk), n * r * r) for rk in ranks if rk]
+                R = self._norm_bound()  # |u·f| ≤ ‖f‖ for the unit axes u of a second-moment block
+                parts += [(tri_len(rk), n * R * R) for rk in ranks if rk]
                 desc.append({"cell": list(cell.path), "children": k, "second": ranks, "cut": cell.cut,
                              "cuts2": list(cell.cuts2), "centre": cell.centre.tolist(), "axes": cell.axes.tolist(),
                              "edges": [e.tolist() for e in cell.edges]})
@@ -300,6 +301,11 @@ class CellTree:
         if self.plan.standardize:
             r *= float(np.max(np.abs(self.V))) * math.sqrt(self.m)  # |f_j| ≤ ‖x − μ‖·‖V_j‖ with V = diag(1/σ)·U
         return r
+
+    def _norm_bound(self) -> float:
+        """A public bound on ‖f‖ = ‖(x − μ)V‖ for a record with |x_i| ≤ B: 2B√m · ‖V‖₂ (spectral norm; ≈ 1 unless
+        standardised)."""
+        return 2.0 * float(self.plan.scale) * math.sqrt(self.m) * max(float(np.linalg.norm(self.V, 2)), 1.0)
 
     def _child_axes(self, cell: _Node) -> list:
         """For each child of an accepted split, the public axes U (r × d) its second moments are released on: the top
