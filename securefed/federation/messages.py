@@ -380,18 +380,10 @@ class Hello:
 
 
 @dataclass(frozen=True)
-class SumRequest:
-    """Compute the upload ``task`` asks for and put it into a sum (``op``: plain, secagg-start or ckks-start).
+class _SumHead:
+    """The fields of a sum request beside its operation and its task (on the wire side by side with the task's)."""
 
-    ``weights`` is the public weight rule (``records``: the site's own record count; ``uniform``: 1);
-    ``scale_lengths`` / ``scale_bounds``: the upload's consecutive parts and each part's public bound (the site
-    divides by it so the fixed-point range is used well); ``spec`` the secure sum's round spec (its own codec).
-    """
-
-    OPS: ClassVar[tuple] = ("plain", "secagg-start", "secagg-input", "ckks-start")
-    op: str
     site: int
-    task: Task
     weights: str = "records"
     seed: int = 0
     audit_holdout: float = 0.0
@@ -402,6 +394,20 @@ class SumRequest:
     msgs: list[bytes] | None = None  # … and the round's forwarded shares for this site
     proof: bytes | None = None       # the proof of this site's previous SecAgg+ sum (it checks the total itself)
     proof_round: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SumRequest(_SumHead):
+    """Compute the upload ``task`` asks for and put it into a sum (``op``: plain, secagg-start or ckks-start).
+
+    ``weights`` is the public weight rule (``records``: the site's own record count; ``uniform``: 1);
+    ``scale_lengths`` / ``scale_bounds``: the upload's consecutive parts and each part's public bound (the site
+    divides by it so the fixed-point range is used well); ``spec`` the secure sum's round spec (its own codec).
+    """
+
+    OPS: ClassVar[tuple] = ("plain", "secagg-start", "secagg-input", "ckks-start")
+    op: str
+    task: Task
 
     def __post_init__(self):
         if self.op not in self.OPS:
@@ -515,21 +521,6 @@ def _decode_sum(fields: dict) -> SumRequest:
     if extra:
         raise DecodeError(f"malformed {fields.get('op')!r} message: unknown field(s) {extra} for task {name!r}")
     return SumRequest(op=str(fields["op"]), task=task, **{a: getattr(head, a) for a, *_ in _schema(_SumHead)})
-
-
-@dataclass(frozen=True)
-class _SumHead:
-    site: int
-    weights: str = "records"
-    seed: int = 0
-    audit_holdout: float = 0.0
-    scale_lengths: list[int] | None = None
-    scale_bounds: list[float] | None = None
-    spec: bytes | None = None
-    round_index: int | None = None
-    msgs: list[bytes] | None = None
-    proof: bytes | None = None
-    proof_round: int | None = None
 
 
 #: the fields of a sum request that carry the protocol, not the upload: outside the task digest
