@@ -13,7 +13,7 @@ The queries, in order (one secure sum each):
    sum (0) and second moments from the same sum.
 1. **counts of level L** — for every cell of the frontier, how many records fall in each of its children: the cell
    splits through its mean along its top principal axis (2 children) or its top two axes (4 children: the quadrants),
-   the axes from the cell's own released second moments (:func:`split_axes`). Each record of the cell goes to the
+   the axes from the cell's own released covariance (:func:`split_axes`). Each record of the cell goes to the
    child on its side of each hyperplane (:func:`child_index`).
 2. **sums of level L** — for every split that is *accepted*, each child's ``Σf`` and ``Σf²`` (coordinate by
    coordinate), and its second moments ``Σggᵀ`` (upper triangle) of ``g = Uf`` on the top r principal axes U of its
@@ -98,16 +98,13 @@ def second_rank(count: float, d: int) -> int:
     return r
 
 
-def split_axes(mean: np.ndarray, second: np.ndarray, count: float, n_axes: int) -> np.ndarray:
-    """The top ``n_axes`` principal axes of a cell (rows), from its released mean and second moments Σffᵀ / count
-    (a diagonal ``second`` — a cell with per-coordinate sums of squares only — gives the coordinates of largest
-    variance).
+def split_axes(cov: np.ndarray, n_axes: int) -> np.ndarray:
+    """The top ``n_axes`` principal axes (rows) of a cell's released covariance (:meth:`CellTree.covariance`; a
+    diagonal one — a cell with per-coordinate sums of squares only — gives the coordinates of largest variance).
 
     Each axis is normalised in sign (its largest-magnitude coordinate positive) and rounded (:func:`public_round`),
     so every party derives the same hyperplanes."""
-    cov = second / max(float(count), 1.0) - np.outer(mean, mean)
-    cov = (cov + cov.T) / 2.0
-    w, V = np.linalg.eigh(cov)
+    w, V = np.linalg.eigh((cov + cov.T) / 2.0)
     A = V[:, np.argsort(-w, kind="stable")[:n_axes]].T.copy()
     for a in A:
         if a[np.argmax(np.abs(a))] < 0:
@@ -316,8 +313,7 @@ class CellTree:
             out = []
             for c in cell.children:
                 r = second_rank(c.count, self.d)
-                out.append(split_axes(cell.mean, self._second_like(cell), cell.count, r) if r else
-                           np.zeros((0, self.d)))
+                out.append(split_axes(self.covariance(cell), r) if r else np.zeros((0, self.d)))
             cell.child_axes = out
         return cell.child_axes
 
@@ -339,10 +335,6 @@ class CellTree:
         P = np.eye(self.d) - U.T @ U
         cov = U.T @ Cr @ U + P @ D @ P
         return (cov + cov.T) / 2.0
-
-    def _second_like(self, cell: _Node) -> np.ndarray:
-        """Σffᵀ, or the matrix whose covariance is the diagonal one (for :func:`split_axes`)."""
-        return (self.covariance(cell) + np.outer(cell.mean, cell.mean)) * max(float(cell.count), 1.0)
 
     # ------------------------------------------------------------------------------ a site's upload
     def features(self, X: np.ndarray) -> np.ndarray:
@@ -468,13 +460,14 @@ class CellTree:
         front = []
         if self.level < p.max_levels:
             for cell in sorted(cells, key=lambda c: (-c.count, c.path)):
-                if (cell.second is None and cell.diag is None) or cell.count < p.margin * self.floor_of(cell) or room < 1:
+                least = p.margin * self.floor_of(cell)
+                if (cell.second is None and cell.diag is None) or cell.count < least or room < 1:
                     cell.leaf = True
                     continue
-                n_axes = 2 if (cell.count >= 2 * p.margin * self.floor_of(cell) and self.d >= 2 and room >= 3) else 1
+                n_axes = 2 if (cell.count >= 2 * least and self.d >= 2 and room >= 3) else 1
                 cell.centre = public_round(cell.mean)
-                cell.axes = split_axes(cell.mean, self._second_like(cell), cell.count, n_axes)
                 cov = self.covariance(cell)
+                cell.axes = split_axes(cov, n_axes)
                 cell.edges = [bin_edges(float(a @ cov @ a), cell.count) for a in cell.axes]
                 room -= (1 << n_axes) - 1
                 front.append(cell)
