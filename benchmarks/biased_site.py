@@ -2,7 +2,7 @@
 
 Digits, 10 iid sites, the default plan (cells through SecAgg+, the audit gate, the t-SNE placement), in process.
 Site 0 sends uploads computed from fabricated records of its declared size instead of its own: ``mean`` — every
-record at the pooled mean of the public range's centre (8, the middle of digits' 0–16 range); ``uniform`` — records
+record at the centre of the public range (8, the middle of digits' 0–16 range); ``uniform`` — records
 drawn uniformly in the public range; ``one-class`` — copies of one real record of class 0 with small noise. Reported:
 CA-10NN and trustworthiness of the **honest** sites' records only (site 0's records excluded), the audit verdict,
 against the run with site 0 honest. Every site's checks pass in every case: a fabricated record is a record — the
