@@ -274,10 +274,10 @@ class CellTree:
         if self.accepted:
             parts, desc = [], []
             r = self._feature_bound()
+            R = self._norm_bound()  # |u·f| ≤ ‖f‖ for the unit axes u of a second-moment block
             for cell, k in self.accepted:
                 ranks = [len(U) for U in self._child_axes(cell)]
                 parts += [(k * self.d, n * r), (k * self.d, n * r * r)]
-                R = self._norm_bound()  # |u·f| ≤ ‖f‖ for the unit axes u of a second-moment block
                 parts += [(tri_len(rk), n * R * R) for rk in ranks if rk]
                 desc.append({"cell": list(cell.path), "children": k, "second": ranks, "cut": cell.cut,
                              "cuts2": list(cell.cuts2), "centre": cell.centre.tolist(), "axes": cell.axes.tolist(),
