@@ -124,7 +124,8 @@ def main():
     ap.add_argument("--no-default", action="store_true", help="with --eps: skip the no-DP default run")
     ap.add_argument("--n-jobs", type=int, default=1)
     ap.add_argument("--placement-perplexity", type=float, default=None, help="instead of the plan's default")
-    ap.add_argument("--landmarks", type=int, default=None, help="instead of the plan's default (300)")
+    ap.add_argument("--landmarks", type=int, default=None,
+                    help="instead of the plan's default (auto: the cells as many as the records allow)")
     ap.add_argument("--log", default=None, help="append the JSON lines to this file too")
     ap.add_argument("--progress", action="store_true", help="print the run's events")
     ap.add_argument("--one", choices=["fed", "central"], help=argparse.SUPPRESS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's "Deploying on Flower" recipe, end to end on ONE machine (127.0.0.1): TLS, node authentication,
 # a SuperLink and 3 SuperNodes (one per site, each with its own Runtime API port), a securefed run, its result.
-# tests/flower/test_one_machine.py runs this script; the README's commands and this script's are the same.
+# tests/flower/test_first_deployment.py runs this script; the README's commands and this script's are the same.
 #
 #   scripts/flower_one_machine.sh WORKDIR [--set KEY=VALUE ...] [--node KEY=VALUE ...] [--superexec securefed]
 #

@@ -43,9 +43,10 @@ __all__ = ["FedTSNE", "FedUMAP", "FedSpectralClustering", "CentralizedTSNE", "Ce
 class FederatedParams:
     """The parameters every federated estimator shares — one definition, one set of defaults.
 
-    n_landmarks : int, default 300
-        ``n_y``, the number of landmarks FedDL or the billboard learns; for cells the most cells (there are at most
-        N / ``cell_floor`` of them: ≈ 95 on digits, ≈ 270 on MNIST-5k at the default floor).
+    n_landmarks : int or "auto", default "auto"
+        ``n_y``, the number of landmarks FedDL or the billboard learns (auto: 300); for cells the most cells (auto:
+        as many as the floors allow, at most N / ``cell_floor`` — ≈ 60 on digits, ≈ 175 on MNIST-5k, ≈ 1 000 on
+        20 000 Fashion-MNIST records; a number caps them).
     rounds, local_steps : int, default 60 and 5
         ``S`` and ``Q`` of Algorithm 1.
     rule : {"model", "gradient"}
@@ -121,7 +122,7 @@ class FederatedParams:
         nothing otherwise (logs, pipes, tests); ``1`` prints a line per stage (for logs); ``0`` nothing.
     """
 
-    n_landmarks: int = 300
+    n_landmarks: object = "auto"
     rounds: int = 60
     local_steps: int = 5
     rule: str = "model"

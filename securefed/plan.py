@@ -42,6 +42,8 @@ RECONSTRUCTIONS = ("auto", "paper", "features")
 CKKS_VERIFY_MODES = ("recompute", "signatures")
 COORDINATES = ("send", "keep")
 INIT_MODES = ("auto", "moments", "public")
+#: landmarks of FedDL and the billboard when ``landmarks`` is auto (the cells' number follows the records instead)
+DEFAULT_LANDMARKS = 300
 
 #: every option that takes one of a fixed set of values → the set: the one list the validator, the ``securefed run``
 #: flags (argparse ``choices``) and the estimators read
@@ -86,7 +88,7 @@ class RunPlan:
     """
 
     # ---- landmarks (Qiao et al. Algorithm 1)
-    landmarks: int = 300
+    landmarks: int | None = None     # None ("auto"): cells as many as the records allow, feddl / billboard 300
     landmark_method: str = "auto"    # auto: cells (no rows, no DP), billboard (no rows, DP), feddl (the rows mode)
     cell_floor: int = 15             # cells: a cell's mean is revealed only over at least this many records
     cell_rounds: int = 12            # cells: most growth rounds
@@ -258,10 +260,12 @@ class _Validator:
 
     def run(self) -> None:
         p = self.p
-        for opt in ("lr",):  # "auto" is the unset value
+        for opt in ("lr", "landmarks"):  # "auto" is the unset value
             if isinstance(getattr(p, opt), str) and getattr(p, opt) == "auto":
                 object.__setattr__(p, opt, None)
-        self.int_("landmarks", minimum=2)
+        if p.landmarks is None and isinstance(p.init, np.ndarray) and p.init.ndim == 2:
+            object.__setattr__(p, "landmarks", int(p.init.shape[0]))  # as many landmarks as the given start
+        self.int_("landmarks", minimum=2, optional=True)
         self.choice("landmark_method")
         self.int_("rounds")
         self.int_("local_steps")
@@ -345,6 +349,8 @@ class _Validator:
             auto = "feddl" if (p.nystrom == "rows" or p.method == "none" or isinstance(p.init, np.ndarray)
                                or (p.dp and p.epsilon is None)) else ("billboard" if p.dp else "cells")
             object.__setattr__(p, "landmark_method", auto)
+        if p.landmarks is None and p.landmark_method != "cells":  # cells: from the records (landmark_stages.cells_plan)
+            object.__setattr__(p, "landmarks", DEFAULT_LANDMARKS)
         if p.landmark_method in ("cells", "billboard") and p.nystrom == "rows":
             self.fail("landmark_method", p.landmark_method, f"the rows mode reproduces the paper: use feddl landmarks, or "
                                                             f"{p.name('nystrom')} local")
@@ -474,7 +480,7 @@ class _Validator:
 #: options that make no sense in a Flower run configuration (arrays, process-local settings)
 _NOT_IN_RUN_CONFIG = ("source", "n_jobs", "keep_rows", "monitor")
 _OPTIONAL_TEXT = ("nystrom", "run_id")  # unset: "" in a run configuration (numbers: 0)
-_OPTIONAL_ZERO = ("nystrom", "noise_seed_for_testing", "lr", "gamma", "value_bound", "fractional_bits", "degree", "threshold",
+_OPTIONAL_ZERO = ("landmarks", "nystrom", "noise_seed_for_testing", "lr", "gamma", "value_bound", "fractional_bits", "degree", "threshold",
                   "stage_timeout", "ckks_min_survivors", "ckks_quorum", "epsilon", "noise_multiplier", "clip_norm",
                   "min_survivors", "rows_epsilon", "kernel_gamma", "placement_perplexity")
 
@@ -571,7 +577,8 @@ def _cast(key: str, value, default):
 
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
-    "landmarks": "n_y, the number of landmarks the sites learn together (cells: the most cells; at most N / cell-floor)",
+    "landmarks": "n_y, the number of landmarks the sites learn together (auto: FedDL and the billboard 300; cells as many "
+                 "as the records allow, at most N / cell-floor; a number caps the cells)",
     "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases, 3 with density-share) or feddl "
                        "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",

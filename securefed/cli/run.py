@@ -24,7 +24,7 @@ def _type_of(default, name: str):
     if name in ("lr", "gamma", "value_bound", "stage_timeout", "epsilon", "noise_multiplier", "clip_norm",
                 "rows_epsilon", "kernel_gamma", "placement_perplexity"):
         return float
-    if name in ("fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
+    if name in ("landmarks", "fractional_bits", "degree", "threshold", "ckks_min_survivors", "ckks_quorum",
                 "min_survivors", "noise_seed_for_testing"):
         return int
     if name == "run_id":
@@ -108,7 +108,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             d = defaults[name]
             if isinstance(d, bool):
                 g.add_argument(flag, action="store_true", default=d, help=HELP[name])
-            elif name == "lr":
+            elif name in ("lr", "landmarks"):
                 g.add_argument(flag, default="auto", type=_auto(_type_of(d, name)), help=HELP[name])
             else:
                 typ = int if name == "n_clusters" else _type_of(d, name)
@@ -175,7 +175,7 @@ def options_table() -> str:
             "|---|---|---|---|---|"]
     for name, text in HELP.items():
         d = defaults[name]
-        shown = "unset" if d is None else (str(d).lower() if isinstance(d, bool) else str(d))
+        shown = ("auto" if name in ("lr", "landmarks") else "unset") if d is None else (str(d).lower() if isinstance(d, bool) else str(d))
         if name in CLI_DEFAULTS and CLI_DEFAULTS[name] != defaults[name]:
             shown = f"{defaults[name]} (CLI: {'from the labels' if CLI_DEFAULTS[name] is None else CLI_DEFAULTS[name]})"
         flag = "—" if name in NOT_CLI_FLAGS else f"`{option_name(name, 'cli')}`"
