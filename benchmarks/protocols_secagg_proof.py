@@ -2,6 +2,8 @@
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 python benchmarks/protocols_secagg_proof.py   # N = 10, 50, 100; d = 1e3, 1e5
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/protocols_secagg_proof.py --clients 10 --lengths 1000   # quick
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 python benchmarks/protocols_secagg_proof.py --clients 10 50 100 \
+        --lengths 100000 --dropouts 0 0.1 --repeats 1 --flower   # with Flower's SecAgg+ (BENCHMARKS.md §11a′)
 
 For every configuration (N clients, vector length d, no dropout or 10 % of the clients dropping after the share
 stage — the server must then remove their pairwise masks), one SecAgg+ round runs in process (every client and
