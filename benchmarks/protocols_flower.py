@@ -11,7 +11,8 @@ stages, with ``FedAvg`` aggregating the unmasked sum) and its real client mod
 ``Grid`` written here that hands each server message straight to the destination node's
 ``ClientApp`` and returns the reply — no network, no protobuf serialisation (a deep copy of each
 message instead, since Flower's client mod mutates what it receives), no polling sleeps, so the Flower
-time measured is a *lower bound* of what a deployment would take.
+time measured is a *lower bound* of what a deployment would take. ``--dropout p`` (Flower only): the last
+round(p · N) nodes drop after the share-keys stage (``run_flower``'s docstring).
 
 Equal parameters: Flower's ``num_shares = s`` counts the client itself (s − 1 neighbours) and its
 threshold counts shares out of those s; securefed is run with ``degree = s − 1`` neighbours and the same
@@ -30,39 +31,17 @@ import uuid
 import numpy as np
 
 
-def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> dict:
-    from flwr.app import Context, Message, RecordDict
-    from flwr.client import NumPyClient
-    from flwr.client.mod import secaggplus_mod
-    from flwr.clientapp import ClientApp
-    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.server import ServerConfig
-    from flwr.server.client_manager import SimpleClientManager
-    from flwr.server.compat.grid_client_proxy import GridClientProxy
-    from flwr.server.compat.legacy_context import LegacyContext
-    from flwr.server.strategy import FedAvg
-    from flwr.server.workflow import SecAggPlusWorkflow
-    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-    from flwr.common import ConfigRecord
-    import flwr.compat.common.recorddict_compat as compat
+def _local_grid(app, node_ctx: dict, dropped: set, delivered: dict):
+    """The in-memory ``Grid``: each message deep-copied and handed to its node's ``ClientApp`` (no network, no
+    serialisation); messages of the collect-masked-vectors and unmask stages to a ``dropped`` node are lost (no
+    reply), the rest counted per stage in ``delivered``."""
+    from flwr.app import Message
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
     from flwr.serverapp.grid import Grid
     from flwr.supercore.run import Run
     from flwr.supercore.task_identity import TaskIdentity
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    rng = np.random.default_rng(seed)
-    data = {nid: rng.uniform(-1, 1, d).astype(np.float32) for nid in range(1, n + 1)}
-
-    class Client(NumPyClient):
-        def __init__(self, nid):
-            self.nid = nid
-
-        def fit(self, parameters, config):
-            return [data[self.nid]], 1, {}
-
-    app = ClientApp(client_fn=lambda ctx: Client(int(ctx.node_id)).to_client(), mods=[secaggplus_mod])
-    node_ctx = {nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
-                for nid in data}
+    late_stages = (Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
 
     class LocalGrid(Grid):
         def __init__(self):
@@ -79,7 +58,7 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
             return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
         def get_node_ids(self):
-            return list(data)
+            return list(node_ctx)
 
         def push_messages(self, messages):
             raise RuntimeError("this in-memory grid only supports send_and_receive")
@@ -90,6 +69,10 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
         def send_and_receive(self, messages, *, timeout=None):
             replies = []
             for msg in messages:
+                stage = msg.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]
+                if msg.metadata.dst_node_id in dropped and stage in late_stages:
+                    continue  # a dropped node: the message is lost, no reply comes back
+                delivered[stage] += 1
                 # Flower's workflow shares one content object between messages and its client mod
                 # mutates the content it receives; a real transport serialises, so copy per delivery
                 msg = copy.deepcopy(msg)
@@ -103,8 +86,58 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
                 replies.append(reply)
             return replies
 
+    return LocalGrid()
+
+
+def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0, dropout: float = 0.0) -> dict:
+    """One Flower SecAgg+ round over ``n`` nodes (ids 1..n) with vectors of length ``d``.
+
+    ``dropout``: the last ``round(dropout * n)`` nodes drop after the share-keys stage — the in-memory grid
+    delivers nothing to them from the collect-masked-vectors stage on and returns no reply (what a real
+    ``Grid`` returns once the workflow's ``timeout`` has expired — with Flower's default ``timeout=None`` a
+    deployment would wait for them forever; the wait is not counted here), so the server must rebuild their
+    pairwise masks from
+    their neighbours' shares of their key (securefed's ``drop_stage="masked"``). The returned error is
+    Flower's unmasked sum (its weighted mean × the survivor count; every weight is 1) against the plain
+    sum of the survivors' vectors; ``error_bound_of_sum`` is |U| quantisation steps (stochastic rounding
+    moves each value by less than one step of Flower's grid, scaled by its weight factor).
+    """
+    from flwr.app import Context, RecordDict
+    from flwr.client import NumPyClient
+    from flwr.client.mod import secaggplus_mod
+    from flwr.clientapp import ClientApp
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server import ServerConfig
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+    from flwr.common import ConfigRecord
+    from flwr.common.secure_aggregation.secaggplus_constants import Stage
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.supercore.task_identity import TaskIdentity
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    rng = np.random.default_rng(seed)
+    data = {nid: rng.uniform(-1, 1, d).astype(np.float32) for nid in range(1, n + 1)}
+    dropped = set(range(n - round(dropout * n) + 1, n + 1))
+    delivered = {stage: 0 for stage in Stage.all()}
+
+    class Client(NumPyClient):
+        def __init__(self, nid):
+            self.nid = nid
+
+        def fit(self, parameters, config):
+            return [data[self.nid]], 1, {}
+
+    app = ClientApp(client_fn=lambda ctx: Client(int(ctx.node_id)).to_client(), mods=[secaggplus_mod])
+    node_ctx = {nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
+                for nid in data}
+
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
-    grid = LocalGrid()
+    grid = _local_grid(app, node_ctx, dropped, delivered)
     cm = SimpleClientManager()
     for nid in data:
         cm.register(GridClientProxy(node_id=nid, grid=grid, run_id=1))
@@ -122,10 +155,20 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
     wf(grid, ctx)
     secs = time.perf_counter() - t0
     params = compat.arrayrecord_to_parameters(ctx.state.array_records[MAIN_PARAMS_RECORD], keep_input=True)
-    avg = parameters_to_ndarrays(params)[0]
-    exact = np.mean([data[i] for i in data], axis=0)
+    avg = parameters_to_ndarrays(params)[0].astype(np.float64)
+    survivors = [i for i in data if i not in dropped]
+    exact = np.sum([data[i] for i in survivors], axis=0, dtype=np.float64)
+    everyone = np.sum([data[i] for i in data], axis=0, dtype=np.float64)
+    # Flower's grid: 2 c / Q per step of the weighted value, the weight num_examples / max_weight (here 1 / 1000)
+    # rounded to round(Q / max_weight) / Q
+    q, max_weight = wf.quantization_range, wf.max_weight
+    step = 2 * wf.clipping_range / q / (round(q / max_weight) / q)
     return {"system": "flwr SecAgg+", "clients": n, "length": d, "num_shares": shares, "threshold": threshold,
-            "seconds": secs, "max_abs_error_of_mean": float(np.max(np.abs(avg - exact)))}
+            "dropout": dropout, "survivors": len(survivors), "delivered": delivered, "seconds": secs,
+            "max_abs_error_of_mean": float(np.max(np.abs(avg - exact / len(survivors)))),
+            "max_abs_error_of_sum": float(np.max(np.abs(avg * len(survivors) - exact))),
+            "error_bound_of_sum": len(survivors) * step,
+            "max_abs_error_vs_all_n": float(np.max(np.abs(avg * len(survivors) - everyone)))}
 
 
 def run_securefed(n: int, d: int, degree: int, threshold: int, seed: int = 0) -> dict:
@@ -171,13 +214,15 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=100_000)
     ap.add_argument("--shares", type=int, default=7, help="Flower num_shares (includes the client itself)")
     ap.add_argument("--threshold", type=int, default=4)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="Flower only: this fraction of the nodes drops after the share-keys stage")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     import flwr
 
     for _ in range(args.repeats):
         ours = run_securefed(args.clients, args.length, args.shares - 1, args.threshold)
-        theirs = run_flower(args.clients, args.length, args.shares, args.threshold)
+        theirs = run_flower(args.clients, args.length, args.shares, args.threshold, dropout=args.dropout)
         sig = signature_cost(args.clients, args.shares - 1, args.threshold)
         print(json.dumps({"flwr_version": flwr.__version__, "securefed": ours, "flower": theirs,
                           "speedup": theirs["seconds"] / ours["seconds"], "securefed_signature_cost": sig,

@@ -42,3 +42,24 @@ def test_benchmark_imports_and_parses_help(name, monkeypatch):
     assert info.value.code in (0, None), out.getvalue()
     assert "usage:" in out.getvalue(), f"{name} does not parse its command line with argparse"
     assert time.perf_counter() - t0 < 60, f"{name} works before it parses --help"
+
+
+@pytest.mark.slow
+def test_secagg_proof_flower_rows_sum_the_survivors():
+    """``protocols_secagg_proof.py --flower`` (issue 26 item 1): a tiny run with two adjacent nodes dropping after
+    Flower's share-keys stage. Flower's unmasked sum must be the survivors' sum within its quantisation, and
+    visibly not the sum over everyone (the dropouts happened)."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("flwr")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "protocols_secagg_proof.py"), "--clients", "8", "--lengths", "50",
+           "--dropouts", "0.25", "--repeats", "1", "--flower"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=300)
+    rows = {r["schedule"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["rows"]}
+    fl = rows["flower"]
+    assert fl["survivors"] == rows["late"]["survivors"] == 6
+    assert fl["delivered"] == {"setup": 8, "share_keys": 8, "collect_masked_vectors": 6, "unmask": 6}
+    assert fl["max_abs_error"] <= fl["error_bound"] < 0.01 < fl["error_vs_all_n"]
