@@ -329,12 +329,23 @@ class SiteWorker:
             q = tree.next_query()
             total = np.asarray(task.previous, dtype=np.float64).ravel()
             self._check_verified_total(q, total)
-            _check_total_against_own(q, tree, total, members)
+            _check_total_against_own(q, tree, total, members, self._cells_rounding(),
+                                     bounded=not self.state.get("cells_plain", False))
             tree.absorb(q, total)
             totals.append(np.ascontiguousarray(total, dtype="<f8").tobytes())
             self.state["cells_totals"] = totals
         self._live["cell_tree"] = tree
         return tree
+
+    def _cells_rounding(self) -> float:
+        """The largest rounding of the previous cells total per coordinate, relative to its parts' public bounds:
+        under SecAgg+ the verified sum's active sites × 2⁻ᶠ (×4 for margin); else 2⁻¹⁶ (plain sums are exact
+        floats; CKKS is asked for a precision of 1e-6)."""
+        got = self._live.get("verified")
+        if self.state.get("cells_secagg_round") is None or got is None:
+            return 2.0 ** -16
+        fp = got[2].fixed_point
+        return 4.0 * float(fp.active_clients) * float(fp.step)
 
     def _check_verified_total(self, q, total: np.ndarray) -> None:
         """Under SecAgg+, the relayed total of a cells sum must be the one this site verified itself from the sum's
@@ -431,6 +442,7 @@ class SiteWorker:
             check_tree(tree.family(tree.features(members), q), tree.plan.floor)
         u = tree.upload(q, members)
         self.state["cells_next"] = int(q.step) + 1  # answered: never again in this run
+        self.state["cells_plain"] = req.op == "plain"  # a plain sum's scale may be no public range (others_problem)
         spec = self._live.get("bound_spec")
         if req.op in ("secagg-input", "secagg-start") and spec is not None:
             self.state["cells_secagg_round"] = int(spec.round_index)  # its total is absorbed only with its proof
@@ -954,11 +966,19 @@ class SiteWorker:
         return M.encode(reply)
 
 
-def _check_total_against_own(q, tree, total: np.ndarray, members: np.ndarray) -> None:
+def _check_total_against_own(q, tree, total: np.ndarray, members: np.ndarray, rounding: float,
+                             bounded: bool = True) -> None:
     """What a site can check of a relayed cells total on its own: the record count of the basis sum and every
     count of a count pass cover at least its own records (the tree itself checks that children add up to their
-    parent). A forged total that passes these is caught by the proof of the secure sum where there is one."""
+    parent), and the other sites' part of every sum of features is a sum of records in the public range
+    (:meth:`CellTree.others_problem`). A forged total that passes these is caught by the proof of the secure sum
+    where there is one; a site that fabricates in-range records is not caught (docs/threat-model.md §3.8b)."""
     own = tree.upload(q, members)
+    bad = tree.others_problem(q, total, own, tree.features(members) if q.kind == "sums" else members, rounding,
+                              bounded)
+    if bad:
+        raise ProtocolError(f"the relayed cells total is no sum of in-range records: {bad}; refusing (a site that "
+                            "fabricates uploads beyond records of its declared size is caught here)")
     if q.kind == "basis":
         if total[0] + 0.5 < own[0] * 1.0:  # the upload is [n_p, Σx/B, …] before scaling: n_p ≤ n
             raise ProtocolError(f"the relayed basis sum counts {total[0]:.0f} records; this site alone holds "

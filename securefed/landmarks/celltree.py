@@ -420,6 +420,49 @@ class CellTree:
                 stack += [(c, cell.path) for c in cell.children]
         return out
 
+    # ------------------------------------------------------------------------------ a site's check of the others' part
+    def others_problem(self, q: Query, total: np.ndarray, own: np.ndarray, F: np.ndarray,
+                       rounding: float = 2.0 ** -16, bounded: bool = True) -> str | None:
+        """What is wrong with the other sites' part ``total − own`` of query ``q`` (``own``: this site's upload, ``F``:
+        its members' features), or None: it must be a sum of *records* — as many as the cells' counts leave to the
+        others, each inside the public range. Checked per child of every accepted split, with c the others' count:
+        |Σf_i| ≤ c·r and 0 ≤ Σf_i² ≤ c·r² per coordinate, Σ_i Σf_i² ≤ c·R² (‖f‖ ≤ R), Cauchy–Schwarz
+        c·Σf_i² ≥ (Σf_i)², and the block on the public axes U positive semi-definite with c·Q ⪰ (UΣf)(UΣf)ᵀ; for the
+        basis sum the same on the records scaled by the value bound (|x_i| ≤ 1). A site that fabricates *records*
+        passes (a fabricated record is a record); an upload no set of in-range records gives — inflated sums,
+        negative second moments, moments inconsistent with their counts — does not. ``rounding``: the secure sum's
+        largest error per coordinate relative to each part's public bound (SecAgg+: active sites × 2⁻ᶠ);
+        ``bounded`` False (plain sums: the plan's scale may be no public range) checks only the range-free
+        conditions."""
+        total, own = np.asarray(total, dtype=np.float64).ravel(), np.asarray(own, dtype=np.float64).ravel()
+        rest = total - own
+        if q.kind == "basis":
+            m = self.m
+            c = float(rest[0])
+            return _moments_problem(c, rest[1:1 + m], rest[1 + m:].reshape(m, m), 1.0 if bounded else None,
+                                    math.sqrt(m), None,
+                                    rounding * self.n_max, "the basis sum")
+        if q.kind != "sums":
+            return None
+        members = self.assign(F)
+        r, R = (self._feature_bound() if bounded else None), self._norm_bound()
+        pos = 0
+        for cell, k in self.accepted:
+            S = rest[pos:pos + k * self.d].reshape(k, self.d)
+            pos += k * self.d
+            D2 = rest[pos:pos + k * self.d].reshape(k, self.d)
+            pos += k * self.d
+            for j, (child, U) in enumerate(zip(cell.children, self._child_axes(cell))):
+                Q = None
+                if len(U):
+                    Q = (U, _untri(rest[pos:pos + tri_len(len(U))], len(U)))
+                    pos += tri_len(len(U))
+                c = float(child.count) - float(len(members.get(child.path, ())))
+                bad = _moments_problem(c, S[j], D2[j], r, R, Q, rounding * self.n_max, f"cell {list(child.path)}")
+                if bad:
+                    return bad
+        return None
+
     # ------------------------------------------------------------------------------ absorbing verified sums
     def absorb(self, q: Query, total: np.ndarray) -> None:
         """Take the verified (unscaled) total of query ``q``; advances the tree (:class:`ProtocolError` on a total of
@@ -613,6 +656,48 @@ class CellTree:
 
 
 _LANDMARKS: dict = {}
+
+
+def _moments_problem(c: float, S: np.ndarray, second: np.ndarray, r: float | None, R: float, proj, eps: float,
+                     where: str) -> str | None:
+    """Whether ``(c, S, second)`` can be the count, feature sum and second moments of c records with |f_i| ≤ r and
+    ‖f‖ ≤ R (``second``: per-coordinate Σf² when 1-D, Σffᵀ when 2-D; ``proj`` = (U, Σ(Uf)(Uf)ᵀ) or None). The
+    tolerance is the secure sum's rounding: ``eps`` × each part's unit (r for sums, r² for second moments), with
+    ``eps`` = the relative rounding × n_max (the parts' public bounds are n_max·r and n_max·r²). With ``r`` None
+    (plain sums, no public range: exact floats) only the range-free conditions are checked — counts, Cauchy–Schwarz,
+    positive semi-definite blocks — to 10⁻⁹ of the sums' own size."""
+    diag0 = np.diag(second) if second.ndim == 2 else second
+    if r is None:
+        tS = 1e-9 * (1.0 + float(np.max(np.abs(S), initial=0.0)))
+        tD = 1e-9 * (1.0 + float(np.max(np.abs(diag0), initial=0.0)))
+        r = R = math.inf
+    else:
+        tS, tD = eps * r, eps * r * r
+    c = round(c)
+    if c < 0:
+        return f"{where}: the other sites' part counts {c} records"
+    diag = diag0
+    if c == 0:
+        if np.any(np.abs(S) > tS) or np.any(np.abs(diag) > tD):
+            return f"{where}: the other sites hold no record of it, yet their part of its sums is not 0"
+        return None
+    if np.any(np.abs(S) > c * r + tS):
+        return f"{where}: the other sites' feature sums exceed {c:.0f} records in the public range"
+    if np.any(diag < -tD) or (math.isfinite(r) and (np.any(diag > c * r * r + tD)
+                                                    or float(diag.sum()) > c * R * R + diag.size * tD)):
+        return f"{where}: the other sites' second moments are not those of {c:.0f} records in the public range"
+    if np.any(c * diag - S * S < -(c * tD + 2.0 * np.abs(S) * tS + tS * tS)):
+        return f"{where}: the other sites' second moments are smaller than their sums allow (Cauchy–Schwarz)"
+    blocks = [(second, S)] if second.ndim == 2 else []
+    if proj is not None:
+        U, Q = proj
+        blocks.append((Q, U @ S))
+    for Q, g in blocks:
+        slack = (c * tD + 2.0 * float(np.linalg.norm(g)) * tS + tS * tS) * len(g)
+        if np.linalg.eigvalsh((Q + Q.T) / 2.0).min() < -tD * len(g) or \
+                np.linalg.eigvalsh(c * (Q + Q.T) / 2.0 - np.outer(g, g)).min() < -slack:
+            return f"{where}: the other sites' second-moment block is not that of {c:.0f} records (not c·Q ⪰ ggᵀ)"
+    return None
 
 
 #: synthetic draws per record (and at most this many in all) for the mixture landmarks
