@@ -27,27 +27,12 @@ import numpy as np
 def _corner_upload(tree, X, B: float):
     """Site 0's crafted sums-pass upload for ``--crafted corner``: its records keep their cells (so its counts stay
     its own) but each sits at the corner of [0, B]^m farthest from its parent cell's centre."""
-    from securefed.landmarks.celltree import _tri
-
-    F = tree.features(X)
-    members = tree.assign(F)
-    out = []
-    for cell, k in tree.accepted:
-        idx = members[cell.path]
-        ci = tree.route(cell, F[idx])
+    def corner(cell, n):
         x_c = tree.mu + cell.centre @ tree.V.T  # the centre back in the record space (the basis is orthonormal)
         f_star = (np.where(x_c < B / 2.0, B, 0.0) - tree.mu) @ tree.V
-        Fc = np.repeat(f_star[None, :], len(idx), axis=0)
-        S = np.zeros((k, tree.d))
-        np.add.at(S, ci, Fc)
-        D2 = np.zeros((k, tree.d))
-        np.add.at(D2, ci, Fc * Fc)
-        out += [S.ravel(), D2.ravel()]
-        for j, U in enumerate(tree._child_axes(cell)):
-            if len(U):
-                G = Fc[ci == j] @ U.T
-                out.append(_tri(G.T @ G))
-    return np.concatenate(out)
+        return np.repeat(f_star[None, :], n, axis=0)
+
+    return tree.sums_upload(tree.features(X), corner)
 
 
 def _craft(mode: str, victim: str):
@@ -60,7 +45,7 @@ def _craft(mode: str, victim: str):
     def cell_tree(self, task, members):  # the adversary skips its own check of the totals (it knows what it sent)
         if self.options.get("site-name") != victim:
             return own_tree(self, task, members)
-        site_mod._check_total_against_own = lambda *args: None
+        site_mod._check_total_against_own = lambda *args, **kwargs: None
         try:
             return own_tree(self, task, members)
         finally:

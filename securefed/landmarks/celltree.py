@@ -381,18 +381,25 @@ class CellTree:
         if q.kind == "basis":
             return site_moments(np.asarray(X, dtype=np.float64) / float(self.plan.scale))
         F = self.features(X)
-        members = self.assign(F)
-        out = []
         if q.kind == "counts":
+            members, out = self.assign(F), []
             for cell in self.frontier:
                 idx = members[cell.path]
                 hi = histogram_index(projections(F[idx], cell.centre, cell.axes), cell.edges)
                 out.append(np.bincount(hi, minlength=BINS ** len(cell.axes)).astype(np.float64))
             return np.concatenate(out)
+        return self.sums_upload(F)
+
+    def sums_upload(self, F: np.ndarray, values=None) -> np.ndarray:
+        """A sums pass's vector for records with features ``F``: per accepted split, each child's Σf, Σf² and its
+        block on the public axes. ``values(cell, n)``, when given, replaces the n values summed for ``cell``'s records
+        (they keep their children): how ``benchmarks/biased_site.py`` writes a site that crafts in-range records."""
+        members = self.assign(F)
+        out = []
         for cell, k in self.accepted:
             idx = members[cell.path]
             ci = self.route(cell, F[idx])
-            Fc = F[idx]
+            Fc = F[idx] if values is None else values(cell, len(idx))
             S = np.zeros((k, self.d))
             np.add.at(S, ci, Fc)
             D2 = np.zeros((k, self.d))
