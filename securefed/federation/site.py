@@ -972,7 +972,7 @@ def _check_total_against_own(q, tree, total: np.ndarray, members: np.ndarray, ro
     count of a count pass cover at least its own records (the tree itself checks that children add up to their
     parent), and the other sites' part of every sum of features is a sum of records in the public range
     (:meth:`CellTree.others_problem`). A forged total that passes these is caught by the proof of the secure sum
-    where there is one; a site that fabricates in-range records is not caught (docs/threat-model.md §3.8b)."""
+    where there is one; a site that fabricates in-range records is not caught (docs/threat-model.md §3.9)."""
     own = tree.upload(q, members)
     bad = tree.others_problem(q, total, own, tree.features(members) if q.kind == "sums" else members, rounding,
                               bounded)

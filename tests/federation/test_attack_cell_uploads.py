@@ -7,7 +7,7 @@ to them. It refuses a total whose other part no set of that many in-range record
 secure sum's fixed-point range) and take the honest sites' CA-10NN on digits from 0.92 to 0.74 with every check and
 the audit passing, or send negative second moments (0.88); now every honest site refuses that total. A site that
 fabricates *records* in the public range still passes — that residual is measured in BENCHMARKS §14e and stated in
-docs/threat-model.md §3.8b."""
+docs/threat-model.md §3.9."""
 
 import numpy as np
 import pytest
