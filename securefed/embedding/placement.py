@@ -431,12 +431,20 @@ class OwnRepulsion:
     """``Σ_{j≠i} w_ij² (y_i − y_j)`` among a site's own records by FFT-accelerated interpolation on a fixed
     :class:`_Grid` over the landmark map (openTSNE's defaults: 3 nodes per box of width at most 1), its kernel's
     spectrum computed once. The self term ``w_ii = 1`` cancels (``y_i·1 − 1·y_i``). Records outside the grid are
-    summed exactly, as targets and as sources."""
+    summed exactly, as targets and as sources — while they are few: when more than ``max(64, 1 %)`` of the records
+    have left it (under DP the records spread beyond a coarse landmark map), the grid is rebuilt over the records and
+    the map together (a quarter wider, so that it is not rebuilt every iteration) instead of summing thousands of
+    records exactly against all (quadratic: a 70 000-record DP run spent minutes there)."""
 
-    P, BOX, MARGIN = 3, 1.0, 0.1
+    P, BOX, MARGIN, GROW = 3, 1.0, 0.1, 0.25
 
     def __init__(self, Z: np.ndarray):
-        lo, side = _square(np.asarray(Z, dtype=np.float64), self.MARGIN, self.BOX)
+        self.Z = np.asarray(Z, dtype=np.float64)
+        lo, side = _square(self.Z, self.MARGIN, self.BOX)
+        self.grid = _Grid(lo, side, p=self.P, box=self.BOX)
+
+    def _cover(self, y: np.ndarray) -> None:
+        lo, side = _square(np.vstack([self.Z, y]), self.GROW, self.BOX)
         self.grid = _Grid(lo, side, p=self.P, box=self.BOX)
 
     @classmethod
@@ -444,8 +452,11 @@ class OwnRepulsion:
         return CellField.grid_size(Z, p=cls.P, box=cls.BOX, margin=cls.MARGIN)
 
     def __call__(self, y: np.ndarray) -> np.ndarray:
+        ins = self.grid.inside(y)
+        if int(np.count_nonzero(~ins)) > max(64, len(y) // 100):
+            self._cover(y)
+            ins = self.grid.inside(y)
         g = self.grid
-        ins = g.inside(y)
         yi = y[ins]
         st = g.stencil(yi)
         phi = g.interpolate(g.potentials(st, np.column_stack([np.ones(len(yi)), yi])), st)

@@ -63,6 +63,28 @@ def test_own_repulsion_is_the_pairwise_repulsion_of_the_sites_records(method):
     assert np.linalg.norm(got[-1] - want[-1]) / np.linalg.norm(want[-1]) < 0.03
 
 
+def test_own_repulsion_follows_records_that_leave_the_map():
+    """Records spread far beyond the landmark map (as under DP): the grid is rebuilt over them instead of summing
+    each off-grid record exactly against all (quadratic), and the sum still matches the pair-by-pair one."""
+    rng = np.random.default_rng(3)
+    Z = rng.uniform(-3, 3, size=(40, 2))
+    y = rng.uniform(-25, 25, size=(12, 2))[rng.integers(0, 12, 1500)] + rng.normal(0, 2.0, (1500, 2))  # a map's blobs
+    rep = OwnRepulsion(Z)
+    before = rep.grid.side
+    got = rep(y)
+    assert rep.grid.side > 60 > before and rep.grid.inside(y).all()
+    want = _brute_repulsion(y, y, np.ones(len(y)), skip_self=True)
+    err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
+    assert np.median(err) < 0.03 and np.quantile(err, 0.95) < 0.15, (np.median(err), np.quantile(err, 0.95))
+    few = np.vstack([rng.uniform(-2, 2, size=(1000, 2)), [[50.0, 50.0]]])  # one record off the grid: summed exactly
+    rep2 = OwnRepulsion(Z)
+    side = rep2.grid.side
+    got = rep2(few)
+    assert rep2.grid.side == side
+    want = _brute_repulsion(few, few, np.ones(len(few)), skip_self=True)
+    assert np.linalg.norm(got[-1] - want[-1]) / np.linalg.norm(want[-1]) < 1e-9
+
+
 def test_nearest_rows_is_exact():
     rng = np.random.default_rng(1)
     A, B = rng.normal(size=(300, 6)), rng.normal(size=(80, 6))
