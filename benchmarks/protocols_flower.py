@@ -30,28 +30,13 @@ import uuid
 import numpy as np
 
 
-def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> dict:
-    from flwr.app import Context, Message, RecordDict
+def _client_app(data: dict):
+    """Flower's real client side: a ``NumPyClient`` per node (uploading its vector of ``data``) in a ``ClientApp``
+    with ``secaggplus_mod``; returns the app and each node's context."""
+    from flwr.app import Context, RecordDict
     from flwr.client import NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
-    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.server import ServerConfig
-    from flwr.server.client_manager import SimpleClientManager
-    from flwr.server.compat.grid_client_proxy import GridClientProxy
-    from flwr.server.compat.legacy_context import LegacyContext
-    from flwr.server.strategy import FedAvg
-    from flwr.server.workflow import SecAggPlusWorkflow
-    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-    from flwr.common import ConfigRecord
-    import flwr.compat.common.recorddict_compat as compat
-    from flwr.serverapp.grid import Grid
-    from flwr.supercore.run import Run
-    from flwr.supercore.task_identity import TaskIdentity
-
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    rng = np.random.default_rng(seed)
-    data = {nid: rng.uniform(-1, 1, d).astype(np.float32) for nid in range(1, n + 1)}
 
     class Client(NumPyClient):
         def __init__(self, nid):
@@ -63,6 +48,16 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
     app = ClientApp(client_fn=lambda ctx: Client(int(ctx.node_id)).to_client(), mods=[secaggplus_mod])
     node_ctx = {nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
                 for nid in data}
+    return app, node_ctx
+
+
+def _local_grid(app, node_ctx: dict, data: dict):
+    """The minimal in-memory ``Grid``: hands each server message (a deep copy) straight to the destination node's
+    ``ClientApp`` and returns the replies."""
+    from flwr.app import Message
+    from flwr.serverapp.grid import Grid
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
 
     class LocalGrid(Grid):
         def __init__(self):
@@ -103,8 +98,22 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
                 replies.append(reply)
             return replies
 
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
-    grid = LocalGrid()
+    return LocalGrid()
+
+
+def _server_context(n: int, d: int, grid, data: dict):
+    """Flower's server side for one round: every node of ``data`` registered with a client manager, ``FedAvg`` over
+    all ``n`` of them from a zero model of length ``d``, in the legacy context the SecAgg+ workflow runs in."""
+    from flwr.app import Context, RecordDict
+    from flwr.common import ConfigRecord, ndarrays_to_parameters
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.server import ServerConfig
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+
     cm = SimpleClientManager()
     for nid in data:
         cm.register(GridClientProxy(node_id=nid, grid=grid, run_id=1))
@@ -117,6 +126,25 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> di
     ctx.state.config_records[MAIN_CONFIGS_RECORD] = cfg
     ctx.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         ndarrays_to_parameters([np.zeros(d, np.float32)]), keep_input=True)
+    return ctx
+
+
+def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0) -> dict:
+    """One round of Flower's SecAgg+ (its real workflow and client mod, over :func:`_local_grid`) among ``n`` clients
+    on vectors of length ``d``: its seconds and the error of the mean it computes."""
+    from flwr.common import parameters_to_ndarrays
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
+    from flwr.supercore.task_identity import TaskIdentity
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    rng = np.random.default_rng(seed)
+    data = {nid: rng.uniform(-1, 1, d).astype(np.float32) for nid in range(1, n + 1)}
+    app, node_ctx = _client_app(data)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
+    grid = _local_grid(app, node_ctx, data)
+    ctx = _server_context(n, d, grid, data)
     wf = SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, clipping_range=1.0)
     t0 = time.perf_counter()
     wf(grid, ctx)
