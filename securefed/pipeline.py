@@ -155,55 +155,29 @@ def _server_ledger(out: str, plan, run_id: str):
         raise LedgerError(f"--out {out}: {exc} — this folder holds another run's ledger; use another --out") from None
 
 
-def run_job(job: dict, options: dict) -> dict:
-    """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options).
-
-    Order: everything that can be refused is refused before anything is written — the job and the plan's options
-    first (before any data are read), then the data, the full plan and the output folder (another run's outputs
-    are replaced only with ``--force``; another run's privacy ledgers never)."""
-    from .federation import run_in_process
-    from .federation.checkpoint import fingerprint, write_checkpoint
-    from .federation.privacy import derive_run_id
-    from .metrics import clustering_metrics, embedding_metrics
-    from .plan import RunPlan
-
-    log = _Log(job.get("quiet", False))
-    t_all = time.perf_counter()
-    method = job["method"]
-    check_job(job, options)
-    out = os.path.abspath(job["out"])
-    with _forwarded_warnings() as data_warnings:
-        ds, sites, y, reference, names, ids = _load_sites(job, int(options.get("seed", 0)))
-    for w in data_warnings:
-        log(f"[data] warning: {w}")
-    X = np.vstack(sites)
-    metrics = {"method": method, "dataset": ds.name, "n_samples": int(len(X)), "n_clients": len(sites),
-               "partition": "the sites' own files" if job.get("site") else job["partition"], "timings": {}}
-    if data_warnings:
-        metrics["data_warnings"] = list(data_warnings)
-    if method in PEER_METHOD_NAMES:
-        _claim_folder(out, None, bool(job.get("force")))
-        if y is not None:
-            np.save(os.path.join(out, "y_true.npy"), y)
-        return _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds, names)
-    if options.get("n_clusters") is None:
-        options = dict(options, n_clusters=int(len(np.unique(y))) if y is not None else 8)
-    options = _public_bounds(job, options, ds, log)
-    plan = RunPlan.build("cli", method=method, keep_rows=True, min_sites=1, **options)
-    run_id = plan.run_id or derive_run_id(plan)
-    mode = {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
+def _run_mode(plan, method: str) -> dict:
+    """The run's mode (secure sum, DP, landmark method, ...), as ``metrics.json`` and ``config.json`` record it."""
+    return {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
             "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks,
             "landmark_method": plan.landmark_method, "cell_floor": plan.cell_floor,
             "coordinates": plan.coordinates}
-    metrics["mode"] = mode
-    _claim_folder(out, run_id, bool(job.get("force")))  # the first write of the run
-    if y is not None:
-        np.save(os.path.join(out, "y_true.npy"), y)
+
+
+def _write_config(out: str, run_id: str, ds, X, plan, mode: dict, job: dict, sites, names) -> None:
+    """Write the run's ``config.json``: its id, data set, mode, job, full plan, site sizes and versions."""
     write_json(os.path.join(out, "config.json"), {
         "run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
         "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
         "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions(),
         "target_names": list(ds.target_names) if ds.target_names is not None else None})
+
+
+def _run_federated(plan, sites, names, X, out: str, run_id: str, job: dict, metrics: dict, log):
+    """The federated run itself, checkpointed after every round (resumed from ``checkpoint.npz`` when it is of this
+    run); writes its result and ``history.json``, or the partial metrics when it fails; returns the result."""
+    from .federation import run_in_process
+    from .federation.checkpoint import fingerprint, write_checkpoint
+
     history: dict[str, list] = {"rounds": [], "mmd": [], "epsilon": []}
     fp = fingerprint(plan, [len(s) for s in sites], X.shape[1])
     ck_path = os.path.join(out, "checkpoint.npz")
@@ -232,6 +206,50 @@ def run_job(job: dict, options: dict) -> dict:
     if not any(e is not None for e in history["epsilon"]):
         history["epsilon"] = []
     write_json(os.path.join(out, "history.json"), history)
+    return res
+
+
+def run_job(job: dict, options: dict) -> dict:
+    """Run one job (``job``: data set, partition, output folder...; ``options``: the plan's options).
+
+    Order: everything that can be refused is refused before anything is written — the job and the plan's options
+    first (before any data are read), then the data, the full plan and the output folder (another run's outputs
+    are replaced only with ``--force``; another run's privacy ledgers never)."""
+    from .federation.privacy import derive_run_id
+    from .metrics import clustering_metrics, embedding_metrics
+    from .plan import RunPlan
+
+    log = _Log(job.get("quiet", False))
+    t_all = time.perf_counter()
+    method = job["method"]
+    check_job(job, options)
+    out = os.path.abspath(job["out"])
+    with _forwarded_warnings() as data_warnings:
+        ds, sites, y, reference, names, ids = _load_sites(job, int(options.get("seed", 0)))
+    for w in data_warnings:
+        log(f"[data] warning: {w}")
+    X = np.vstack(sites)
+    metrics = {"method": method, "dataset": ds.name, "n_samples": int(len(X)), "n_clients": len(sites),
+               "partition": "the sites' own files" if job.get("site") else job["partition"], "timings": {}}
+    if data_warnings:
+        metrics["data_warnings"] = list(data_warnings)
+    if method in PEER_METHOD_NAMES:
+        _claim_folder(out, None, bool(job.get("force")))
+        if y is not None:
+            np.save(os.path.join(out, "y_true.npy"), y)
+        return _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds, names)
+    if options.get("n_clusters") is None:
+        options = dict(options, n_clusters=int(len(np.unique(y))) if y is not None else 8)
+    options = _public_bounds(job, options, ds, log)
+    plan = RunPlan.build("cli", method=method, keep_rows=True, min_sites=1, **options)
+    run_id = plan.run_id or derive_run_id(plan)
+    mode = _run_mode(plan, method)
+    metrics["mode"] = mode
+    _claim_folder(out, run_id, bool(job.get("force")))  # the first write of the run
+    if y is not None:
+        np.save(os.path.join(out, "y_true.npy"), y)
+    _write_config(out, run_id, ds, X, plan, mode, job, sites, names)
+    res = _run_federated(plan, sites, names, X, out, run_id, job, metrics, log)
     _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, clustering_metrics, log)
     _write_table(out, res, method, names, ids, y, sites, ds)
     _write_site_anndata(out, res, method, names, ids, ds, log)

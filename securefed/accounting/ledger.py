@@ -319,6 +319,27 @@ class PrivacyLedger:
             data = fh.read()
         if not data:
             raise LedgerError(bad_value("path", self.path, "is an empty file, not a ledger; remove it or use another path"))
+        parsed, tail, repair = self._parse_lines(data)
+        if not parsed or not isinstance(parsed[0][1], dict) or parsed[0][1].get("type") != "header":
+            raise LedgerError(bad_value("path", self.path, "has no ledger header on line 1; it is not a securefed ledger"))
+        self._adopt_header(parsed[0][1])
+        first_line: dict[str, int] = {}
+        for lineno, ev in parsed[1:]:
+            self._validate(ev, lineno)
+            if ev["id"] in first_line:
+                raise LedgerError(bad_value(f"{self.path}:line {lineno}", ev["id"], f"duplicates the event id of line "
+                                            f"{first_line[ev['id']]}: a line written twice would be counted twice; "
+                                            f"{_FIX_LINE}"))
+            first_line[ev["id"]] = lineno
+            self._ingest(ev)
+        if repair is not None and not self.read_only:  # only once the whole file has been validated
+            self._repair_tail(repair, tail, len(data))
+
+    def _parse_lines(self, data: bytes) -> tuple[list, bytes, str | None]:
+        """The file's lines parsed as (line number, JSON), its unterminated last line, and the repair that line needs.
+
+        A corrupt line before the last is an error; a torn last line is noted in ``self.recovered`` and either dropped
+        (repair ``"drop"``: not valid JSON) or kept and counted (repair ``"newline"``: complete JSON, no newline)."""
         lines = data.split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline
         parsed = []
@@ -341,9 +362,11 @@ class PrivacyLedger:
                 parsed.append((len(lines) + 1, ev))
                 self.recovered = {"torn_last_line": "kept_and_counted"}
                 repair = "newline"
-        if not parsed or not isinstance(parsed[0][1], dict) or parsed[0][1].get("type") != "header":
-            raise LedgerError(bad_value("path", self.path, "has no ledger header on line 1; it is not a securefed ledger"))
-        h = parsed[0][1]
+        return parsed, tail, repair
+
+    def _adopt_header(self, h: dict) -> None:
+        """Check the header line ``h`` against this ledger's run id, version, delta and accountant, and take in the
+        budgets the ledger was started with."""
         if h.get("run_id") != self.run_id:
             raise LedgerError(bad_value("run_id", self.run_id, f"the ledger at {self.path} belongs to run {h.get('run_id')!r}; "
                                         "use that run id or another ledger path"))
@@ -365,31 +388,25 @@ class PrivacyLedger:
                                         f"must be an object {{site: epsilon}}; {_FIX_LINE}")) from None
         self.site_budgets = {**hs, **self.site_budgets}
         self._header = h
-        first_line: dict[str, int] = {}
-        for lineno, ev in parsed[1:]:
-            self._validate(ev, lineno)
-            if ev["id"] in first_line:
-                raise LedgerError(bad_value(f"{self.path}:line {lineno}", ev["id"], f"duplicates the event id of line "
-                                            f"{first_line[ev['id']]}: a line written twice would be counted twice; "
-                                            f"{_FIX_LINE}"))
-            first_line[ev["id"]] = lineno
-            self._ingest(ev)
-        if repair is not None and not self.read_only:  # only once the whole file has been validated
-            if repair == "drop":
-                with open(self.path + ".torn", "ab") as fh:
-                    fh.write(tail + b"\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                with open(self.path, "r+b") as fh:
-                    fh.truncate(len(data) - len(tail))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                self.recovered["moved_to"] = self.path + ".torn"
-            else:
-                with open(self.path, "ab") as fh:
-                    fh.write(b"\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
+
+    def _repair_tail(self, repair: str, tail: bytes, size: int) -> None:
+        """Mend the torn last line ``tail`` of the file (``size`` bytes in all): move it to ``<path>.torn`` and cut it
+        off (``"drop"``), or write the newline it lacks (``"newline"``)."""
+        if repair == "drop":
+            with open(self.path + ".torn", "ab") as fh:
+                fh.write(tail + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            with open(self.path, "r+b") as fh:
+                fh.truncate(size - len(tail))
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.recovered["moved_to"] = self.path + ".torn"
+        else:
+            with open(self.path, "ab") as fh:
+                fh.write(b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
 
     def _validate(self, ev, lineno: int | None) -> None:
         """Raise :class:`LedgerError` unless ``ev`` is a well-formed event of this ledger (``lineno`` for the message)."""

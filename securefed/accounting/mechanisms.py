@@ -164,6 +164,30 @@ class _NoiseSource:
         return noisy, ev, False
 
 
+def _mechanism_ledger(ledger, budget, delta, accountant, epsilon_target) -> PrivacyLedger:
+    """The ledger a :class:`GradientPerturbation` writes to: ``ledger`` once checked to agree with the mechanism's
+    delta, accountant and budget, or a new in-memory one (budget: ``budget``, else the ε target) when it is None."""
+    if ledger is None:
+        ledger = PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}",
+                               budget_epsilon=budget if budget is not None else epsilon_target,
+                               delta=delta, accountant=accountant)
+    elif not isinstance(ledger, PrivacyLedger):
+        raise ConfigError(bad_value("ledger", type(ledger).__name__,
+                                    "pass a PrivacyLedger (or None for an in-memory one)"))
+    else:
+        if ledger.delta != delta or ledger.accountant_name != accountant:
+            raise ConfigError(bad_value("ledger", ledger.path, f"was opened with delta={ledger.delta}, "
+                                        f"accountant={ledger.accountant_name!r}; "
+                                        f"use the same as the mechanism (delta={delta}, accountant={accountant!r})"))
+        if budget is not None and ledger.budget_epsilon is not None and not math.isclose(budget, ledger.budget_epsilon):
+            raise ConfigError(bad_value("budget", budget,
+                                        f"the ledger's budget is {ledger.budget_epsilon}; give one budget"))
+        if budget is not None and ledger.budget_epsilon is None:
+            raise ConfigError(bad_value("budget", budget, "the ledger has no budget; pass budget_epsilon when creating "
+                                        "the PrivacyLedger (it is stored in the ledger's header)"))
+    return ledger
+
+
 class GradientPerturbation:
     """Gaussian gradient perturbation for FedDL (Qiao et al. §5.2, Theorem 5) — the ``LandmarkPrivacy`` hook.
 
@@ -255,21 +279,7 @@ class GradientPerturbation:
             raise ConfigError(bad_value("min_survivors", min_survivors, "use a positive integer (the secure aggregator's threshold)"))
         self.min_survivors_given = None if min_survivors is None else int(min_survivors)
         budget = None if budget is None else check_epsilon(budget)
-        if ledger is None:
-            ledger = PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", budget_epsilon=budget if budget is not None else self.epsilon_target,
-                                   delta=self.delta, accountant=accountant)
-        elif not isinstance(ledger, PrivacyLedger):
-            raise ConfigError(bad_value("ledger", type(ledger).__name__, "pass a PrivacyLedger (or None for an in-memory one)"))
-        else:
-            if ledger.delta != self.delta or ledger.accountant_name != accountant:
-                raise ConfigError(bad_value("ledger", ledger.path, f"was opened with delta={ledger.delta}, accountant={ledger.accountant_name!r}; "
-                                            f"use the same as the mechanism (delta={self.delta}, accountant={accountant!r})"))
-            if budget is not None and ledger.budget_epsilon is not None and not math.isclose(budget, ledger.budget_epsilon):
-                raise ConfigError(bad_value("budget", budget, f"the ledger's budget is {ledger.budget_epsilon}; give one budget"))
-            if budget is not None and ledger.budget_epsilon is None:
-                raise ConfigError(bad_value("budget", budget, "the ledger has no budget; pass budget_epsilon when creating "
-                                            "the PrivacyLedger (it is stored in the ledger's header)"))
-        self.ledger = ledger
+        self.ledger = _mechanism_ledger(ledger, budget, self.delta, accountant, self.epsilon_target)
         self._noise = _NoiseSource(insecure_noise_seed_for_testing)
         #: the testing seed (None = secret noise); public so that a run plan can pass it on to the sites
         self.insecure_noise_seed_for_testing = _check_testing_seed(insecure_noise_seed_for_testing)
@@ -321,21 +331,7 @@ class GradientPerturbation:
         if rule not in ("model", "gradient"):
             raise ConfigError(bad_value("rule", rule, "use 'model' or 'gradient'"))
         P = n_clients
-        if self.noise == "distributed":
-            if rule == "model":
-                why = (f"with local_steps={local_steps} each site's hidden local trajectory carries only its noise share"
-                       if local_steps > 1 else
-                       "each site projects its own Y_p onto the τ_Y ball before upload, so the revealed sum is not a "
-                       "function of the noisy gradient sum")
-                raise ConfigError(bad_value("noise", "distributed", f"is unsound with model averaging: {why}; "
-                                            "use rule='gradient' (every noisy step summed, projected by the server) or noise='local'"))
-            name = aggregator if isinstance(aggregator, str) else getattr(aggregator, "name", None)
-            if name == "plain":
-                raise ConfigError(bad_value("aggregation", "plain", "distributed noise needs a secure sum (the server would see each "
-                                            "site's upload with only its noise share); use 'secagg' or 'ckks', or noise='local'"))
-            self.secure_sum = "asserted by aggregator " + repr(name) if name else "assumed (aggregator not passed to prepare)"
-        else:
-            self.secure_sum = "not needed (local noise)"
+        self._check_secure_sum(rule, local_steps, aggregator)
         self.gamma = float(gamma)
         self.n_landmarks = int(n_landmarks)
         self.rounds, self.local_steps, self.rule, self.n_clients = int(rounds), int(local_steps), rule, P
@@ -361,8 +357,37 @@ class GradientPerturbation:
             self.z = check_noise_multiplier(noise_multiplier)
         else:
             self.z = calibrate_noise_multiplier(self.epsilon_target, self.delta, R, self.accountant, q)
-        # noise std per site
-        deltas = np.array([s.value for s in self.sens])
+        self._set_sigmas(np.array([s.value for s in self.sens]), P, weights)
+        self.plan_epsilon = [self.ledger.set_plan(p, self.z, q, R) for p in range(P)]
+        self._prepared = True
+
+    def _check_secure_sum(self, rule, local_steps, aggregator) -> None:
+        """Refuse distributed noise where it is unsound (model averaging, a plain sum) and note in ``secure_sum``
+        what makes the sum secure."""
+        if self.noise == "distributed":
+            if rule == "model":
+                why = (f"with local_steps={local_steps} each site's hidden local trajectory carries only its noise "
+                       "share"
+                       if local_steps > 1 else
+                       "each site projects its own Y_p onto the τ_Y ball before upload, so the revealed sum is not a "
+                       "function of the noisy gradient sum")
+                raise ConfigError(bad_value("noise", "distributed", f"is unsound with model averaging: {why}; "
+                                            "use rule='gradient' (every noisy step summed, projected by the server) "
+                                            "or noise='local'"))
+            name = aggregator if isinstance(aggregator, str) else getattr(aggregator, "name", None)
+            if name == "plain":
+                raise ConfigError(bad_value("aggregation", "plain", "distributed noise needs a secure sum (the server "
+                                            "would see each site's upload with only its noise share); use 'secagg' or "
+                                            "'ckks', or noise='local'"))
+            self.secure_sum = ("asserted by aggregator " + repr(name) if name else
+                               "assumed (aggregator not passed to prepare)")
+        else:
+            self.secure_sum = "not needed (local noise)"
+
+    def _set_sigmas(self, deltas: np.ndarray, P: int, weights) -> None:
+        """The noise std per site (``sigma``) from z and the sensitivities ``deltas``: ``z·Δ_p`` with local noise, the
+        σ²/t shares with distributed noise (``t`` survivors needed), with ``weights`` each site's share scaled by
+        ``1/w_p`` to the largest weighted Δ."""
         if self.noise == "local":
             self.t = None
             self.weights = None
@@ -383,8 +408,6 @@ class GradientPerturbation:
             else:
                 self.weights = None
                 self.sigma = [float(self.z * deltas.max() / math.sqrt(t))] * P
-        self.plan_epsilon = [self.ledger.set_plan(p, self.z, q, R) for p in range(P)]
-        self._prepared = True
 
     def _need_prepared(self):
         if not self._prepared:

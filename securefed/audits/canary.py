@@ -440,6 +440,73 @@ def _score_releases(rel, X_out, X_in, sens: float, sigma_run: float):
     return num, num_seed, den, att_max, sigma_run
 
 
+def _canary_worlds(sites, canary_site: int, kind, gp0, gamma: float, tau_x: float, n_landmarks: int, run_seed: int,
+                   rng: np.random.Generator):
+    """The canary, chosen at the public initial landmarks (the coordinator draws them from the run seed), and the two
+    neighbouring datasets; returns (canary, partner, replaced record, X_out, X_in, worlds) (:func:`_neighbours`)."""
+    from ..landmarks.feddl import init_landmarks
+
+    Y0 = gp0.project(init_landmarks(n_landmarks, sites[0].shape[1], radius=float(tau_x),
+                                    rng=np.random.default_rng(run_seed)))
+    c, cp, r, _ = choose_canary(sites[canary_site], Y0, gamma, tau_x, kind, random_state=rng.integers(2**31))
+    return (c, cp, r, *_neighbours(sites, canary_site, r, c, cp))
+
+
+def _play_trials(worlds, canary_site: int, noise: str, noise_seeds, gp_kw: dict, run_kw: dict, X_out, X_in,
+                 sens: float, c, project) -> dict:
+    """Every trial's two runs (canary in, then out; a fresh mechanism from ``gp_kw`` each, seeded from
+    ``noise_seeds[trial, world]`` when the noise is seeded), scored; returns the measured fields of
+    :class:`CanaryTrials` (the read-only scores, σ of the runs, μ, the attained sensitivity, the time taken)."""
+    from ..accounting import GradientPerturbation
+
+    trials = len(noise_seeds)
+    scores = {s: np.zeros((2, trials)) for s in STATISTICS}
+    mus, attained, att_max = [], [], 0.0
+    reference = None
+    sigma_run = 0.0
+    t0 = time.perf_counter()
+    for i in range(trials):
+        for b in (1, 0):
+            if noise == "none":
+                gp = None
+            else:
+                gp = GradientPerturbation(**gp_kw,
+                                          **_noise_options(None if noise == "secret" else int(noise_seeds[i, b])))
+            Y_final, rel = _run(worlds[b], canary_site, **run_kw, gp=gp)
+            num, num_seed, den, att, sigma_run = _score_releases(rel, X_out, X_in, sens, sigma_run)
+            att_max = max(att_max, att)
+            if den <= 0:
+                raise ConfigError(bad_value("canary", c.tolist(), "does not change the site's gradient at all; "
+                                            "choose another canary"))
+            scores["release"][b, i] = num / den
+            scores["seeded"][b, i] = num_seed / den
+            mus.append(math.inf if noise == "none" else math.sqrt(den) / sigma_run)
+            attained.append(den / (len(rel) * sens * sens))
+            if reference is None:  # the noiseless trajectories of both worlds from the run's own Y0
+                Y0_run = rel[0]["Y"]
+                steps = run_kw["rounds"] * run_kw["local_steps"]
+                reference = [_noiseless(w, Y0_run, run_kw["gamma"], run_kw["lr"], steps, project) for w in worlds]
+                ref_d = reference[1] - reference[0]
+                ref_dd = float(np.vdot(ref_d, ref_d))
+            scores["landmarks"][b, i] = float(np.vdot(Y_final - reference[0], ref_d)) / ref_dd if ref_dd > 0 else 0.0
+    seconds = time.perf_counter() - t0
+    frozen = {k: (v[1].copy(), v[0].copy()) for k, v in scores.items()}
+    for a, bb in frozen.values():
+        a.flags.writeable = False
+        bb.flags.writeable = False
+    return dict(scores=frozen, sigma=sigma_run, canary_mu=float(np.mean(mus)),
+                sensitivity_attained=float(math.sqrt(np.mean(attained))), sensitivity_max=float(att_max),
+                seconds=seconds)
+
+
+def _run_config(sites, run_kw: dict, tau_x: float, accountant: str, z: float) -> dict:
+    """The public configuration of the audited runs (``CanaryTrials.config``), from the arguments of :func:`_run`."""
+    return {"sizes": [len(X) for X in sites], "n_features": int(sites[0].shape[1]),
+            "n_landmarks": run_kw["n_landmarks"], "rounds": run_kw["rounds"], "local_steps": run_kw["local_steps"],
+            "gamma": run_kw["gamma"], "lr": run_kw["lr"], "tau_x": float(tau_x), "accountant": accountant,
+            "claimed_noise_multiplier": z, "run_seed": run_kw["seed"]}
+
+
 def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5, tau_x: float,
                       noise_multiplier: float | None = None, accountant: str = "exact", noise: str = "secret",
                       sigma_scale: float = 1.0, trials: int = 200, n_landmarks: int = 4, rounds: int = 3,
@@ -468,8 +535,7 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
     random_state : int
         Seeds the run seed (public initial landmarks), the canary search and the public noise seeds.
     """
-    from ..accounting import GradientPerturbation
-    from ..landmarks.feddl import default_lr, init_landmarks
+    from ..landmarks.feddl import default_lr
 
     sites = _checked_sites(sites, noise=noise, trials=trials, sigma_scale=sigma_scale, canary_site=canary_site,
                            tau_x=tau_x)
@@ -477,7 +543,6 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
     lr = default_lr(n_landmarks, gamma) if lr == "auto" else float(lr)
     rng = np.random.default_rng(random_state)
     run_seed = int(rng.integers(0, 2**31 - 1))
-    sizes = [len(X) for X in sites]
     R = rounds * local_steps
 
     gp0, z, sens, claimed_epsilon = _claim(sites, canary_site, epsilon=epsilon, noise_multiplier=noise_multiplier,
@@ -485,59 +550,19 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
                                            n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps,
                                            claimed_epsilon=claimed_epsilon)
 
-    # the canary, chosen at the public initial landmarks (the coordinator draws them from the run seed)
-    Y0 = gp0.project(init_landmarks(n_landmarks, sites[0].shape[1], radius=float(tau_x),
-                                    rng=np.random.default_rng(run_seed)))
-    c, cp, r, _ = choose_canary(sites[canary_site], Y0, gamma, tau_x, canary, random_state=rng.integers(2**31))
-    X_out, X_in, worlds = _neighbours(sites, canary_site, r, c, cp)
-
+    c, cp, r, X_out, X_in, worlds = _canary_worlds(sites, canary_site, canary, gp0, gamma, tau_x, n_landmarks,
+                                                   run_seed, rng)
     noise_seeds = rng.integers(0, 2**31 - 1, size=(trials, 2))
-    scores = {s: np.zeros((2, trials)) for s in STATISTICS}
-    mus, attained, att_max = [], [], 0.0
-    reference = None
-    sigma_run = 0.0
-    t0 = time.perf_counter()
-    for i in range(trials):
-        for b in (1, 0):
-            if noise == "none":
-                gp = None
-            else:
-                gp = GradientPerturbation(noise_multiplier=z * sigma_scale, delta=delta, tau_x=tau_x,
-                                          accountant=accountant,
-                                          **_noise_options(None if noise == "secret" else int(noise_seeds[i, b])))
-            Y_final, rel = _run(worlds[b], canary_site, n_landmarks=n_landmarks, rounds=rounds,
-                                local_steps=local_steps, gamma=gamma, lr=lr, seed=run_seed, gp=gp)
-            num, num_seed, den, att, sigma_run = _score_releases(rel, X_out, X_in, sens, sigma_run)
-            att_max = max(att_max, att)
-            if den <= 0:
-                raise ConfigError(bad_value("canary", c.tolist(), "does not change the site's gradient at all; "
-                                            "choose another canary"))
-            scores["release"][b, i] = num / den
-            scores["seeded"][b, i] = num_seed / den
-            mus.append(math.inf if noise == "none" else math.sqrt(den) / sigma_run)
-            attained.append(den / (len(rel) * sens * sens))
-            if reference is None:  # the noiseless trajectories of both worlds from the run's own Y0
-                proj = gp0.project
-                Y0_run = rel[0]["Y"]
-                reference = [_noiseless(w, Y0_run, gamma, lr, R, proj) for w in worlds]
-                ref_d = reference[1] - reference[0]
-                ref_dd = float(np.vdot(ref_d, ref_d))
-            scores["landmarks"][b, i] = float(np.vdot(Y_final - reference[0], ref_d)) / ref_dd if ref_dd > 0 else 0.0
-    seconds = time.perf_counter() - t0
-    frozen = {k: (v[1].copy(), v[0].copy()) for k, v in scores.items()}
-    for a, bb in frozen.values():
-        a.flags.writeable = False
-        bb.flags.writeable = False
+    gp_kw = dict(noise_multiplier=z * sigma_scale, delta=delta, tau_x=tau_x, accountant=accountant)
+    run_kw = dict(n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, gamma=gamma, lr=lr, seed=run_seed)
+    played = _play_trials(worlds, canary_site, noise, noise_seeds, gp_kw, run_kw, X_out, X_in, sens, c, gp0.project)
     return CanaryTrials(
-        scores=frozen, claimed_epsilon=float(claimed_epsilon), delta=float(delta), noise=noise,
-        sigma_scale=float(sigma_scale if noise != "none" else 0.0), noise_multiplier=z * sigma_scale if noise != "none" else 0.0,
-        sensitivity=sens, sigma=sigma_run, releases=R, canary=tuple(float(v) for v in c),
-        partner=tuple(float(v) for v in cp), replaced=r,
-        canary_site=int(canary_site), canary_mu=float(np.mean(mus)), sensitivity_attained=float(math.sqrt(np.mean(attained))),
-        sensitivity_max=float(att_max), seconds=seconds,
-        config={"sizes": sizes, "n_features": int(sites[0].shape[1]), "n_landmarks": n_landmarks, "rounds": rounds,
-                "local_steps": local_steps, "gamma": gamma, "lr": lr, "tau_x": float(tau_x), "accountant": accountant,
-                "claimed_noise_multiplier": z, "run_seed": run_seed})
+        **played, claimed_epsilon=float(claimed_epsilon), delta=float(delta), noise=noise,
+        sigma_scale=float(sigma_scale if noise != "none" else 0.0),
+        noise_multiplier=z * sigma_scale if noise != "none" else 0.0,
+        sensitivity=sens, releases=R, canary=tuple(float(v) for v in c),
+        partner=tuple(float(v) for v in cp), replaced=r, canary_site=int(canary_site),
+        config=_run_config(sites, run_kw, tau_x, accountant, z))
 
 
 def canary_audit(sites, *, statistic: str = "release", confidence: float = 0.95, threshold="select",

@@ -99,6 +99,24 @@ def _record_in_ledger(ledger, event: dict) -> bool:
     return False
 
 
+def _gate_checks(auc: float, eps: float, policy: AuditPolicy, claimed_epsilon: float | None) -> list[dict]:
+    """The gate's checks of an audit's AUC and empirical ε against ``policy`` (and the claimed ε, when the policy
+    requires it and there is one), each with its value, limit, verdict and sentence."""
+    checks: list[dict] = [
+        {"check": "auc", "value": auc, "limit": float(policy.max_auc), "ok": auc <= policy.max_auc,
+         "text": f"membership AUC {auc:.3f} <= max_auc {policy.max_auc:.3f}"},
+        {"check": "empirical_epsilon", "value": eps, "limit": float(policy.max_empirical_epsilon),
+         "ok": eps <= policy.max_empirical_epsilon,
+         "text": f"empirical epsilon lower bound {eps:.3f} <= max_empirical_epsilon "
+                 f"{policy.max_empirical_epsilon:.3f}"},
+    ]
+    if policy.require_within_claimed and claimed_epsilon is not None:
+        checks.append({"check": "within_claimed", "value": eps, "limit": claimed_epsilon, "ok": eps <= claimed_epsilon,
+                       "text": f"empirical epsilon lower bound {eps:.3f} <= accountant's epsilon {claimed_epsilon:.3f} "
+                               "(a higher empirical bound means the DP claim is wrong)"})
+    return checks
+
+
 def audit_gate(result, policy: AuditPolicy | None = None, claimed_epsilon: float | None = None,
                allow_failure: bool = False, ledger=None) -> GateDecision:
     """Check an MIA result against ``policy``; raise :class:`AuditFailedError` on failure unless overridden.
@@ -132,17 +150,7 @@ def audit_gate(result, policy: AuditPolicy | None = None, claimed_epsilon: float
         claimed_epsilon = float(claimed_epsilon)
         if not claimed_epsilon > 0:
             raise ConfigError(bad_value("claimed_epsilon", claimed_epsilon, "pass the accountant's positive epsilon, or None without DP"))
-    checks: list[dict] = [
-        {"check": "auc", "value": auc, "limit": float(policy.max_auc), "ok": auc <= policy.max_auc,
-         "text": f"membership AUC {auc:.3f} <= max_auc {policy.max_auc:.3f}"},
-        {"check": "empirical_epsilon", "value": eps, "limit": float(policy.max_empirical_epsilon),
-         "ok": eps <= policy.max_empirical_epsilon,
-         "text": f"empirical epsilon lower bound {eps:.3f} <= max_empirical_epsilon {policy.max_empirical_epsilon:.3f}"},
-    ]
-    if policy.require_within_claimed and claimed_epsilon is not None:
-        checks.append({"check": "within_claimed", "value": eps, "limit": claimed_epsilon, "ok": eps <= claimed_epsilon,
-                       "text": f"empirical epsilon lower bound {eps:.3f} <= accountant's epsilon {claimed_epsilon:.3f} "
-                               "(a higher empirical bound means the DP claim is wrong)"})
+    checks = _gate_checks(auc, eps, policy, claimed_epsilon)
     failures = [c["text"].replace("<=", ">") for c in checks if not c["ok"]]
     passed = not failures
     decision = GateDecision(passed=passed, proceed=passed or bool(allow_failure), overridden=(not passed) and bool(allow_failure),

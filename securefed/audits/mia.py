@@ -315,6 +315,53 @@ def _check_sites(name, sites, m=None):
     return out
 
 
+def _check_scores(scores) -> tuple:
+    """``scores`` as a tuple, checked: distinct names from :data:`SCORES`, at least one."""
+    scores = tuple(scores)
+    if not scores or any(s not in SCORES for s in scores) or len(set(scores)) != len(scores):
+        raise ConfigError(bad_value("scores", scores, f"choose distinct scores from {', '.join(SCORES)}"))
+    return scores
+
+
+def _checked_audit_args(member_sites, nonmember_sites, landmarks, gamma, scores, select_fraction):
+    """The arguments of :func:`membership_audit`, checked; returns (Y, γ, scores, members, non-members)."""
+    Y = np.asarray(landmarks, dtype=np.float64)
+    if Y.ndim != 2 or not np.all(np.isfinite(Y)):
+        raise DataError(bad_value("landmarks", getattr(Y, "shape", None), "pass the finite (n_y, m) landmark matrix"))
+    g = check_gamma(gamma)
+    scores = _check_scores(scores)
+    if not 0 < select_fraction < 1:
+        raise ConfigError(bad_value("select_fraction", select_fraction, "use a fraction in (0, 1), e.g. 0.5"))
+    members = _check_sites("member_sites", member_sites, Y.shape[1])
+    nonmembers = _check_sites("nonmember_sites", nonmember_sites, Y.shape[1])
+    if len(members) != len(nonmembers):
+        raise DataError(bad_value("nonmember_sites", len(nonmembers),
+                                  f"give one held-out array per site ({len(members)})"))
+    return Y, g, scores, members, nonmembers
+
+
+def _lira_shadow(members, nonmembers, Y, g: float, shadow: ShadowConfig | None, rng):
+    """The attacker's shadow runs for ``lira``: each site's held-out records split into the shadow pool and the
+    evaluated non-members; returns (the evaluated non-members, the shadow landmarks, the pooled out-σ, the shadow
+    settings reported)."""
+    shadow = (shadow or ShadowConfig()).validate()
+    pools, evals = [], []
+    for H in nonmembers:
+        perm = rng.permutation(len(H))
+        k = int(round(shadow.pool_fraction * len(H)))
+        pools.append(H[perm[:k]])
+        evals.append(H[perm[k:]])
+    nonmembers = evals
+    shadow_Ys = shadow_landmarks(pools, Y.shape[0], g, shadow, rng)
+    sigma_out = _pooled_out_sigma(members + nonmembers, shadow_Ys, g)
+    shadow_info = {"n_runs": int(shadow.n_runs), "pool_fraction": shadow.pool_fraction,
+                   "run_fraction": shadow.run_fraction, "pool_records": int(sum(len(p) for p in pools)),
+                   "sigma_out": sigma_out,
+                   "fed_dl_kwargs": {k: v for k, v in shadow.fed_dl_kwargs.items()
+                                     if isinstance(v, (int, float, str, bool))}}
+    return nonmembers, shadow_Ys, sigma_out, shadow_info
+
+
 def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=SCORES, aggregator=None,
                      shadow: ShadowConfig | None = None, delta: float = 0.0, confidence: float = 0.95,
                      select_fraction: float = 0.5, grid_size: int = GRID_SIZE, random_state=None) -> MIAResult:
@@ -353,36 +400,12 @@ def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=
     MIAResult
     """
     rng = np.random.default_rng(random_state)
-    Y = np.asarray(landmarks, dtype=np.float64)
-    if Y.ndim != 2 or not np.all(np.isfinite(Y)):
-        raise DataError(bad_value("landmarks", getattr(Y, "shape", None), "pass the finite (n_y, m) landmark matrix"))
-    g = check_gamma(gamma)
-    scores = tuple(scores)
-    if not scores or any(s not in SCORES for s in scores) or len(set(scores)) != len(scores):
-        raise ConfigError(bad_value("scores", scores, f"choose distinct scores from {', '.join(SCORES)}"))
-    if not 0 < select_fraction < 1:
-        raise ConfigError(bad_value("select_fraction", select_fraction, "use a fraction in (0, 1), e.g. 0.5"))
-    members = _check_sites("member_sites", member_sites, Y.shape[1])
-    nonmembers = _check_sites("nonmember_sites", nonmember_sites, Y.shape[1])
-    if len(members) != len(nonmembers):
-        raise DataError(bad_value("nonmember_sites", len(nonmembers), f"give one held-out array per site ({len(members)})"))
+    Y, g, scores, members, nonmembers = _checked_audit_args(member_sites, nonmember_sites, landmarks, gamma, scores,
+                                                            select_fraction)
 
     shadow_Ys, sigma_out, shadow_info = None, None, None
     if "lira" in scores:
-        shadow = (shadow or ShadowConfig()).validate()
-        pools, evals = [], []
-        for H in nonmembers:
-            perm = rng.permutation(len(H))
-            k = int(round(shadow.pool_fraction * len(H)))
-            pools.append(H[perm[:k]])
-            evals.append(H[perm[k:]])
-        nonmembers = evals
-        shadow_Ys = shadow_landmarks(pools, Y.shape[0], g, shadow, rng)
-        sigma_out = _pooled_out_sigma(members + nonmembers, shadow_Ys, g)
-        shadow_info = {"n_runs": int(shadow.n_runs), "pool_fraction": shadow.pool_fraction,
-                       "run_fraction": shadow.run_fraction, "pool_records": int(sum(len(p) for p in pools)),
-                       "sigma_out": sigma_out,
-                       "fed_dl_kwargs": {k: v for k, v in shadow.fed_dl_kwargs.items() if isinstance(v, (int, float, str, bool))}}
+        nonmembers, shadow_Ys, sigma_out, shadow_info = _lira_shadow(members, nonmembers, Y, g, shadow, rng)
     if sum(len(M) for M in members) == 0 or sum(len(N) for N in nonmembers) == 0:
         raise DataError(bad_value("member_sites/nonmember_sites", "no records", "each audit needs members and held-out non-members"))
 
@@ -398,6 +421,34 @@ def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=
         total, agg_name, n_sites = np.asarray(res.total, dtype=np.float64), res.protocol, len(res.survivors)
     return mia_from_counts(total, scores, n_sites=n_sites, aggregation=agg_name, delta=delta, confidence=confidence,
                            grid_size=grid_size, shadow_info=shadow_info)
+
+
+def _score_summary(c, kind: str, G: int, delta: float, confidence: float) -> tuple[dict, float, float]:
+    """One score's block ``c`` of the summed counts (:func:`site_roc_counts`) summarised: ROC, AUC and the ε / μ
+    lower bounds on the test split at the thresholds the selection split chose; returns (the summary, the best ε and
+    the best μ on the selection split)."""
+    tp_s, fp_s, tp_t, fp_t = (c[j * G:(j + 1) * G] for j in range(4))
+    P_s, N_s, P_t, N_t = (int(v) for v in c[4 * G:])
+    if min(P_s, N_s, P_t, N_t) < 1:
+        raise DataError(bad_value("records per split", (P_s, N_s, P_t, N_t),
+                                  "too few records: hold out more non-members or score more members"))
+    P, N = P_s + P_t, N_s + N_t
+    fpr, tpr, roc = _roc_summary(tp_s + tp_t, fp_s + fp_t, P, N)
+    auc = auc_from_roc(fpr, tpr)
+    eps_sel, dir_sel = epsilon_lower_bound(tp_s, fp_s, P_s, N_s, delta, confidence)
+    mu_sel = gdp_mu_lower_bound(tp_s, fp_s, P_s, N_s, confidence)
+    j_eps, j_mu = int(np.argmax(eps_sel)), int(np.argmax(mu_sel))
+    eps_t = _direction_pair(tp_t[j_eps], fp_t[j_eps], P_t, N_t, delta, confidence)[int(dir_sel[j_eps])]
+    mu_t = gdp_mu_lower_bound(tp_t[j_mu], fp_t[j_mu], P_t, N_t, confidence)
+    grid = score_grid(kind, G)
+    summary = {
+        "auc": auc, "auc_se": auc_standard_error(auc, P, N),
+        "tpr_at_fpr_1e2": tpr_at_fpr(fpr, tpr, 1e-2), "tpr_at_fpr_1e3": tpr_at_fpr(fpr, tpr, 1e-3),
+        "epsilon_lb": float(max(0.0, float(eps_t))), "mu_lb": float(max(0.0, float(mu_t))),
+        "epsilon_threshold": float(grid[j_eps]), "epsilon_direction": int(dir_sel[j_eps]),
+        "n_members": P, "n_nonmembers": N, "roc": roc,
+    }
+    return summary, float(eps_sel[j_eps]), float(mu_sel[j_mu])
 
 
 def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: float = 0.0, confidence: float = 0.95,
@@ -419,9 +470,7 @@ def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: flo
     delta, confidence, grid_size, shadow_info
         As in :func:`membership_audit`.
     """
-    scores = tuple(scores)
-    if not scores or any(s not in SCORES for s in scores) or len(set(scores)) != len(scores):
-        raise ConfigError(bad_value("scores", scores, f"choose distinct scores from {', '.join(SCORES)}"))
+    scores = _check_scores(scores)
     total = np.asarray(total, dtype=np.float64)
     if total.shape != (len(scores) * (4 * grid_size + 4),) or not np.all(np.isfinite(total)):
         raise DataError(bad_value("total", f"array{total.shape}", f"pass the summed count vector of length "
@@ -436,29 +485,9 @@ def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: flo
     block = 4 * G + 4
     per_score, best_sel = {}, None
     for i, kind in enumerate(scores):
-        c = counts[i * block:(i + 1) * block]
-        tp_s, fp_s, tp_t, fp_t = (c[j * G:(j + 1) * G] for j in range(4))
-        P_s, N_s, P_t, N_t = (int(v) for v in c[4 * G:])
-        if min(P_s, N_s, P_t, N_t) < 1:
-            raise DataError(bad_value("records per split", (P_s, N_s, P_t, N_t),
-                                      "too few records: hold out more non-members or score more members"))
-        P, N = P_s + P_t, N_s + N_t
-        fpr, tpr, roc = _roc_summary(tp_s + tp_t, fp_s + fp_t, P, N)
-        auc = auc_from_roc(fpr, tpr)
-        eps_sel, dir_sel = epsilon_lower_bound(tp_s, fp_s, P_s, N_s, delta, confidence)
-        mu_sel = gdp_mu_lower_bound(tp_s, fp_s, P_s, N_s, confidence)
-        j_eps, j_mu = int(np.argmax(eps_sel)), int(np.argmax(mu_sel))
-        eps_t = _direction_pair(tp_t[j_eps], fp_t[j_eps], P_t, N_t, delta, confidence)[int(dir_sel[j_eps])]
-        mu_t = gdp_mu_lower_bound(tp_t[j_mu], fp_t[j_mu], P_t, N_t, confidence)
-        grid = score_grid(kind, G)
-        per_score[kind] = {
-            "auc": auc, "auc_se": auc_standard_error(auc, P, N),
-            "tpr_at_fpr_1e2": tpr_at_fpr(fpr, tpr, 1e-2), "tpr_at_fpr_1e3": tpr_at_fpr(fpr, tpr, 1e-3),
-            "epsilon_lb": float(max(0.0, float(eps_t))), "mu_lb": float(max(0.0, float(mu_t))),
-            "epsilon_threshold": float(grid[j_eps]), "epsilon_direction": int(dir_sel[j_eps]),
-            "n_members": P, "n_nonmembers": N, "roc": roc,
-        }
-        cand = (float(eps_sel[j_eps]), float(mu_sel[j_mu]), kind)
+        per_score[kind], eps_best, mu_best = _score_summary(counts[i * block:(i + 1) * block], kind, G, delta,
+                                                            confidence)
+        cand = (eps_best, mu_best, kind)
         if best_sel is None or cand[0] > best_sel[0]:
             best_sel = cand
     best_mu_kind = max(scores, key=lambda k: _sel_mu(counts, scores, k, G, confidence))

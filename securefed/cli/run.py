@@ -66,6 +66,14 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Run a federated t-SNE / UMAP / spectral clustering job. With no flags: digits, 10 sites, one "
                     "class per site, Fed-tSNE compared with centralized t-SNE, outputs in ./securefed-run.",
         epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
+    _add_job_arguments(p)
+    _add_plan_arguments(p)
+    p.set_defaults(func=run_command)
+    return p
+
+
+def _add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The "the job" group of ``securefed run``: the data, the sites, the method, the output and the run's switches."""
     job = p.add_argument_group("the job")
     job.add_argument("--dataset", default=JOB_DEFAULTS["dataset"],
                      help="digits | breast_cancer | wine | iris | mnist5k | fashion-mnist[-5k|-20k] (apt-get install "
@@ -99,6 +107,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     job.add_argument("--quiet", action="store_true", help="no progress output")
     job.add_argument("--force", action="store_true",
                      help="overwrite the outputs of another run in --out (never another run's privacy ledgers)")
+
+
+def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per :class:`RunPlan` field (defaults from the plan and ``CLI_DEFAULTS``), in the ``_GROUPS``."""
     defaults = {f.name: f.default for f in dataclasses.fields(RunPlan)}
     defaults.update(CLI_DEFAULTS)
     for title, names in _GROUPS:
@@ -113,8 +125,6 @@ def register(subparsers) -> argparse.ArgumentParser:
             else:
                 typ = int if name == "n_clusters" else _type_of(d, name)
                 g.add_argument(flag, default=d, type=typ, choices=CHOICES.get(name), help=HELP[name])
-    p.set_defaults(func=run_command)
-    return p
 
 
 def _auto(cast):

@@ -309,6 +309,42 @@ class FedDLResult:
     released: list = field(default_factory=list)
 
 
+def _check_weights(weights) -> None:
+    """Refuse site weights other than a public rule's name (``"records"``, ``"uniform"``)."""
+    if not isinstance(weights, str):
+        raise ConfigError(bad_value("weights", weights, "use 'records' or 'uniform': each site weighs its own "
+                                    "upload by a public rule (a weight chosen by the coordinator could single out one "
+                                    "site)"))
+
+
+def _checkpointing(checkpoint: str | None, plan, sites, callback):
+    """The state to resume from (the checkpoint file's, when it is of this run) and the coordinator's event hook,
+    which writes the checkpoint after every round and calls ``callback(round, Y, mmd at the round's start)``."""
+    from ..federation.checkpoint import fingerprint, read_checkpoint, write_checkpoint
+
+    fp = fingerprint(plan, [len(X) for X in sites], sites[0].shape[1])
+    resume = read_checkpoint(checkpoint, fp, plan.rounds) if checkpoint else None
+    pending = [None]
+
+    def on_event(ev):
+        if ev["event"] == "round":
+            pending[0] = ev.get("mmd_at_start")
+        elif ev["event"] == "checkpoint":
+            if checkpoint:
+                write_checkpoint(checkpoint, ev["state"], fp)
+            if callback is not None:
+                callback(ev["state"]["round"], ev["state"]["Y"], pending[0])
+
+    return resume, on_event
+
+
+def _result_of(res) -> FedDLResult:
+    """The landmark stage's part of an in-process run's result, as :func:`fed_dl` returns it."""
+    return FedDLResult(landmarks=res.landmarks, gamma=res.gamma, lr=res.lr, rule=res.rule, mmd_history=res.mmd_history,
+                       rounds_done=res.rounds_done, seconds=res.seconds, aggregation=res.aggregation,
+                       privacy=res.privacy, released=res.released)
+
+
 def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int = 5, rule: str = "model",
            lr: float | str = "auto", gamma: float | None = None, weights: str = "records", aggregation: str = "plain",
            aggregation_options: dict | None = None, privacy=None, init="auto", value_bound: float | None = None,
@@ -356,38 +392,21 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
     """
     from ..estimators import privacy_options
     from ..federation import run_in_process
-    from ..federation.checkpoint import fingerprint, read_checkpoint, write_checkpoint
     from ..plan import RunPlan, seed_of
 
     sites = check_sites(sites)
-    if not isinstance(weights, str):
-        raise ConfigError(bad_value("weights", weights, "use 'records' or 'uniform': each site weighs its own upload by "
-                                    "a public rule (a weight chosen by the coordinator could single out one site)"))
+    _check_weights(weights)
     seed = seed_of(random_state)
     opts = dict(landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, rule=rule, lr=lr, gamma=gamma,
                 weights=weights, aggregation=aggregation, value_bound=value_bound, init=init, monitor=monitor,
                 method="none", audit_holdout=0.0, seed=seed, **(aggregation_options or {}), **privacy_options(privacy))
     plan = RunPlan.build("api", **{("landmarks" if k == "n_landmarks" else k): v for k, v in opts.items()})
-    fp = fingerprint(plan, [len(X) for X in sites], sites[0].shape[1])
-    resume = read_checkpoint(checkpoint, fp, plan.rounds) if checkpoint else None
-    pending = [None]
-
-    def on_event(ev):
-        if ev["event"] == "round":
-            pending[0] = ev.get("mmd_at_start")
-        elif ev["event"] == "checkpoint":
-            if checkpoint:
-                write_checkpoint(checkpoint, ev["state"], fp)
-            if callback is not None:
-                callback(ev["state"]["round"], ev["state"]["Y"], pending[0])
-
-    res = run_in_process(plan, sites, ledger=privacy.ledger if privacy is not None else None, resume=resume,
-                         on_event=on_event, exchange=exchange)
+    resume, on_event = _checkpointing(checkpoint, plan, sites, callback)
+    ledger = privacy.ledger if privacy is not None else None
+    res = run_in_process(plan, sites, ledger=ledger, resume=resume, on_event=on_event, exchange=exchange)
     if res.aggregation.get("clipped"):
         import warnings
 
         warnings.warn(f"secure aggregation clipped {res.aggregation['clipped']} values to its range over the run",
                       stacklevel=2)
-    return FedDLResult(landmarks=res.landmarks, gamma=res.gamma, lr=res.lr, rule=res.rule, mmd_history=res.mmd_history,
-                       rounds_done=res.rounds_done, seconds=res.seconds, aggregation=res.aggregation,
-                       privacy=res.privacy, released=res.released)
+    return _result_of(res)

@@ -91,25 +91,20 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
                 rows_privacy: dict | None = None) -> list[dict]:
     """Every mode of the protocol and what the coordinator learns in it, filled in for this run (``applies`` marks
     the rows that hold here; ``docs/what-leaves-each-site.md`` explains each)."""
+    return _landmark_rows(mode, privacy) + _nystrom_rows(mode, n_landmarks, n_features, rows_privacy)
+
+
+def _landmark_rows(mode: dict, privacy: dict | None) -> list[dict]:
+    """:func:`what_leaves`'s rows of the landmark stage (cells, billboard, FedDL: its secure sum and its DP)."""
     agg, dp, nys = mode.get("aggregation"), bool(mode.get("dp")), mode.get("nystrom")
-    kept = mode.get("coordinates") == "keep"
     rule = mode.get("rule") or "model"
     upload = "gradient" if rule == "gradient" else "landmark update Y_p"
     eps = (privacy or {}).get("epsilon")
     delta = (privacy or {}).get("delta")
     releases = (privacy or {}).get("releases")
-    ny = f"n_y = {n_landmarks}" if n_landmarks is not None else "n_y"
-    mm = f"m = {n_features}" if n_features is not None else "m"
-    exact = None
-    if n_landmarks is not None and n_features is not None:
-        exact = int(n_landmarks) > int(n_features)
-    rows_note = ("Here n_y > m, so every record is recoverable exactly." if exact else
-                 "Here n_y ≤ m, so the part of each record in the landmarks' span is recoverable." if exact is False else
-                 "")
-    sigma = (rows_privacy or {}).get("sigma")
     lm = mode.get("landmark_method") or "feddl"  # run folders from before the cells and the billboard: FedDL
     floor = mode.get("cell_floor") or "the floor"
-    rows = [
+    return [
         {"stage": "landmarks", "mode": "cells (a cell tree with a floor, no DP)",
          "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per level the "
                           f"pooled histogram of every candidate cell along its principal axes and, for the children of each "
@@ -148,6 +143,23 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
              (". This ε covers the landmarks only: the rows sent in the Nyström stage below are not covered by it"
               if nys in ("rows", "kernel_rows") else ""),
          "applies": dp and lm == "feddl"},
+    ]
+
+
+def _nystrom_rows(mode: dict, n_landmarks, n_features, rows_privacy: dict | None) -> list[dict]:
+    """:func:`what_leaves`'s rows of the Nyström stage (what each record's row or coordinate gives away)."""
+    nys = mode.get("nystrom")
+    kept = mode.get("coordinates") == "keep"
+    ny = f"n_y = {n_landmarks}" if n_landmarks is not None else "n_y"
+    mm = f"m = {n_features}" if n_features is not None else "m"
+    exact = None
+    if n_landmarks is not None and n_features is not None:
+        exact = int(n_landmarks) > int(n_features)
+    rows_note = ("Here n_y > m, so every record is recoverable exactly." if exact else
+                 "Here n_y ≤ m, so the part of each record in the landmarks' span is recoverable."
+                 if exact is False else "")
+    sigma = (rows_privacy or {}).get("sigma")
+    return [
         {"stage": "Nyström", "mode": "distance rows sent in the clear (paper mode)",
          "server_learns": f"one row of {ny} distances per record. With n_y > m the rows give every record back exactly "
                           f"(trilateration); with fewer landmarks the part of x in the landmarks' span ({mm}). {rows_note}".strip(),
@@ -171,7 +183,6 @@ def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_
                           "locally and keeps their coordinates (cluster labels) on the site",
          "applies": nys == "local" and kept},
     ]
-    return rows
 
 
 # ------------------------------------------------------------------------------------------ io

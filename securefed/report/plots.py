@@ -109,6 +109,14 @@ def _site_index(site_sizes: Sequence[int] | None, n: int) -> np.ndarray | None:
     return np.repeat(np.arange(len(site_sizes)), [int(s) for s in site_sizes])
 
 
+def _where(partition: str | None, n_sites: int | None) -> str:
+    """Where the records come from, for the federated panel's title: the partition (``"label partition"``, or
+    ``partition`` as given when it names no split) and the number of sites, as far as they are known."""
+    split = partition in ("iid", "label") or str(partition).startswith("dirichlet")  # a data set split into sites
+    return ", ".join(p for p in (f"{partition} partition" if split else (str(partition) if partition else None),
+                                 f"{n_sites} sites" if n_sites else None) if p)
+
+
 def standard_panels(method: str, federated, *, y=None, site_sizes=None, centralized=None, X=None,
                     mode: dict | None = None, privacy: dict | None = None, fed_metrics: dict | None = None,
                     cen_metrics: dict | None = None, partition: str | None = None) -> list[Panel]:
@@ -124,10 +132,7 @@ def standard_panels(method: str, federated, *, y=None, site_sizes=None, centrali
     federated = np.asarray(federated)
     n = len(federated)
     sites = _site_index(site_sizes, n)
-    n_sites = len(site_sizes) if site_sizes else None
-    split = partition in ("iid", "label") or str(partition).startswith("dirichlet")  # a data set split into sites
-    where = ", ".join(p for p in (f"{partition} partition" if split else (str(partition) if partition else None),
-                                  f"{n_sites} sites" if n_sites else None) if p)
+    where = _where(partition, len(site_sizes) if site_sizes else None)
     name = _METHOD.get(method, method)
     fed_privacy = privacy_line(dict(mode or {}, method=method), privacy)
     pooled = "pooled records — no privacy; exists only in this simulation"

@@ -194,6 +194,13 @@ def _sites(report: dict) -> str:
 
 
 def _details(report: dict, figures: dict) -> list[str]:
+    """The report's sections below the first screen, in order, and its appendix."""
+    return (_modes_section(report) + _budget_section(report, figures) + _mia_section(report, figures)
+            + _reconstruction_section(report) + _quality_section(report, figures) + _appendix(report))
+
+
+def _modes_section(report: dict) -> list[str]:
+    """What each mode sends: this run's modes and, folded, the modes it did not use."""
     parts = []
     mode = report["mode"]
     parts.append("<h2>What each mode sends</h2>")
@@ -211,7 +218,12 @@ def _details(report: dict, figures: dict) -> list[str]:
     if others:
         parts.append("<details class='other-modes'><summary>The modes this run did <b>not</b> use, and what the "
                      f"coordinator would learn in them ({len(others)})</summary>{mode_rows(others)}</details>")
+    return parts
 
+
+def _budget_section(report: dict, figures: dict) -> list[str]:
+    """The privacy budget: the accountant's figures and the per-round ε and MMD plots."""
+    parts = []
     b = report["budget"]
     parts.append("<h2>Privacy budget</h2>")
     if b["available"]:
@@ -226,7 +238,12 @@ def _details(report: dict, figures: dict) -> list[str]:
     parts.append("<div class='grid'>" + _img(figures.get("epsilon"), "ε spent per round", "Cumulative ε after each round (accountant).")
                  + _img(figures.get("mmd"), "MMD per round", "How far the landmarks are from the records after each round.",
                         b.get("mmd_not_shown")) + "</div>")
+    return parts
 
+
+def _mia_section(report: dict, figures: dict) -> list[str]:
+    """The membership-inference audit of the landmarks: its figures, one row per attack score, the ROC."""
+    parts = []
     m = report["mia"]
     parts.append("<h2>Membership inference on the landmarks</h2>")
     if m["available"]:
@@ -244,7 +261,12 @@ def _details(report: dict, figures: dict) -> list[str]:
     else:
         parts.append(f"<p class='na-text'>Not measured: {_e(m.get('reason'))}</p>")
     parts.append("<div class='grid'>" + _img(figures.get("roc"), "ROC curve", "Log-scale ROC of each attack score against the no-signal diagonal.") + "</div>")
+    return parts
 
+
+def _reconstruction_section(report: dict) -> list[str]:
+    """The reconstruction audit: the coordinator's best rebuild of the records."""
+    parts = []
     r = report["reconstruction"]
     parts.append("<h2>Reconstruction audit (the coordinator's best rebuild of the records)</h2>")
     if r["available"]:
@@ -255,7 +277,12 @@ def _details(report: dict, figures: dict) -> list[str]:
         parts.append(_kv(r, [k for k in r if k not in ("available", "format")], fmt=rfmt))
     else:
         parts.append(f"<p class='na-text'>Not measured: {_e(r.get('reason'))}</p>")
+    return parts
 
+
+def _quality_section(report: dict, figures: dict) -> list[str]:
+    """The map, the density (when released) and every quality figure beside the centralized one, and the time taken."""
+    parts = []
     q = report["quality"]
     parts.append("<h2>The map and all quality figures</h2><div class='grid'>"
                  + _img(figures.get("embedding"), "The map", "The federated map: colour = class, marker = site (or a panel "
@@ -276,8 +303,6 @@ def _details(report: dict, figures: dict) -> list[str]:
     if t:
         tt = {("centralized_time" if k == "centralized" else k): v for k, v in t.items()}
         parts.append("<h3>Time taken</h3>" + _kv(tt, list(tt), fmt=lambda k, x: _v(x, 3)))
-
-    parts.extend(_appendix(report))
     return parts
 
 

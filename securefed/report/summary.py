@@ -147,6 +147,14 @@ def release_inventory(run: RunFolder, mode: dict) -> list[dict]:
     the quality metrics, the centralized comparison, the audits' figures, clip counts).
     """
     dp = bool(mode.get("dp"))
+    rows = _listed_releases(run, dp)
+    have = " ".join(r["what"].lower() for r in rows)
+    return rows + _unlisted_releases(run, mode, dp, have)
+
+
+def _listed_releases(run: RunFolder, dp: bool) -> list[dict]:
+    """The releases the run listed itself: its ``inventory`` rows when it wrote any, else one row per ``released``
+    string (a landmark update or gradient counted as covered by ε under DP)."""
     raw = run.metrics.get("inventory") or _dict(run.result).get("inventory")
     rows = []
     if isinstance(raw, list) and raw:
@@ -163,7 +171,14 @@ def release_inventory(run: RunFolder, mode: dict) -> list[dict]:
             noisy = dp and any(k in s for k in ("landmark update", "gradient", "sum over sites of the landmark"))
             rows.append({"what": plain_release(s), "to": "the coordinator", "covered": "yes" if noisy else ("no" if dp else "no DP"),
                          "note": "", "source": "run"})
-    have = " ".join(r["what"].lower() for r in rows)
+    return rows
+
+
+def _unlisted_releases(run: RunFolder, mode: dict, dp: bool, have: str) -> list[dict]:
+    """The outputs every run folder has that the run's own list (``have``: its rows' names, lower case) does not
+    name: site sizes, the landmark updates and landmarks, the audits' figures, clip counts, the quality metrics and
+    the centralized comparison — each one only where the run folder shows it was produced."""
+    rows = []
     privacy = privacy_block(run)
     agg = {"secagg": "SecAgg+", "ckks": "CKKS", "plain": "plain sums"}.get(mode.get("aggregation"), "aggregation not recorded")
     feddl = (mode.get("landmark_method") or "feddl") == "feddl"  # cells and the billboard name their own sums

@@ -185,6 +185,67 @@ def dropout_failure_probability(n: int, k: int, t: int, dropout_rate: float) -> 
     return min(1.0, n * p)
 
 
+def _checked_choice(n: int, degree: int | None, dropout_rate: float, corrupt_fraction: float, server_model: str,
+                    colluders: int | None, quorum: int | None) -> tuple[int, int]:
+    """The arguments of :func:`choose_parameters`, checked; returns the colluders bound c and the quorum q (their
+    defaults when not given)."""
+    if server_model not in ("semi-honest", "malicious"):
+        raise ConfigError(bad_value("server_model", server_model, 'use "semi-honest" or "malicious"'))
+    if not isinstance(n, (int, np.integer)) or n < 2:
+        raise ConfigError(bad_value("clients", n, "secure aggregation needs at least 2 clients"))
+    for name, v in (("dropout_rate", dropout_rate), ("corrupt_fraction", corrupt_fraction)):
+        if not 0.0 <= v < 1.0:
+            raise ConfigError(bad_value(name, v, "use a fraction in [0, 1)"))
+    if degree is not None and not 1 <= degree <= n - 1:
+        raise ConfigError(bad_value("degree", degree, f"use 1 <= degree <= clients-1 = {n - 1}"))
+    if degree is not None and degree % 2 == 1 and n % 2 == 1 and degree != n - 1:
+        raise ConfigError(bad_value("degree", degree, "an odd degree needs an even number of clients; use an even "
+                                    "degree"))
+    c = default_colluders(n, corrupt_fraction) if colluders is None else int(colluders)
+    if not 0 <= c < n:
+        raise ConfigError(bad_value("colluders", colluders, f"use 0 <= colluders < clients = {n}"))
+    q = default_quorum(n, c) if quorum is None else int(quorum)
+    if not 1 <= q <= n:
+        raise ConfigError(bad_value("quorum", quorum, f"use 1 <= quorum <= clients = {n}"))
+    return c, q
+
+
+def _search_threat_model(n: int, degree: int | None, params, *, dropout_rate: float, corrupt_fraction: float,
+                         security_bits: float, correctness_bits: float, server_model: str, c: int) -> GraphParams:
+    """The smallest degree k (``degree`` only, when given) with a threshold t meeting the bounds, and the largest
+    such t (``params(k, t, source)`` builds the result); raises :class:`ConfigError` when none does."""
+    sec, cor = 2.0 ** -security_bits, 2.0 ** -correctness_bits
+    candidates = [degree] if degree is not None else [k for k in range(2, n) if k % 2 == 0 or n % 2 == 0] + [n - 1]
+    seen = set()
+    failures = []
+    for k in candidates:
+        if k in seen or k < 1:
+            continue
+        seen.add(k)
+        dis = disconnect_probability(n, k, corrupt_fraction, dropout_rate)
+        if dis > sec:
+            failures.append(f"k={k}: disconnection 2^{_log2(dis):.1f}")
+            continue
+        best = None
+        for t in range(1, k + 1):
+            leak = share_leak_probability(n, k, t, corrupt_fraction, server_model, c)
+            if leak > sec or (server_model == "malicious" and (t < 2 or cut_probability(n, k, t, c) > sec)):
+                continue
+            drop = dropout_failure_probability(n, k, t, dropout_rate)
+            if drop > cor:
+                break  # larger t only makes dropout failures likelier
+            best = params(k, t, "threat-model")
+        if best is not None:
+            return best
+        failures.append(f"k={k}: no t has share leak <= 2^-{security_bits:g} and dropout failure <= "
+                        f"2^-{correctness_bits:g}")
+    raise ConfigError(bad_value(
+        "threat model", dict(clients=n, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
+                             security_bits=security_bits, correctness_bits=correctness_bits),
+        "no degree/threshold meets these bounds (" + "; ".join(failures[-3:]) + "); lower the dropout rate or the "
+        "corrupt fraction, relax security_bits/correctness_bits, or give degree and threshold explicitly"))
+
+
 def choose_parameters(n: int, *, degree: int | None = None, threshold: int | None = None,
                       dropout_rate: float = 0.1, corrupt_fraction: float = 0.1,
                       security_bits: float = 40.0, correctness_bits: float = 10.0,
@@ -216,23 +277,7 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
     complete_up_to : int
         Malicious model: the complete graph for up to this many clients.
     """
-    if server_model not in ("semi-honest", "malicious"):
-        raise ConfigError(bad_value("server_model", server_model, 'use "semi-honest" or "malicious"'))
-    if not isinstance(n, (int, np.integer)) or n < 2:
-        raise ConfigError(bad_value("clients", n, "secure aggregation needs at least 2 clients"))
-    for name, v in (("dropout_rate", dropout_rate), ("corrupt_fraction", corrupt_fraction)):
-        if not 0.0 <= v < 1.0:
-            raise ConfigError(bad_value(name, v, "use a fraction in [0, 1)"))
-    if degree is not None and not 1 <= degree <= n - 1:
-        raise ConfigError(bad_value("degree", degree, f"use 1 <= degree <= clients-1 = {n - 1}"))
-    if degree is not None and degree % 2 == 1 and n % 2 == 1 and degree != n - 1:
-        raise ConfigError(bad_value("degree", degree, "an odd degree needs an even number of clients; use an even degree"))
-    c = default_colluders(n, corrupt_fraction) if colluders is None else int(colluders)
-    if not 0 <= c < n:
-        raise ConfigError(bad_value("colluders", colluders, f"use 0 <= colluders < clients = {n}"))
-    q = default_quorum(n, c) if quorum is None else int(quorum)
-    if not 1 <= q <= n:
-        raise ConfigError(bad_value("quorum", quorum, f"use 1 <= quorum <= clients = {n}"))
+    c, q = _checked_choice(n, degree, dropout_rate, corrupt_fraction, server_model, colluders, quorum)
 
     def params(k, t, source):
         return GraphParams(n, k, t, _log2(share_leak_probability(n, k, t, corrupt_fraction, server_model, c)),
@@ -253,35 +298,9 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
                 f"2t > n - 1 + c with 2 <= t <= n - 1 and a quorum 2q > n + c with q <= n); use more sites or a "
                 "smaller colluders bound"))
         return params(n - 1, t, "malicious-complete")
-    sec, cor = 2.0 ** -security_bits, 2.0 ** -correctness_bits
-    candidates = [degree] if degree is not None else [k for k in range(2, n) if k % 2 == 0 or n % 2 == 0] + [n - 1]
-    seen = set()
-    failures = []
-    for k in candidates:
-        if k in seen or k < 1:
-            continue
-        seen.add(k)
-        dis = disconnect_probability(n, k, corrupt_fraction, dropout_rate)
-        if dis > sec:
-            failures.append(f"k={k}: disconnection 2^{_log2(dis):.1f}")
-            continue
-        best = None
-        for t in range(1, k + 1):
-            leak = share_leak_probability(n, k, t, corrupt_fraction, server_model, c)
-            if leak > sec or (server_model == "malicious" and (t < 2 or cut_probability(n, k, t, c) > sec)):
-                continue
-            drop = dropout_failure_probability(n, k, t, dropout_rate)
-            if drop > cor:
-                break  # larger t only makes dropout failures likelier
-            best = params(k, t, "threat-model")
-        if best is not None:
-            return best
-        failures.append(f"k={k}: no t has share leak <= 2^-{security_bits:g} and dropout failure <= 2^-{correctness_bits:g}")
-    raise ConfigError(bad_value(
-        "threat model", dict(clients=n, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
-                             security_bits=security_bits, correctness_bits=correctness_bits),
-        "no degree/threshold meets these bounds (" + "; ".join(failures[-3:]) + "); lower the dropout rate or the "
-        "corrupt fraction, relax security_bits/correctness_bits, or give degree and threshold explicitly"))
+    return _search_threat_model(n, degree, params, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
+                                security_bits=security_bits, correctness_bits=correctness_bits,
+                                server_model=server_model, c=c)
 
 
 def harary_graph(n: int, k: int, seed: bytes) -> list[frozenset]:

@@ -143,7 +143,7 @@ def verify_sum(proof: bytes, spec: RoundSpec, own_client_id: int, *, schedule: s
         p = decode(proof, session_id=spec.session_id, round_index=spec.round_index, expected=SumProof)
     except DecodeError as exc:
         raise SumProofError("malformed", str(exc)) from None
-    sid, rnd, n, fp = spec.session_id, spec.round_index, spec.n_clients, spec.fixed_point
+    n, fp = spec.n_clients, spec.fixed_point
     _check(p.digest == spec.digest, "spec", "the proof is for another round spec (digest differs)")
     _check(p.schedule < len(SCHEDULES), "schedule", f"unknown schedule {p.schedule}")
     sched = SCHEDULES[p.schedule]
@@ -159,7 +159,25 @@ def verify_sum(proof: bytes, spec: RoundSpec, own_client_id: int, *, schedule: s
     _check(p.bits == fp.modulus_bits, "malformed", f"{p.bits}-bit words, the spec has {fp.modulus_bits}")
     nbytes = spec.length * np.dtype(fp.dtype).itemsize
     _check(len(p.total) == nbytes, "malformed", f"the total has {len(p.total)} bytes, expected {nbytes}")
-    # the survivor set the sites agreed on: >= q valid signatures from distinct members
+    _check_consistency_signatures(p, spec, U)
+    inputs, peer_sets = _proved_inputs(p, spec, U, sched, nbytes, own_client_id, own_input_hash)
+    dropped = sorted(set().union(*peer_sets.values()) - set(U))
+    adverts, seeds, mask_keys = _proved_secrets(p, spec, key_digest, U, dropped)
+    # recompute the sum and compare
+    acc = unmasked_sum(spec, inputs, seeds, mask_keys, peer_sets, {v: a.s_pk for v, a in adverts.items()})
+    worst, bound = range_excess(spec, acc)
+    _check(worst <= bound, "out-of-range", f"the recomputed sum lies outside its public range ({worst:.3g} > "
+           f"{bound:.3g})")
+    claimed = np.frombuffer(p.total, dtype=fp.dtype)
+    diff = np.flatnonzero(claimed != acc)
+    _check(diff.size == 0, "forged-total", f"the released total differs from the sum of the survivors' inputs at "
+           f"{diff.size} of {spec.length} coordinates (first: {diff[:5].tolist()})")
+    return acc
+
+
+def _check_consistency_signatures(p: SumProof, spec: RoundSpec, U: tuple) -> None:
+    """The survivor set ``U`` is the one the sites agreed on: >= q valid signatures from distinct members."""
+    sid, rnd = spec.session_id, spec.round_index
     signers = [s.signer for s in p.signatures]
     _check(len(set(signers)) == len(signers) and set(signers) <= set(U), "consistency-signatures",
            "consistency signatures are duplicated or from non-survivors")
@@ -173,7 +191,13 @@ def verify_sum(proof: bytes, spec: RoundSpec, own_client_id: int, *, schedule: s
     q = spec.signatures_needed
     _check(len(signers) >= q, "consistency-signatures", f"only {len(signers)} signatures on the survivor set, the "
            f"quorum is {q}: a signature is missing")
-    # every survivor's masked input, as it signed it
+
+
+def _proved_inputs(p: SumProof, spec: RoundSpec, U: tuple, sched: str, nbytes: int, own_client_id: int,
+                   own_input_hash: bytes | None) -> tuple[dict, dict]:
+    """Every survivor's masked input (``nbytes`` long), checked as it signed it (and, for the verifier, as it sent
+    it), with peer sets that are ≥ t of its neighbours and mutual; returns ({survivor: words}, {survivor: peer set})."""
+    sid, rnd, fp = spec.session_id, spec.round_index, spec.fixed_point
     _check(tuple(e.sender for e in p.inputs) == U, "inputs", "the masked inputs do not match the survivor set")
     inputs, peer_sets = {}, {}
     for e in p.inputs:
@@ -200,18 +224,7 @@ def verify_sum(proof: bytes, spec: RoundSpec, own_client_id: int, *, schedule: s
         for v in peer_sets[u] & set(U):
             _check(u in peer_sets[v], "peer-sets", f"survivor {u} masked with survivor {v}, which did not mask with {u}",
                    u)
-    dropped = sorted(set().union(*peer_sets.values()) - set(U))
-    adverts, seeds, mask_keys = _proved_secrets(p, spec, key_digest, U, dropped)
-    # recompute the sum and compare
-    acc = unmasked_sum(spec, inputs, seeds, mask_keys, peer_sets, {v: a.s_pk for v, a in adverts.items()})
-    worst, bound = range_excess(spec, acc)
-    _check(worst <= bound, "out-of-range", f"the recomputed sum lies outside its public range ({worst:.3g} > "
-           f"{bound:.3g})")
-    claimed = np.frombuffer(p.total, dtype=fp.dtype)
-    diff = np.flatnonzero(claimed != acc)
-    _check(diff.size == 0, "forged-total", f"the released total differs from the sum of the survivors' inputs at "
-           f"{diff.size} of {spec.length} coordinates (first: {diff[:5].tolist()})")
-    return acc
+    return inputs, peer_sets
 
 
 def _proved_secrets(p: SumProof, spec: RoundSpec, key_digest: bytes, U: tuple, dropped: list):

@@ -77,6 +77,14 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
                                                                 precision=precision, clip_range=clip_range,
                                                                 key_holder=key_holder)
     wall = time.perf_counter() - t0
+    return _round_report(protocol, clients, length, tamper, seed, inputs, sched, out, total, error_bound, params,
+                         revealed, wall)
+
+
+def _round_report(protocol, clients, length, tamper, seed, inputs, sched, out, total, error_bound, params, revealed,
+                  wall: float) -> dict:
+    """:func:`simulate`'s report of one round (``out``: the round's outcome, ``total``: the sum it released, ``wall``:
+    its time): the survivors, the error against the plain sum of their inputs, the faults, the timings and bytes."""
     err, survivors = out.error, out.survivors
     timings: dict = {s: {k: round(v, 6) for k, v in d.items()} for s, d in out.timings.items()}
     timings["clients_total"] = round(sum(d["clients"] for d in out.timings.values()), 6)
