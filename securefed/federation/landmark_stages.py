@@ -268,10 +268,9 @@ def cells(co):
     and a sum pass — each sum's query recomputed by every site from the pinned plan and the totals so far, so the
     coordinator only relays: it asks for step k with the total of step k − 1 and aggregates (generator)."""
     from ..data import scale_warning
-    from ..landmarks.celltree import MIN_CELLS, CellTree
+    from ..landmarks.celltree import CellTree
 
     plan, s = co.plan, co.sites
-    N = float(sum(s.sizes))
     cp = cells_plan(co)
     tree = CellTree(cp, s.n_features)
     survivors, previous = None, None
@@ -298,6 +297,14 @@ def cells(co):
                     co.warnings.append(warn)
         else:
             co.emit("cells", round=tree.level + (1 if q.kind == "counts" else 0), cells=len(tree.leaves()))
+    return _cells_result(co, tree, cp, previous)
+
+
+def _cells_result(co, tree, cp, previous) -> LandmarkResult:
+    """The finished tree's landmarks, the releases they make and the stage's result (a map needs ≥ ``MIN_CELLS``)."""
+    from ..landmarks.celltree import MIN_CELLS
+
+    plan, N = co.plan, float(sum(co.sites.sizes))
     n_leaves = len(tree.leaves())
     Y, c = tree.landmarks(seed=plan.seed)
     if tree.root.count < cp.floor or len(Y) < MIN_CELLS:
@@ -364,16 +371,23 @@ def billboard(co):
     counts, a = yield from _scaled_sum(co, task, "billboard: landmark counts", n_max + 12.0 * share2, [len(Y)],
                                        tap=lambda i, reply: priv.mirror(i, reply, 1))
     priv.check_reported(1, a.survivors)
+    return _billboard_result(co, Y, space, counts, noise, priv)
+
+
+def _billboard_result(co, Y, space, counts, noise, priv) -> LandmarkResult:
+    """The billboard's landmarks with their masses (the noisy counts, at least 1, rescaled to N), the releases named
+    and the stage's result (γ from the landmarks' median squared distance: post-processing)."""
+    from ..kernels import sq_dists
+
+    plan, m = co.plan, co.sites.n_features
     c = np.maximum(counts, 1.0)
-    c *= N / c.sum()
+    c *= float(sum(co.sites.sizes)) / c.sum()
     co.release("the sum over sites of a random-feature map of every record, with Gaussian noise",
                covered=f"yes (μ₁ = {noise['mu1']:.3g}, σ = {noise['sigma1']:.3g})")
     co.release("the sum over sites of each landmark's record count, with Gaussian noise",
                covered=f"yes (μ₂ = {noise['mu2']:.3g}, σ = {noise['sigma2']:.3g})")
     co.release("the DP landmarks, their masses and their map (the billboard)", to="every site",
                covered="post-processing of the two DP releases")
-    from ..kernels import sq_dists
-
     D2 = sq_dists(Y)
     gamma = 1.0 / max(float(np.median(D2[np.triu_indices(len(Y), 1)])), 1e-300)
     return LandmarkResult(Y, space, c, gamma, None, [], np.random.default_rng([plan.seed, 0xB1C]),
