@@ -37,10 +37,24 @@ def plan_for(recipe: str, eps: float, a):
 
     noise = "local" if recipe == "local" else "distributed"
     extra = {} if recipe == "local" else {"distributed_mechanism": recipe}
-    return RunPlan.build("api", method="tsne", landmark_method="feddl", nystrom="local", landmarks=a.landmarks,
-                         rounds=a.rounds, local_steps=1, rule="gradient", aggregation="secagg", epsilon=eps,
-                         clip_norm=8.0, noise=noise, audit_holdout=0.0, seed=a.seed, run_id=f"bench-{recipe}-{eps:g}",
-                         **extra)
+    return RunPlan.build(
+        "api",
+        method="tsne",
+        landmark_method="feddl",
+        nystrom="local",
+        landmarks=a.landmarks,
+        rounds=a.rounds,
+        local_steps=1,
+        rule="gradient",
+        aggregation="secagg",
+        epsilon=eps,
+        clip_norm=8.0,
+        noise=noise,
+        audit_holdout=0.0,
+        seed=a.seed,
+        run_id=f"bench-{recipe}-{eps:g}",
+        **extra,
+    )
 
 
 def main():
@@ -51,8 +65,12 @@ def main():
     ap.add_argument("--landmarks", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=1, help="runs per row (the noise is secret: every run differs); "
-                                                          "CA-10NN and seconds are then mean ± sd")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per row (the noise is secret: every run differs); CA-10NN and seconds are then mean ± sd",
+    )
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
 
@@ -67,10 +85,14 @@ def main():
     parts = partition(X, y, a.sites, "iid", random_state=a.seed)
     names = [f"site{i}" for i in range(a.sites)]
     machine = f"{os.cpu_count()}-core {platform.machine()}, Python {platform.python_version()}"
-    print(f"digits {X.shape}, {a.sites} sites iid, n_y = {a.landmarks}, S = {a.rounds}, Q = 1, δ = 1e-5, seed {a.seed}, "
-          f"{a.repeats} run(s) per row (mean ± sd; wall s: mean)")
-    print("| ε target | recipe | ε reported (ledger bound) | accountant | CA-10NN | wall s | wrap prob. / sum | modulus bits "
-          "| clip counts in the clear |")
+    print(
+        f"digits {X.shape}, {a.sites} sites iid, n_y = {a.landmarks}, S = {a.rounds}, Q = 1, δ = 1e-5, seed {a.seed}, "
+        f"{a.repeats} run(s) per row (mean ± sd; wall s: mean)"
+    )
+    print(
+        "| ε target | recipe | ε reported (ledger bound) | accountant | CA-10NN | wall s | wrap prob. / sum | modulus bits "
+        "| clip counts in the clear |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for eps in a.eps:
         for recipe in a.recipes:
@@ -90,22 +112,45 @@ def main():
             integer = recipe in ("ddg", "skellam")
             eps_txt = f"{p['epsilon']:.5f}" + (f" ({p['epsilon_ledger']:.5f})" if integer else "")
             sent = "none" if integer else f"yes ({res.aggregation['clipped']} coords clipped)"
-            acct = p["accountant"].split(":")[0] + (" (KLS Prop. 14)" if recipe == "ddg" else
-                                                    " (AKL)" if recipe == "skellam" else "")
+            acct = p["accountant"].split(":")[0] + (
+                " (KLS Prop. 14)" if recipe == "ddg" else " (AKL)" if recipe == "skellam" else ""
+            )
             wrap = f"{p['wrap_probability']:.2g}" if integer else "– (fixed point: clipped, counted)"
-            bits = (f"{p['modulus_bits']} (SecAgg+ {p['secagg_modulus_bits']})" if integer else
-                    f"{plan.modulus_bits} (fixed point)")
-            print(f"| {eps:g} | {recipe} | {eps_txt} | {acct} | {ca_txt} | {dt:.1f} | {wrap} | {bits} | {sent} |", flush=True)
+            bits = (
+                f"{p['modulus_bits']} (SecAgg+ {p['secagg_modulus_bits']})"
+                if integer
+                else f"{plan.modulus_bits} (fixed point)"
+            )
+            print(
+                f"| {eps:g} | {recipe} | {eps_txt} | {acct} | {ca_txt} | {dt:.1f} | {wrap} | {bits} | {sent} |",
+                flush=True,
+            )
             if not a.no_record:
                 os.makedirs(os.path.dirname(OUT), exist_ok=True)
                 with open(OUT, "a") as fh:
-                    fh.write(json.dumps({"epsilon_target": eps, "recipe": recipe, "epsilon": p["epsilon"],
-                                         "epsilon_ledger": p.get("epsilon_ledger"), "accountant": p["accountant"],
-                                         "ca10": float(ca), "ca10_runs": [float(c) for c in cas], "seconds": dt, "wrap_probability": p.get("wrap_probability"),
-                                         "modulus_bits": p.get("modulus_bits"), "sites": a.sites,
-                                         "landmarks": a.landmarks, "rounds": a.rounds, "seed": a.seed,
-                                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                         "machine": machine}) + "\n")
+                    fh.write(
+                        json.dumps(
+                            {
+                                "epsilon_target": eps,
+                                "recipe": recipe,
+                                "epsilon": p["epsilon"],
+                                "epsilon_ledger": p.get("epsilon_ledger"),
+                                "accountant": p["accountant"],
+                                "ca10": float(ca),
+                                "ca10_runs": [float(c) for c in cas],
+                                "seconds": dt,
+                                "wrap_probability": p.get("wrap_probability"),
+                                "modulus_bits": p.get("modulus_bits"),
+                                "sites": a.sites,
+                                "landmarks": a.landmarks,
+                                "rounds": a.rounds,
+                                "seed": a.seed,
+                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                "machine": machine,
+                            }
+                        )
+                        + "\n"
+                    )
 
 
 if __name__ == "__main__":

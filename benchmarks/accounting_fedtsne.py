@@ -40,14 +40,35 @@ def make_privacy(recipe, eps, delta, tau_x, seed):
     from securefed.accounting import GradientPerturbation
 
     if recipe == "paper":
-        return GradientPerturbation(epsilon=eps, delta=delta, accountant="paper", sensitivity_rule="theorem5",
-                                    noise="local", tau_x=tau_x, random_state=seed), "model", "plain"
+        return (
+            GradientPerturbation(
+                epsilon=eps,
+                delta=delta,
+                accountant="paper",
+                sensitivity_rule="theorem5",
+                noise="local",
+                tau_x=tau_x,
+                random_state=seed,
+            ),
+            "model",
+            "plain",
+        )
     if recipe == "ours-local":
-        return GradientPerturbation(epsilon=eps, delta=delta, accountant="exact", noise="local", tau_x=tau_x,
-                                    random_state=seed), "model", "plain"
+        return (
+            GradientPerturbation(
+                epsilon=eps, delta=delta, accountant="exact", noise="local", tau_x=tau_x, random_state=seed
+            ),
+            "model",
+            "plain",
+        )
     if recipe == "ours-dist":
-        return GradientPerturbation(epsilon=eps, delta=delta, accountant="exact", noise="distributed", tau_x=tau_x,
-                                    random_state=seed), "gradient", "secagg"
+        return (
+            GradientPerturbation(
+                epsilon=eps, delta=delta, accountant="exact", noise="distributed", tau_x=tau_x, random_state=seed
+            ),
+            "gradient",
+            "secagg",
+        )
     raise SystemExit(f"unknown recipe {recipe!r}")
 
 
@@ -76,8 +97,10 @@ def main():
     tau_x, gamma, delta = 28.0, 0.01, 1e-5
     machine = f"2-core {platform.machine()} VM, Python {platform.python_version()}"
 
-    print("| recipe | ε target | seed | nystrom | recon. | CA-10NN | ε landmarks (acct.) | ε rows | paper bound at same σ | "
-          "z=σ/Δ | Δ (rule) | s |")
+    print(
+        "| recipe | ε target | seed | nystrom | recon. | CA-10NN | ε landmarks (acct.) | ε rows | paper bound at same σ | "
+        "z=σ/Δ | Δ (rule) | s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for seed in a.seeds:
         parts = partition(X, y, 10, "label", random_state=seed)
@@ -111,38 +134,72 @@ def fit_and_record(a, label, eps, seed, privacy, rule, agg, sites, ys, tau_x, ga
         rows_priv = DataPerturbation(epsilon=a.rows_epsilon, delta=delta, tau_x=tau_x, random_state=seed)
     t0 = time.perf_counter()
     try:
-        est = FedTSNE(n_landmarks=300, rounds=a.rounds, local_steps=a.local_steps, rule=rule, gamma=gamma,
-                      privacy=privacy, aggregation=agg, value_bound=1.0 if agg != "plain" else None,
-                      reconstruction=a.reconstruction, nystrom=a.nystrom, rows_privacy=rows_priv,
-                      landmark_method="feddl", audit_holdout=0.0, random_state=seed).fit(sites)
+        est = FedTSNE(
+            n_landmarks=300,
+            rounds=a.rounds,
+            local_steps=a.local_steps,
+            rule=rule,
+            gamma=gamma,
+            privacy=privacy,
+            aggregation=agg,
+            value_bound=1.0 if agg != "plain" else None,
+            reconstruction=a.reconstruction,
+            nystrom=a.nystrom,
+            rows_privacy=rows_priv,
+            landmark_method="feddl",
+            audit_holdout=0.0,
+            random_state=seed,
+        ).fit(sites)
     except ConfigError as exc:  # e.g. DP with raw rows (no --rows-epsilon): the plan refuses it now
-        print(f"| {label} | {'∞' if privacy is None else f'{eps:g}'} | {seed} | {a.nystrom} | – | "
-              f"refused: {exc} | – | – | – | – | – | – |", flush=True)
+        print(
+            f"| {label} | {'∞' if privacy is None else f'{eps:g}'} | {seed} | {a.nystrom} | – | "
+            f"refused: {exc} | – | – | – | – | – | – |",
+            flush=True,
+        )
         return
     ca = classification_accuracy(est.embedding_, ys, random_state=seed)[10]
     dt = time.perf_counter() - t0
     r = est.privacy_ or {}
-    rows_eps = ("none sent" if a.nystrom == "local" else
-                (f"{a.rows_epsilon:g}" if rows_priv is not None else "∞ (raw rows)"))
-    rec = {"recipe": label, "epsilon_target": None if math.isinf(eps) else eps, "seed": seed,
-           "nystrom": a.nystrom, "reconstruction": est.reconstruction_, "ca10": float(ca),
-           "epsilon_landmarks": r.get("epsilon"), "accountant": r.get("accountant"),
-           "epsilon_rows": rows_eps, "epsilon_paper_bound": r.get("epsilon_paper_bound"),
-           "noise_multiplier": r.get("noise_multiplier"), "sensitivity": r.get("sensitivity"),
-           "sensitivity_rule": r.get("sensitivity_rule"), "releases": r.get("releases"),
-           "rounds": a.rounds, "local_steps": a.local_steps, "seconds": dt,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine}
+    rows_eps = (
+        "none sent" if a.nystrom == "local" else (f"{a.rows_epsilon:g}" if rows_priv is not None else "∞ (raw rows)")
+    )
+    rec = {
+        "recipe": label,
+        "epsilon_target": None if math.isinf(eps) else eps,
+        "seed": seed,
+        "nystrom": a.nystrom,
+        "reconstruction": est.reconstruction_,
+        "ca10": float(ca),
+        "epsilon_landmarks": r.get("epsilon"),
+        "accountant": r.get("accountant"),
+        "epsilon_rows": rows_eps,
+        "epsilon_paper_bound": r.get("epsilon_paper_bound"),
+        "noise_multiplier": r.get("noise_multiplier"),
+        "sensitivity": r.get("sensitivity"),
+        "sensitivity_rule": r.get("sensitivity_rule"),
+        "releases": r.get("releases"),
+        "rounds": a.rounds,
+        "local_steps": a.local_steps,
+        "seconds": dt,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine,
+    }
     if not a.no_record:
         with open(OUT, "a") as fh:
             fh.write(json.dumps(rec) + "\n")
     if privacy is None:
-        print(f"| {label} | ∞ | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | – | {rows_eps} | – | – "
-              f"| – | {dt:.0f} |", flush=True)
+        print(
+            f"| {label} | ∞ | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | – | {rows_eps} | – | – "
+            f"| – | {dt:.0f} |",
+            flush=True,
+        )
     else:
-        print(f"| {label} | {eps:g} | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | "
-              f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
-              f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
-              flush=True)
+        print(
+            f"| {label} | {eps:g} | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | "
+            f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
+            f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
+            flush=True,
+        )
 
 
 def print_table(path=OUT):
@@ -157,8 +214,10 @@ def print_table(path=OUT):
             groups[key].append(r)
     # the gap is taken to the non-private run of the same Nyström stage and seed
     base = {(k[0], r["seed"]): r["ca10"] for k, rs in groups.items() if k[3] == "non-private" for r in rs}
-    print("| Nyström stage | rows' ε | reconstruction | recipe | ε landmarks | seeds | CA-10NN mean ± sd | "
-          "Δ vs non-private (same stage and seeds, points) | z = σ/Δ | ε paper bound at same σ |")
+    print(
+        "| Nyström stage | rows' ε | reconstruction | recipe | ε landmarks | seeds | CA-10NN mean ± sd | "
+        "Δ vs non-private (same stage and seeds, points) | z = σ/Δ | ε paper bound at same σ |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     order = {"non-private": 0, "paper": 1, "ours-local": 2, "ours-dist": 3}
     for key in sorted(groups, key=lambda k: (k[0] != "rows", str(k[1]), k[2], order.get(k[3], 9), k[4] or 1e9)):
@@ -169,9 +228,11 @@ def print_table(path=OUT):
         sd = f" ± {ca.std(ddof=1):.4f}" if len(ca) > 1 else ""
         z = rs[0]["noise_multiplier"]
         pb = rs[0]["epsilon_paper_bound"]
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {'∞' if key[4] is None else f'{key[4]:g}'} | "
-              f"{','.join(str(r['seed']) for r in rs)} | {ca.mean():.4f}{sd} | {gap} | "
-              f"{'–' if z is None else f'{z:.4g}'} | {'–' if pb is None else f'{pb:.4g}'} |")
+        print(
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {'∞' if key[4] is None else f'{key[4]:g}'} | "
+            f"{','.join(str(r['seed']) for r in rs)} | {ca.mean():.4f}{sd} | {gap} | "
+            f"{'–' if z is None else f'{z:.4g}'} | {'–' if pb is None else f'{pb:.4g}'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -60,11 +60,21 @@ def main():
 
     t0 = time.perf_counter()
     Ys = {"feddl": fed_dl(sites, 300, rounds=20, local_steps=5, gamma=0.01, random_state=a.seed).landmarks}
-    priv = GradientPerturbation(epsilon=1.0, delta=1e-5, accountant="exact", noise="distributed", tau_x=28.0,
-                                random_state=a.seed)
-    Ys["feddl-dp eps=1"] = fed_dl(sites, 300, rounds=20, local_steps=5, rule="gradient", gamma=0.01, privacy=priv,
-                                  aggregation="secagg", value_bound=1.0,
-                                  random_state=a.seed).landmarks
+    priv = GradientPerturbation(
+        epsilon=1.0, delta=1e-5, accountant="exact", noise="distributed", tau_x=28.0, random_state=a.seed
+    )
+    Ys["feddl-dp eps=1"] = fed_dl(
+        sites,
+        300,
+        rounds=20,
+        local_steps=5,
+        rule="gradient",
+        gamma=0.01,
+        privacy=priv,
+        aggregation="secagg",
+        value_bound=1.0,
+        random_state=a.seed,
+    ).landmarks
     Ys["random N(0,5^2)"] = rng.normal(0.0, 5.0, size=(300, X.shape[1]))
     Ys["sample of records"] = Xa[rng.choice(len(Xa), 300, replace=False)]
     print(f"landmarks learned in {time.perf_counter() - t0:.0f} s")
@@ -74,8 +84,10 @@ def main():
     true_idx = np.argpartition(T, 10, axis=1)[:, :10]
     acc, _ = knn_scores(T, ya, true_idx)
     print(f"true distances: 10-NN accuracy {acc:.3f}")
-    print("| landmarks | median ‖y‖ (records: %.1f) | Eq. 21 10-NN acc | Eq. 21 recall | feature map 10-NN acc | "
-          "feature map recall |" % float(np.median(np.linalg.norm(Xa, axis=1))))
+    print(
+        "| landmarks | median ‖y‖ (records: %.1f) | Eq. 21 10-NN acc | Eq. 21 recall | feature map 10-NN acc | "
+        "feature map recall |" % float(np.median(np.linalg.norm(Xa, axis=1)))
+    )
     print("|---|---|---|---|---|---|")
     for name, Y in Ys.items():
         B, W = sq_dists(Xa, Y), sq_dists(Y, Y)
@@ -83,8 +95,11 @@ def main():
         e_acc, e_rec = knn_scores(D * D, ya, true_idx)
         Z = ny.distance_feature_map(B, W)
         f_acc, f_rec = knn_scores(sq_dists(Z, Z), ya, true_idx)
-        print(f"| {name} | {np.median(np.linalg.norm(Y, axis=1)):.1f} | {e_acc:.3f} | {e_rec:.3f} | {f_acc:.3f} | "
-              f"{f_rec:.3f} |", flush=True)
+        print(
+            f"| {name} | {np.median(np.linalg.norm(Y, axis=1)):.1f} | {e_acc:.3f} | {e_rec:.3f} | {f_acc:.3f} | "
+            f"{f_rec:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

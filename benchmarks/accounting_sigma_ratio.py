@@ -33,8 +33,10 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for z, R, q in ((5.0, 300, 1.0), (20.0, 300, 1.0), (50.0, 1000, 1.0), (1.0, 1000, 0.01), (2.0, 3000, 0.05)):
         ex = epsilon_from_noise(z, R, 1e-5, "exact") if q == 1.0 else float("nan")
-        print(f"| {z:g} | {R} | {q:g} | {ex:.4g} | {epsilon_from_noise(z, R, 1e-5, 'prv', q):.4g} | "
-              f"{epsilon_from_noise(z, R, 1e-5, 'rdp', q):.4g} | {epsilon_from_noise(z, R, 1e-5, 'paper', q):.4g} |")
+        print(
+            f"| {z:g} | {R} | {q:g} | {ex:.4g} | {epsilon_from_noise(z, R, 1e-5, 'prv', q):.4g} | "
+            f"{epsilon_from_noise(z, R, 1e-5, 'rdp', q):.4g} | {epsilon_from_noise(z, R, 1e-5, 'paper', q):.4g} |"
+        )
 
     print("\n## Sensitivity Δ: Theorem 5 vs the bounds securefed uses (τ_Y = √n_y τ_X, Υ = τ_X + τ_Y)\n")
     print("| n_p | n_y | γ | τ_X | Theorem 5 | kernel shape | Lipschitz | min | Theorem5/min |")
@@ -43,8 +45,10 @@ def main():
         for gfac in (1.0, 0.1):
             g = gfac / tau**2
             s = gradient_sensitivity(n, ny, g, tau, math.sqrt(ny) * tau)
-            print(f"| {n} | {ny} | {g:.3g} | {tau:g} | {s.theorem5:.3g} | {s.kernel_shape:.3g} | {s.lipschitz:.3g} | "
-                  f"{s.value:.3g} ({s.rule}) | {s.theorem5 / s.value:.1f} |")
+            print(
+                f"| {n} | {ny} | {g:.3g} | {tau:g} | {s.theorem5:.3g} | {s.kernel_shape:.3g} | {s.lipschitz:.3g} | "
+                f"{s.value:.3g} ({s.rule}) | {s.theorem5 / s.value:.1f} |"
+            )
     print(f"\n(total {time.perf_counter() - t0:.1f} s)")
 
 

@@ -35,11 +35,35 @@ def main(argv=None) -> None:
     sites = [rng.normal(size=(60, 4)) * 0.5 + 0.3 * i for i in range(3)]
 
     def run(folder, run_id, rounds):
-        plan = RunPlan.build("api", method="none", landmark_method="feddl", landmarks=8, rounds=rounds, local_steps=2,
-                             rule="gradient", aggregation="plain", value_bound=3.0, min_sites=3, seed=3,
-                             audit_holdout=0.0, epsilon=1.0, clip_norm=2.0, run_id=run_id)
-        workers = {i: SiteWorker({"site-name": f"s{i}", "allow-plain": True, "epsilon-budget": 1e6,
-                                  "ledger-path": os.path.join(folder, f"s{i}")}, X) for i, X in enumerate(sites)}
+        plan = RunPlan.build(
+            "api",
+            method="none",
+            landmark_method="feddl",
+            landmarks=8,
+            rounds=rounds,
+            local_steps=2,
+            rule="gradient",
+            aggregation="plain",
+            value_bound=3.0,
+            min_sites=3,
+            seed=3,
+            audit_holdout=0.0,
+            epsilon=1.0,
+            clip_norm=2.0,
+            run_id=run_id,
+        )
+        workers = {
+            i: SiteWorker(
+                {
+                    "site-name": f"s{i}",
+                    "allow-plain": True,
+                    "epsilon-budget": 1e6,
+                    "ledger-path": os.path.join(folder, f"s{i}"),
+                },
+                X,
+            )
+            for i, X in enumerate(sites)
+        }
         t0 = time.perf_counter()
         drive(Coordinator(plan, ledger=open_server_ledger(plan, run_id, None)), InMemoryExchange(workers))
         return time.perf_counter() - t0
@@ -53,8 +77,10 @@ def main(argv=None) -> None:
                 times.append(run(tmp, "measured", args.rounds))
                 index = os.path.join(tmp, "s0", "site-index.jsonl")
                 lines = sum(1 for _ in open(index)) if os.path.exists(index) else 0
-    print(f"rounds {args.rounds} × 2 steps, {args.earlier} earlier runs per site: run {np.median(times):.2f} s "
-          f"(min {min(times):.2f}, max {max(times):.2f}); site index {lines} lines")
+    print(
+        f"rounds {args.rounds} × 2 steps, {args.earlier} earlier runs per site: run {np.median(times):.2f} s "
+        f"(min {min(times):.2f}, max {max(times):.2f}); site index {lines} lines"
+    )
 
 
 if __name__ == "__main__":

@@ -52,10 +52,15 @@ def main() -> None:
     rng = np.random.default_rng(7)
     sites = [rng.normal(size=(12, 3)) for _ in range(3)]
     rows = []
-    head = (f"{'claimed eps':>15} | {'release':>13} | {'landmarks':>13} | {'seeded':>13} | {'attainable':>10} | "
-            f"{'max':>11} | {'Delta att.':>10} | {'wall s':>7}")
-    print(f"canary audit: 3 sites x 12 records x 3 features, 4 landmarks, R = 3 releases, delta = 1e-5, 95 %; "
-          f"bounds as {args.small} / {args.trials} pairs", flush=True)
+    head = (
+        f"{'claimed eps':>15} | {'release':>13} | {'landmarks':>13} | {'seeded':>13} | {'attainable':>10} | "
+        f"{'max':>11} | {'Delta att.':>10} | {'wall s':>7}"
+    )
+    print(
+        f"canary audit: 3 sites x 12 records x 3 features, 4 landmarks, R = 3 releases, delta = 1e-5, 95 %; "
+        f"bounds as {args.small} / {args.trials} pairs",
+        flush=True,
+    )
     print(head)
     print("-" * len(head), flush=True)
     for label, kw in CONFIGS:
@@ -64,21 +69,47 @@ def main() -> None:
         t0 = time.perf_counter()
         tr = run_canary_trials(sites, tau_x=3.0, n_landmarks=4, rounds=3, trials=args.trials, random_state=11, **kw)
         wall = time.perf_counter() - t0
-        res = {s: [tr.audit(s, trials=n) for n in (args.small, args.trials)] for s in ("release", "landmarks", "seeded")}
+        res = {
+            s: [tr.audit(s, trials=n) for n in (args.small, args.trials)] for s in ("release", "landmarks", "seeded")
+        }
         att = res["release"][0].attainable_epsilon
-        cells = " | ".join(f"{res[s][0].epsilon_lower_bound:5.2f} / {res[s][1].epsilon_lower_bound:5.2f}"
-                           for s in ("release", "landmarks", "seeded"))
+        cells = " | ".join(
+            f"{res[s][0].epsilon_lower_bound:5.2f} / {res[s][1].epsilon_lower_bound:5.2f}"
+            for s in ("release", "landmarks", "seeded")
+        )
         mx = f"{perfect_test_epsilon(args.small // 2, 0.95, 1e-5):4.2f} / {perfect_test_epsilon(args.trials - args.trials // 2, 0.95, 1e-5):4.2f}"
         verdict = res["release"][1].verdict
-        print(f"{label:>15} | {cells} | {att:10.3g} | {mx:>11} | {tr.sensitivity_attained:10.2f} | {wall:7.0f}"
-              f"   {verdict}" + ("" if kw.get("noise") != "seeded" else f" (seeded attacker: {res['seeded'][1].verdict})"),
-              flush=True)
-        rows.append({"config": label, "claimed_epsilon": tr.claimed_epsilon, "trials": args.trials,
-                     "wall_seconds": wall, "canary_mu": tr.canary_mu, "attainable_epsilon": att,
-                     "sensitivity_attained": tr.sensitivity_attained, "sensitivity_max": tr.sensitivity_max,
-                     "bounds": {s: {str(r.trials): {"epsilon_lower_bound": r.epsilon_lower_bound, "tpr": r.tpr,
-                                                    "fpr": r.fpr, "threshold": r.threshold, "verdict": r.verdict}
-                                    for r in v} for s, v in res.items()}})
+        print(
+            f"{label:>15} | {cells} | {att:10.3g} | {mx:>11} | {tr.sensitivity_attained:10.2f} | {wall:7.0f}"
+            f"   {verdict}"
+            + ("" if kw.get("noise") != "seeded" else f" (seeded attacker: {res['seeded'][1].verdict})"),
+            flush=True,
+        )
+        rows.append(
+            {
+                "config": label,
+                "claimed_epsilon": tr.claimed_epsilon,
+                "trials": args.trials,
+                "wall_seconds": wall,
+                "canary_mu": tr.canary_mu,
+                "attainable_epsilon": att,
+                "sensitivity_attained": tr.sensitivity_attained,
+                "sensitivity_max": tr.sensitivity_max,
+                "bounds": {
+                    s: {
+                        str(r.trials): {
+                            "epsilon_lower_bound": r.epsilon_lower_bound,
+                            "tpr": r.tpr,
+                            "fpr": r.fpr,
+                            "threshold": r.threshold,
+                            "verdict": r.verdict,
+                        }
+                        for r in v
+                    }
+                    for s, v in res.items()
+                },
+            }
+        )
     for row in rows:
         print(json.dumps(row))
 

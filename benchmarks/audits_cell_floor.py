@@ -28,22 +28,34 @@ warnings.filterwarnings("ignore")
 
 def main(floors, holdouts):
     ds = load_dataset("mnist5k")
-    print("| partition | floor F | hold-out H | cells | CA-10NN | MIA AUC | empirical ε | audit verdict | s |\n"
-          "|---|---|---|---|---|---|---|---|---|", flush=True)
+    print(
+        "| partition | floor F | hold-out H | cells | CA-10NN | MIA AUC | empirical ε | audit verdict | s |\n"
+        "|---|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     for scheme in ("iid", "label"):
         idx = partition(ds.X, ds.y, 10, scheme, random_state=0)
         sites = [ds.X[i] for i in idx]
         y = np.concatenate([ds.y[i] for i in idx])
         for floor, hold in [(f, h) for f in floors for h in holdouts]:
             t0 = time.perf_counter()
-            est = FedTSNE(nystrom="local", landmark_method="cells", cell_floor=floor, audit_holdout=hold,
-                          aggregation="plain",
-                          allow_audit_failure=True, random_state=0).fit(sites)
+            est = FedTSNE(
+                nystrom="local",
+                landmark_method="cells",
+                cell_floor=floor,
+                audit_holdout=hold,
+                aggregation="plain",
+                allow_audit_failure=True,
+                random_state=0,
+            ).fit(sites)
             ca = classification_accuracy(est.embedding_, y, random_state=0)[10]
             dt = time.perf_counter() - t0
             a, info = est.audit_, est.landmark_info_
-            print(f"| {scheme} | {floor} | {hold:g} | {info['cells']} | {ca:.3f} | {a['auc']:.3f} | {a['empirical_epsilon']:.2f} | "
-                  f"{a['verdict']} | {dt:.0f} |", flush=True)
+            print(
+                f"| {scheme} | {floor} | {hold:g} | {info['cells']} | {ca:.3f} | {a['auc']:.3f} | {a['empirical_epsilon']:.2f} | "
+                f"{a['verdict']} | {dt:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,12 @@ from securefed.metrics import classification_accuracy
 def _auditor(store):
     def run(members, holdout, res):
         r = membership_audit(members, holdout, res.landmarks, res.gamma, scores=("nearest", "kde"), random_state=0)
-        store["mia"] = {"auc": r.auc, "empirical_epsilon": r.empirical_epsilon, "empirical_mu": r.empirical_mu,
-                        "tpr_at_fpr_1e2": r.tpr_at_fpr_1e2}
+        store["mia"] = {
+            "auc": r.auc,
+            "empirical_epsilon": r.empirical_epsilon,
+            "empirical_mu": r.empirical_mu,
+            "tpr_at_fpr_1e2": r.tpr_at_fpr_1e2,
+        }
         return store["mia"]
 
     return run
@@ -49,21 +53,41 @@ def main(schemes=("label", "iid"), seed: int = 0, n_landmarks: int = 300) -> Non
     t = time.time()
     central = CentralizedTSNE(random_state=seed).fit_transform(X)
     ca_central = classification_accuracy(central, y, ks=(10,), random_state=seed)[10]
-    print(json.dumps({"dataset": "mnist5k", "method": "centralized t-SNE", "ca_10nn": round(ca_central, 4),
-                      "seconds": round(time.time() - t, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "dataset": "mnist5k",
+                "method": "centralized t-SNE",
+                "ca_10nn": round(ca_central, 4),
+                "seconds": round(time.time() - t, 1),
+            }
+        ),
+        flush=True,
+    )
     ref_mean = X.mean(axis=0)
     for scheme in schemes:
         idx = partition(X, y, 10, scheme, random_state=seed)
         sites = [X[i] for i in idx]
         Xs, ys = np.vstack(sites), np.concatenate([y[i] for i in idx])
-        out = {"dataset": "mnist5k", "partition": scheme, "sites": 10, "n_landmarks": n_landmarks, "n_features": X.shape[1],
-               "ca_10nn_centralized": round(ca_central, 4)}
+        out = {
+            "dataset": "mnist5k",
+            "partition": scheme,
+            "sites": 10,
+            "n_landmarks": n_landmarks,
+            "n_features": X.shape[1],
+            "ca_10nn_centralized": round(ca_central, 4),
+        }
         for mode in ("rows", "local"):
             store: dict = {}
             t = time.time()
-            est = FedTSNE(n_landmarks=n_landmarks, nystrom=mode, random_state=seed, audit_holdout=0.2,
-                          aggregation="plain",
-                          auditor=_auditor(store)).fit(sites)
+            est = FedTSNE(
+                n_landmarks=n_landmarks,
+                nystrom=mode,
+                random_state=seed,
+                audit_holdout=0.2,
+                aggregation="plain",
+                auditor=_auditor(store),
+            ).fit(sites)
             secs = time.time() - t
             ca = classification_accuracy(est.embedding_, ys, ks=(10,), random_state=seed)[10]
             Y = est.landmarks_
@@ -78,14 +102,18 @@ def main(schemes=("label", "iid"), seed: int = 0, n_landmarks: int = 300) -> Non
                 parts, info = reconstruct_from_coordinates(coords, est.landmark_embedding_, Y, return_info=True)
                 X_hat = np.vstack(parts)
             risk = reconstruction_risk(Xs, X_hat, reference=ref_mean)
-            out[mode] = {"ca_10nn": round(ca, 4), "fit_seconds": round(secs, 1), "attack_seconds": round(time.time() - t, 2),
-                         "median_relative_error": round(risk["median_relative_error"], 4),
-                         "fraction_within_5pct": risk["fraction_within_5pct"],
-                         "fraction_within_25pct": risk["fraction_within_25pct"],
-                         "p10_relative_error": round(risk["p10_relative_error"], 4),
-                         "baseline_median_relative_error": round(risk["baseline_median_relative_error"], 4),
-                         "mia": {k: round(v, 4) for k, v in store.get("mia", {}).items()},
-                         **{k: v for k, v in info.items() if isinstance(v, (int, float, str))}}
+            out[mode] = {
+                "ca_10nn": round(ca, 4),
+                "fit_seconds": round(secs, 1),
+                "attack_seconds": round(time.time() - t, 2),
+                "median_relative_error": round(risk["median_relative_error"], 4),
+                "fraction_within_5pct": risk["fraction_within_5pct"],
+                "fraction_within_25pct": risk["fraction_within_25pct"],
+                "p10_relative_error": round(risk["p10_relative_error"], 4),
+                "baseline_median_relative_error": round(risk["baseline_median_relative_error"], 4),
+                "mia": {k: round(v, 4) for k, v in store.get("mia", {}).items()},
+                **{k: v for k, v in info.items() if isinstance(v, (int, float, str))},
+            }
         print(json.dumps(out), flush=True)
 
 

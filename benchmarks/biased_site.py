@@ -27,6 +27,7 @@ import numpy as np
 def _corner_upload(tree, X, B: float):
     """Site 0's crafted sums-pass upload for ``--crafted corner``: its records keep their cells (so its counts stay
     its own) but each sits at the corner of [0, B]^m farthest from its parent cell's centre."""
+
     def corner(cell, n):
         x_c = tree.mu + cell.centre @ tree.V.T  # the centre back in the record space (the basis is orthonormal)
         f_star = (np.where(x_c < B / 2.0, B, 0.0) - tree.mu) @ tree.V
@@ -39,8 +40,11 @@ def _craft(mode: str, victim: str):
     """Patch the real SiteWorker so that site ``victim`` crafts its sums-pass uploads (returns the undo)."""
     from securefed.federation import site as site_mod
 
-    honest, own_tree, check = site_mod.SiteWorker._cells_upload, site_mod.SiteWorker.cell_tree, \
-        site_mod._check_total_against_own
+    honest, own_tree, check = (
+        site_mod.SiteWorker._cells_upload,
+        site_mod.SiteWorker.cell_tree,
+        site_mod._check_total_against_own,
+    )
 
     def cell_tree(self, task, members):  # the adversary skips its own check of the totals (it knows what it sent)
         if self.options.get("site-name") != victim:
@@ -60,7 +64,7 @@ def _craft(mode: str, victim: str):
         if mode == "inflated":
             return 30.0 * u
         if mode == "negative":
-            return np.concatenate([u[:len(u) // 2], -np.abs(u[len(u) // 2:])])
+            return np.concatenate([u[: len(u) // 2], -np.abs(u[len(u) // 2 :])])
         scale = np.concatenate([np.full(int(k), float(b)) for k, b in q.parts])
         return _corner_upload(tree, members, 16.0) / scale
 
@@ -70,6 +74,7 @@ def _craft(mode: str, victim: str):
     def undo():
         site_mod.SiteWorker._cells_upload = honest  # type: ignore[method-assign]
         site_mod.SiteWorker.cell_tree = own_tree  # type: ignore[method-assign]
+
     return undo
 
 
@@ -86,18 +91,23 @@ def crafted(seeds) -> None:
         honest_y = np.concatenate([ds.y[i] for i in idx[1:]])
         for mode in ("none", "inflated", "negative", "corner"):
             undo = _craft(mode, site_names(10)[0]) if mode != "none" else (lambda: None)
-            plan = RunPlan.build("api", method="tsne", landmark_method="cells", value_bound=16.0, seed=seed,
-                                 allow_audit_failure=True)
+            plan = RunPlan.build(
+                "api", method="tsne", landmark_method="cells", value_bound=16.0, seed=seed, allow_audit_failure=True
+            )
             try:
                 res = run_in_process(plan, [ds.X[i] for i in idx])
                 coords = res.embedding["coordinates"]
                 E = np.vstack([coords[k] for k in sorted(coords)][1:])
                 m = embedding_metrics(honest_X, E, honest_y, random_state=0)
-                print(f"seed {seed} site 0 crafts {mode:8s}: completed; honest sites' CA-10NN {m['ca_10nn']:.4f} "
-                      f"trust {m['trustworthiness']:.4f}; audit AUC {res.audit['mia']['auc']:.3f}", flush=True)
+                print(
+                    f"seed {seed} site 0 crafts {mode:8s}: completed; honest sites' CA-10NN {m['ca_10nn']:.4f} "
+                    f"trust {m['trustworthiness']:.4f}; audit AUC {res.audit['mia']['auc']:.3f}",
+                    flush=True,
+                )
             except Exception as exc:  # the refusal is the outcome measured
-                print(f"seed {seed} site 0 crafts {mode:8s}: refused — {type(exc).__name__}: {str(exc)[:300]}",
-                      flush=True)
+                print(
+                    f"seed {seed} site 0 crafts {mode:8s}: refused — {type(exc).__name__}: {str(exc)[:300]}", flush=True
+                )
             finally:
                 undo()
 
@@ -121,23 +131,29 @@ def main():
         idx = partition(ds.X, ds.y, 10, "iid", random_state=seed)
         rng = np.random.default_rng(seed)
         n0 = len(idx[0])
-        fakes = {"honest": ds.X[idx[0]],
-                 "mean": np.full((n0, ds.X.shape[1]), 8.0),
-                 "uniform": rng.uniform(0.0, 16.0, size=(n0, ds.X.shape[1])),
-                 "one-class": np.clip(ds.X[np.flatnonzero(ds.y == 0)[0]] + rng.normal(0.0, 0.5, (n0, ds.X.shape[1])),
-                                      0.0, 16.0)}
+        fakes = {
+            "honest": ds.X[idx[0]],
+            "mean": np.full((n0, ds.X.shape[1]), 8.0),
+            "uniform": rng.uniform(0.0, 16.0, size=(n0, ds.X.shape[1])),
+            "one-class": np.clip(
+                ds.X[np.flatnonzero(ds.y == 0)[0]] + rng.normal(0.0, 0.5, (n0, ds.X.shape[1])), 0.0, 16.0
+            ),
+        }
         honest_X = np.vstack([ds.X[i] for i in idx[1:]])
         honest_y = np.concatenate([ds.y[i] for i in idx[1:]])
         for name, X0 in fakes.items():
-            plan = RunPlan.build("api", method="tsne", landmark_method="cells", value_bound=16.0, seed=seed,
-                                 allow_audit_failure=True)
+            plan = RunPlan.build(
+                "api", method="tsne", landmark_method="cells", value_bound=16.0, seed=seed, allow_audit_failure=True
+            )
             res = run_in_process(plan, [X0] + [ds.X[i] for i in idx[1:]])
             coords = res.embedding["coordinates"]
             E = np.vstack([coords[k] for k in sorted(coords)][1:])
             m = embedding_metrics(honest_X, E, honest_y, random_state=0)
-            print(f"seed {seed} site 0 {name:9s}: honest sites' CA-10NN {m['ca_10nn']:.4f} trust "
-                  f"{m['trustworthiness']:.4f}; audit AUC {res.audit['mia']['auc']:.3f} "
-                  f"({'pass' if res.audit['passed'] else 'fail'}); landmarks {len(res.landmarks)}")
+            print(
+                f"seed {seed} site 0 {name:9s}: honest sites' CA-10NN {m['ca_10nn']:.4f} trust "
+                f"{m['trustworthiness']:.4f}; audit AUC {res.audit['mia']['auc']:.3f} "
+                f"({'pass' if res.audit['passed'] else 'fail'}); landmarks {len(res.landmarks)}"
+            )
 
 
 if __name__ == "__main__":

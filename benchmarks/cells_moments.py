@@ -50,8 +50,9 @@ def _members(X, y):
 def _tree(M, scale: float):
     import securefed.landmarks.celltree as ct
 
-    plan = ct.CellsPlan(floor=15, basis_dim=50, max_cells=min(300, len(M) // 15), max_levels=12, scale=scale,
-                        n_max=len(M))
+    plan = ct.CellsPlan(
+        floor=15, basis_dim=50, max_cells=min(300, len(M) // 15), max_levels=12, scale=scale, n_max=len(M)
+    )
     tree = ct.CellTree(plan, M.shape[1])
     while (q := tree.next_query()) is not None:
         tree.absorb(q, tree.upload(q, M))
@@ -150,13 +151,21 @@ def main():
         for n in a.audit_sizes:
             X, y = _data(f"blobs:{n}")
             parts = partition(X, y, 10, "iid", random_state=0)
-            plan = RunPlan.build("api", method="none", landmark_method="cells",
-                                 value_bound=float(np.ceil(np.abs(X).max())), allow_audit_failure=True, seed=0)
+            plan = RunPlan.build(
+                "api",
+                method="none",
+                landmark_method="cells",
+                value_bound=float(np.ceil(np.abs(X).max())),
+                allow_audit_failure=True,
+                seed=0,
+            )
             t = time.time()
             res = run_in_process(plan, [X[i] for i in parts])
-            print(f"audit blobs {n}: floor {res.landmark_info['floor']}, cells {res.landmark_info['cells']}, "
-                  f"landmarks {len(res.landmarks)}, AUC {res.audit['mia']['auc']:.3f}, round trips "
-                  f"{res.round_trips}, {time.time() - t:.1f} s")
+            print(
+                f"audit blobs {n}: floor {res.landmark_info['floor']}, cells {res.landmark_info['cells']}, "
+                f"landmarks {len(res.landmarks)}, AUC {res.audit['mia']['auc']:.3f}, round trips "
+                f"{res.round_trips}, {time.time() - t:.1f} s"
+            )
 
 
 if __name__ == "__main__":

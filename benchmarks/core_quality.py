@@ -15,8 +15,14 @@ import warnings
 import numpy as np
 
 from securefed.data import load_dataset, partition
-from securefed.estimators import (CentralizedSpectralClustering, CentralizedTSNE, CentralizedUMAP,
-                                  FedSpectralClustering, FedTSNE, FedUMAP)
+from securefed.estimators import (
+    CentralizedSpectralClustering,
+    CentralizedTSNE,
+    CentralizedUMAP,
+    FedSpectralClustering,
+    FedTSNE,
+    FedUMAP,
+)
 from securefed.metrics import clustering_metrics, embedding_metrics
 
 warnings.filterwarnings("ignore")
@@ -48,26 +54,48 @@ def main():
                     variants = [v for v in variants if v[0] in a.variants]
                     for variant, mode in variants:
                         t0 = time.perf_counter()
-                        common = dict(n_landmarks=a.landmarks, random_state=seed, nystrom=mode, aggregation="plain",
-                                      reconstruction=variant if variant in ("paper", "features") else "auto")
+                        common = dict(
+                            n_landmarks=a.landmarks,
+                            random_state=seed,
+                            nystrom=mode,
+                            aggregation="plain",
+                            reconstruction=variant if variant in ("paper", "features") else "auto",
+                        )
                         if method == "tsne":
-                            emb = (CentralizedTSNE(random_state=seed).fit_transform(X) if mode is None
-                                   else FedTSNE(**common).fit_transform(sites))
+                            emb = (
+                                CentralizedTSNE(random_state=seed).fit_transform(X)
+                                if mode is None
+                                else FedTSNE(**common).fit_transform(sites)
+                            )
                             score = embedding_metrics(X, emb, y, random_state=0)["ca_10nn"]
                             key = "ca_10nn"
                         elif method == "umap":
-                            emb = (CentralizedUMAP(random_state=seed).fit_transform(X) if mode is None
-                                   else FedUMAP(**common).fit_transform(sites))
+                            emb = (
+                                CentralizedUMAP(random_state=seed).fit_transform(X)
+                                if mode is None
+                                else FedUMAP(**common).fit_transform(sites)
+                            )
                             score = embedding_metrics(X, emb, y, random_state=0)["ca_10nn"]
                             key = "ca_10nn"
                         else:
                             k = len(np.unique(y))
-                            lab = (CentralizedSpectralClustering(k, random_state=seed).fit_predict(X) if mode is None
-                                   else FedSpectralClustering(k, **common).fit_predict(sites))
+                            lab = (
+                                CentralizedSpectralClustering(k, random_state=seed).fit_predict(X)
+                                if mode is None
+                                else FedSpectralClustering(k, **common).fit_predict(sites)
+                            )
                             score = clustering_metrics(lab, y)["nmi"]
                             key = "nmi"
-                        row = dict(dataset=name, partition=part, method=method, variant=variant, seed=seed,
-                                   metric=key, value=float(score), seconds=round(time.perf_counter() - t0, 1))
+                        row = dict(
+                            dataset=name,
+                            partition=part,
+                            method=method,
+                            variant=variant,
+                            seed=seed,
+                            metric=key,
+                            value=float(score),
+                            seconds=round(time.perf_counter() - t0, 1),
+                        )
                         rows.append(row)
                         print(json.dumps(row), flush=True)
                         if a.out:
@@ -99,7 +127,9 @@ def table(path):
     agg = collections.defaultdict(list)
     for r in rows:
         agg[(r["dataset"], r["partition"], r["method"], r["variant"])].append(r["value"])
-    print("| dataset | partition | method (metric) | centralized | paper (Δ) | features (Δ) | seeds (central / paper / features) |")
+    print(
+        "| dataset | partition | method (metric) | centralized | paper (Δ) | features (Δ) | seeds (central / paper / features) |"
+    )
     print("|---|---|---|---|---|---|---|")
     names = {"tsne": "t-SNE (CA-10NN)", "umap": "UMAP (CA-10NN)", "spectral": "spectral (NMI)"}
     for m in ("tsne", "umap", "spectral"):

@@ -39,20 +39,26 @@ def main():
     yy = np.concatenate([y[i] for i in idx])
     Xp = np.vstack(sites)
     t0 = time.perf_counter()
-    fed = FedTSNE(n_landmarks=a.landmarks, rounds=30, random_state=0, reconstruction="features", n_jobs=2,
-                  aggregation="plain").fit(sites)  # as measured: plain sums (no silent fall-back any more)
+    fed = FedTSNE(
+        n_landmarks=a.landmarks, rounds=30, random_state=0, reconstruction="features", n_jobs=2, aggregation="plain"
+    ).fit(sites)  # as measured: plain sums (no silent fall-back any more)
     t_fed = time.perf_counter() - t0
     ca_fed = classification_accuracy(fed.embedding_, yy, ks=(10,), random_state=0)[10]
-    print(f"fed-tsne n={a.n} dim={a.dim} reconstruction={fed.reconstruction_} seconds={t_fed:.1f} "
-          f"timings={ {k: round(v, 1) for k, v in fed.timings_.items()} } ca10={ca_fed:.4f} peak_rss_gb={peak_rss_gb():.2f}",
-          flush=True)
+    print(
+        f"fed-tsne n={a.n} dim={a.dim} reconstruction={fed.reconstruction_} seconds={t_fed:.1f} "
+        f"timings={ {k: round(v, 1) for k, v in fed.timings_.items()} } ca10={ca_fed:.4f} peak_rss_gb={peak_rss_gb():.2f}",
+        flush=True,
+    )
     if not a.skip_central:
         t1 = time.perf_counter()
         emb = CentralizedTSNE(random_state=0, n_jobs=2).fit_transform(Xp)
         t_c = time.perf_counter() - t1
         ca_c = classification_accuracy(emb, yy, ks=(10,), random_state=0)[10]
-        print(f"central-tsne seconds={t_c:.1f} ca10={ca_c:.4f} ratio_fed_over_central={t_fed / t_c:.2f} "
-              f"peak_rss_gb={peak_rss_gb():.2f}", flush=True)
+        print(
+            f"central-tsne seconds={t_c:.1f} ca10={ca_c:.4f} ratio_fed_over_central={t_fed / t_c:.2f} "
+            f"peak_rss_gb={peak_rss_gb():.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -33,22 +33,40 @@ def main():
     ds = load_dataset("digits")
     idx = partition(ds.X, ds.y, 3, "label", random_state=0)
     sites = [ds.X[i] for i in idx]
-    opts = dict(method="tsne", epsilon=a.epsilon, delta=1e-5, clip_norm=16.0 * math.sqrt(64), value_bound=16.0,
-                coordinates="keep", density_share=0.2, min_sites=3, seed=0)
+    opts = dict(
+        method="tsne",
+        epsilon=a.epsilon,
+        delta=1e-5,
+        clip_norm=16.0 * math.sqrt(64),
+        value_bound=16.0,
+        coordinates="keep",
+        density_share=0.2,
+        min_sites=3,
+        seed=0,
+    )
     rows = []
     t0 = time.perf_counter()
     res = run_in_process(RunPlan.build("api", **opts), sites)
-    rows.append({"run": "in process", "seconds": round(time.perf_counter() - t0, 2), "round_trips": res.round_trips,
-                 "epsilon_spent": res.privacy["epsilon"], "releases": res.privacy["releases"],
-                 "density_total": round(float(res.embedding["density"]["counts"].sum()), 1), "records": len(ds.X)})
+    rows.append(
+        {
+            "run": "in process",
+            "seconds": round(time.perf_counter() - t0, 2),
+            "round_trips": res.round_trips,
+            "epsilon_spent": res.privacy["epsilon"],
+            "releases": res.privacy["releases"],
+            "density_total": round(float(res.embedding["density"]["counts"].sum()), 1),
+            "records": len(ds.X),
+        }
+    )
     print(json.dumps(rows[-1]), flush=True)
     cfg = to_run_config(RunPlan.build("flower", **opts))
     with tempfile.TemporaryDirectory() as tmp:
         with LocalDeployment(os.path.join(tmp, "dep")) as dep:
             dep.start_superlink()
             for i, p in enumerate(write_site_files(tmp, sites)):
-                dep.start_supernode(f"site{i}", p, node_config={"epsilon-budget": 10.0,
-                                                                 "ledger-path": os.path.join(tmp, f"ledgers{i}")})
+                dep.start_supernode(
+                    f"site{i}", p, node_config={"epsilon-budget": 10.0, "ledger-path": os.path.join(tmp, f"ledgers{i}")}
+                )
             t0 = time.perf_counter()
             out = dep.run(dict(cfg))
             doc = dep.wait_result(out, 1800)
@@ -60,16 +78,26 @@ def main():
                 for name in os.listdir(folder):
                     if name.endswith(".jsonl"):
                         with open(os.path.join(folder, name)) as fh:
-                            releases.append([json.loads(ln)["mechanism"] for ln in fh
-                                             if json.loads(ln).get("type") == "release"])
+                            releases.append(
+                                [json.loads(ln)["mechanism"] for ln in fh if json.loads(ln).get("type") == "release"]
+                            )
             with np.load(os.path.join(out, "density.npz")) as z:
                 total = float(z["counts"].sum())
         assert all(r == ["gaussian-rff", "gaussian-counts", "gaussian-density"] for r in releases), releases
-        rows.append({"run": "flower", "seconds": round(seconds, 2), "round_trips": doc.get("round_trips"),
-                     "round_trips_per_stage": doc.get("round_trips_per_stage"),
-                     "epsilon_spent": doc["privacy"]["epsilon"], "releases": doc["privacy"]["releases"],
-                     "site_ledgers": releases, "density_total": round(total, 1), "records": len(ds.X),
-                     "coordinates_left_sites": "embedding.npz" in os.listdir(out) if os.path.isdir(out) else None})
+        rows.append(
+            {
+                "run": "flower",
+                "seconds": round(seconds, 2),
+                "round_trips": doc.get("round_trips"),
+                "round_trips_per_stage": doc.get("round_trips_per_stage"),
+                "epsilon_spent": doc["privacy"]["epsilon"],
+                "releases": doc["privacy"]["releases"],
+                "site_ledgers": releases,
+                "density_total": round(total, 1),
+                "records": len(ds.X),
+                "coordinates_left_sites": "embedding.npz" in os.listdir(out) if os.path.isdir(out) else None,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -51,9 +51,12 @@ def main():
     ap.add_argument("--method", default="tsne")
     ap.add_argument("--settings", nargs="+", default=["stock", "fork"], choices=["stock", "fork"])
     ap.add_argument("--echo-trips", type=int, default=8)
-    ap.add_argument("--stage-timeout", type=float, default=None,
-                    help="SecAgg+ stage deadline (unset: the protocol's 30–120 s); a loaded 2-core machine may need "
-                         "more")
+    ap.add_argument(
+        "--stage-timeout",
+        type=float,
+        default=None,
+        help="SecAgg+ stage deadline (unset: the protocol's 30–120 s); a loaded 2-core machine may need more",
+    )
     ap.add_argument("--json", help="also write every row here")
     add_build_args(ap)
     a = ap.parse_args()
@@ -74,9 +77,17 @@ def main():
             res = run_in_process(plan, sites)
             t_in = time.perf_counter() - t0
             m = _metrics(X, y, idx, [res.stacked("coordinates")])
-            rows.append({"run": "in process", "repeat": rep, "seconds": round(t_in, 2), "round_trips": res.round_trips,
-                         "round_trips_per_stage": res.round_trips_per_stage(),
-                         "ca_10nn": round(m["ca_10nn"], 4), "cells": len(res.landmarks)})
+            rows.append(
+                {
+                    "run": "in process",
+                    "repeat": rep,
+                    "seconds": round(t_in, 2),
+                    "round_trips": res.round_trips,
+                    "round_trips_per_stage": res.round_trips_per_stage(),
+                    "ca_10nn": round(m["ca_10nn"], 4),
+                    "cells": len(res.landmarks),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
             order = [(b, s, None) for b in builds for s in a.settings]
             order += [(builds[0], "stock", c) for c in a.code]
@@ -85,16 +96,25 @@ def main():
             for (bname, bdir, benv), launcher, code in order:
                 tag = f"{rep}-{len(rows)}"
                 name = f"{bname}, {launcher}" + (f", code {code.split('=', 1)[0]}" if code else "")
-                row = one_setting(name, bdir, launcher, benv, paths, cfg, a.echo_trips, tmp, tag,
-                                  code_root=code.split("=", 1)[1] if code else None)
+                row = one_setting(
+                    name,
+                    bdir,
+                    launcher,
+                    benv,
+                    paths,
+                    cfg,
+                    a.echo_trips,
+                    tmp,
+                    tag,
+                    code_root=code.split("=", 1)[1] if code else None,
+                )
                 out = os.path.join(tmp, "dep-" + tag, "run")
                 if row["status"] == "completed":
                     with np.load(os.path.join(out, "embedding.npz")) as z:
                         row["ca_10nn"] = round(_metrics(X, y, idx, [z[f"site{i}"] for i in range(3)])["ca_10nn"], 4)
                     with open(os.path.join(out, "result.json")) as fh:
                         row["audit"] = (json.load(fh).get("audit") or {}).get("verdict")
-                row.update(repeat=rep, in_process_s=round(t_in, 2),
-                           ratio_to_in_process=round(row["wall_s"] / t_in, 1))
+                row.update(repeat=rep, in_process_s=round(t_in, 2), ratio_to_in_process=round(row["wall_s"] / t_in, 1))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.json:

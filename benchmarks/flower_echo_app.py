@@ -35,8 +35,15 @@ def main(grid: Grid, context: Context) -> None:
     seconds = []
     for k in range(trips):
         t = time.monotonic()
-        msgs = [Message(RecordDict({"echo": ConfigRecord({"k": k, "pad": b"x" * 64})}), dst_node_id=n,
-                        message_type="query.echo", ttl=600.0) for n in nodes]
+        msgs = [
+            Message(
+                RecordDict({"echo": ConfigRecord({"k": k, "pad": b"x" * 64})}),
+                dst_node_id=n,
+                message_type="query.echo",
+                ttl=600.0,
+            )
+            for n in nodes
+        ]
         left = {m for m in grid.push_messages(msgs) if m}
         while left:
             for rep in grid.pull_messages(list(left)):
@@ -73,7 +80,11 @@ def _poll_cost(grid, seconds: float, interval: float) -> dict | None:
         time.sleep(interval)
     wall = time.monotonic() - t0
     link_cpu = _cpu(link) - l0 - idle_rate * wall
-    return {"polls": n, "wall_s": round(wall, 2), "interval": interval,
-            "serverapp_cpu_per_poll_ms": round(1e3 * (time.process_time() - c0) / n, 2),
-            "superlink_cpu_per_poll_ms": round(1e3 * link_cpu / n, 2),
-            "superlink_idle_cpu_per_s_ms": round(1e3 * idle_rate, 1)}
+    return {
+        "polls": n,
+        "wall_s": round(wall, 2),
+        "interval": interval,
+        "serverapp_cpu_per_poll_ms": round(1e3 * (time.process_time() - c0) / n, 2),
+        "superlink_cpu_per_poll_ms": round(1e3 * link_cpu / n, 2),
+        "superlink_idle_cpu_per_s_ms": round(1e3 * idle_rate, 1),
+    }

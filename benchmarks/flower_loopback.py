@@ -43,8 +43,14 @@ def in_process_reference(a, agg, sites, bound, tau_x):
         kw["privacy"] = GradientPerturbation(epsilon=a.epsilon, tau_x=tau_x, insecure_noise_seed_for_testing=0)
     t0 = time.perf_counter()
     if agg == "secagg":
-        ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="secagg",
-                     aggregation_options={"degree": 2, "threshold": 2}, **kw)
+        ref = fed_dl(
+            sites,
+            a.landmarks,
+            value_bound=bound,
+            aggregation="secagg",
+            aggregation_options={"degree": 2, "threshold": 2},
+            **kw,
+        )
     elif agg == "ckks":
         ref = fed_dl(sites, a.landmarks, value_bound=bound, aggregation="ckks", **kw)
     else:
@@ -61,17 +67,26 @@ def in_process_reference(a, agg, sites, bound, tau_x):
 
 def flower_config(a, agg, bound, tau_x):
     """The Flower run's config (the same job as :func:`in_process_reference`) and the SuperNodes' node config."""
-    cfg = {"landmarks": a.landmarks, "rounds": a.rounds, "local-steps": a.local_steps, "aggregation": agg,
-           "min-sites": 3, "seed": 0, "method": a.embedding.split("-")[0],
-           # the same landmark stage as fed_dl: FedDL on every record (no audit hold-out)
-           "landmark-method": "feddl", "audit-holdout": 0.0,
-           "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else ""}
+    cfg = {
+        "landmarks": a.landmarks,
+        "rounds": a.rounds,
+        "local-steps": a.local_steps,
+        "aggregation": agg,
+        "min-sites": 3,
+        "seed": 0,
+        "method": a.embedding.split("-")[0],
+        # the same landmark stage as fed_dl: FedDL on every record (no audit hold-out)
+        "landmark-method": "feddl",
+        "audit-holdout": 0.0,
+        "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else "",
+    }
     nodes = {"warm-worker": a.warm_worker == "true"}
     if agg == "plain":
         nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
     if a.epsilon > 0:
-        cfg.update({"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon,
-                    "noise-seed-for-testing": 0})
+        cfg.update(
+            {"epsilon": a.epsilon, "clip-norm": tau_x, "rows-epsilon": a.rows_epsilon, "noise-seed-for-testing": 0}
+        )
         nodes.update({"epsilon-budget": a.epsilon + a.rows_epsilon + 0.01, "allow-seeded-noise": True})
     if agg == "secagg":
         cfg.update({"value-bound": bound, "degree": 2, "threshold": 2})
@@ -87,9 +102,13 @@ def run_flower(a, agg, tmp, paths, cfg, nodes):
     with LocalDeployment(os.path.join(tmp, "dep-" + agg)) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p,
-                                node_config=dict(nodes, **{"ledger-path": os.path.join(tmp, f"ledgers{i}")})
-                                if a.epsilon > 0 else nodes)
+            dep.start_supernode(
+                f"site{i}",
+                p,
+                node_config=dict(nodes, **{"ledger-path": os.path.join(tmp, f"ledgers{i}")})
+                if a.epsilon > 0
+                else nodes,
+            )
         t_up = time.perf_counter() - t0
         t1 = time.perf_counter()
         run_dir = dep.run(cfg)
@@ -114,25 +133,47 @@ def main():
     X = load_dataset("digits").X
     sites = np.array_split(X, 3)
     bound = float(np.max(np.abs(X)))
-    out = {"warm_worker": a.warm_worker == "true", "sites": [len(s) for s in sites], "features": X.shape[1], "landmarks": a.landmarks, "rounds": a.rounds,
-           "local_steps": a.local_steps, "value_bound": bound, "runs": {}}
+    out = {
+        "warm_worker": a.warm_worker == "true",
+        "sites": [len(s) for s in sites],
+        "features": X.shape[1],
+        "landmarks": a.landmarks,
+        "rounds": a.rounds,
+        "local_steps": a.local_steps,
+        "value_bound": bound,
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_site_files(tmp, sites)
         for agg in a.aggregation:
             ref, t_inproc = in_process_reference(a, agg, sites, bound, tau_x)
             cfg, nodes = flower_config(a, agg, bound, tau_x)
             res, Y, t_up, t_run = run_flower(a, agg, tmp, paths, cfg, nodes)
-            per = [{"step": st["label"], "to_site_bytes": st["bytes_to_site"], "from_site_bytes": st["bytes_from_site"],
-                    "seconds": round(st["seconds"], 2)} for st in res.get("steps", [])]
+            per = [
+                {
+                    "step": st["label"],
+                    "to_site_bytes": st["bytes_to_site"],
+                    "from_site_bytes": st["bytes_from_site"],
+                    "seconds": round(st["seconds"], 2),
+                }
+                for st in res.get("steps", [])
+            ]
             out["runs"][agg] = {
-                "status": res["status"], "in_process_seconds": round(t_inproc, 2),
-                "flower_startup_seconds": round(t_up, 2), "flower_run_seconds": round(t_run, 2),
+                "status": res["status"],
+                "in_process_seconds": round(t_inproc, 2),
+                "flower_startup_seconds": round(t_up, 2),
+                "flower_run_seconds": round(t_run, 2),
                 "server_app_seconds": round(res.get("seconds", float("nan")), 2),
-                "round_trips": res.get("round_trips"), "messages": res.get("messages"), "aggregations": len(per),
+                "round_trips": res.get("round_trips"),
+                "messages": res.get("messages"),
+                "aggregations": len(per),
                 "max_abs_diff_vs_in_process": None if Y is None else float(np.max(np.abs(Y - ref.landmarks))),
-                "per_aggregation": per, "embedding": res.get("embedding"), "privacy_epsilon":
-                (res.get("privacy") or {}).get("epsilon"), "in_process_epsilon": (ref.privacy or {}).get("epsilon"),
-                "warnings": res.get("warnings")}
+                "per_aggregation": per,
+                "embedding": res.get("embedding"),
+                "privacy_epsilon": (res.get("privacy") or {}).get("epsilon"),
+                "in_process_epsilon": (ref.privacy or {}).get("epsilon"),
+                "warnings": res.get("warnings"),
+            }
     print(json.dumps(out, indent=1))
 
 

@@ -52,8 +52,17 @@ from securefed.plan import RunPlan, to_run_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = {
     # 16 round trips: a SecAgg+ FedDL round on 50 landmarks, no embedding
-    "step": {"landmarks": 50, "rounds": 1, "local-steps": 5, "aggregation": "secagg", "method": "none",
-             "landmark-method": "feddl", "audit-holdout": 0.0, "degree": 2, "threshold": 2},
+    "step": {
+        "landmarks": 50,
+        "rounds": 1,
+        "local-steps": 5,
+        "aggregation": "secagg",
+        "method": "none",
+        "landmark-method": "feddl",
+        "audit-holdout": 0.0,
+        "degree": 2,
+        "threshold": 2,
+    },
 }
 
 
@@ -71,16 +80,47 @@ def run_echo(dep: LocalDeployment, trips: int, sites: int, tag: str, poll_second
     os.makedirs(app, exist_ok=True)
     shutil.copy(os.path.join(ROOT, "benchmarks", "flower_echo_app.py"), app)  # the app's code travels in the FAB
     with open(os.path.join(app, "pyproject.toml"), "w") as fh:
-        fh.write("\n".join([
-            "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
-            "[project]", 'name = "securefed-echo"', 'version = "1.0.0"', 'license = "Apache-2.0"', "dependencies = []",
-            "", "[tool.hatch.build.targets.wheel]", 'packages = ["."]', "", "[tool.flwr.app]",
-            'publisher = "securefed"', "", "[tool.flwr.app.components]",
-            'serverapp = "flower_echo_app:server"', 'clientapp = "flower_echo_app:client"', "",
-            "[tool.flwr.app.config]", f"out = {json.dumps(out)}", f"trips = {trips}", f"sites = {sites}",
-            f"poll-seconds = {float(poll_seconds)!r}", "poll-interval = 0.05", ""]))
-    r = subprocess.run([os.path.join(dep.bin, "flwr"), "run", app, "local"], env=dep._write_cli_config(),
-                       cwd=dep.workdir, capture_output=True, text=True, timeout=300)
+        fh.write(
+            "\n".join(
+                [
+                    "[build-system]",
+                    'requires = ["hatchling"]',
+                    'build-backend = "hatchling.build"',
+                    "",
+                    "[project]",
+                    'name = "securefed-echo"',
+                    'version = "1.0.0"',
+                    'license = "Apache-2.0"',
+                    "dependencies = []",
+                    "",
+                    "[tool.hatch.build.targets.wheel]",
+                    'packages = ["."]',
+                    "",
+                    "[tool.flwr.app]",
+                    'publisher = "securefed"',
+                    "",
+                    "[tool.flwr.app.components]",
+                    'serverapp = "flower_echo_app:server"',
+                    'clientapp = "flower_echo_app:client"',
+                    "",
+                    "[tool.flwr.app.config]",
+                    f"out = {json.dumps(out)}",
+                    f"trips = {trips}",
+                    f"sites = {sites}",
+                    f"poll-seconds = {float(poll_seconds)!r}",
+                    "poll-interval = 0.05",
+                    "",
+                ]
+            )
+        )
+    r = subprocess.run(
+        [os.path.join(dep.bin, "flwr"), "run", app, "local"],
+        env=dep._write_cli_config(),
+        cwd=dep.workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if "Successfully started run" not in r.stdout:
         raise RuntimeError(f"flwr run (echo) failed: {r.stdout[-1000:]} {r.stderr[-1000:]}")
     path = os.path.join(out, "echo.json")
@@ -105,8 +145,22 @@ def decompose(trace_file: str) -> dict:
     server = sorted((e for e in events if e["kind"] == "server"), key=lambda e: e["push0"])
     apps = {e["msg"]: e for e in events if e["kind"] == "clientapp"}
     workers = sorted((e for e in events if e["kind"] == "worker"), key=lambda e: e["recv"])
-    parts: dict = {k: [] for k in ("wait", "boot", "import", "load", "handler", "site", "back", "push", "coordinator",
-                             "round_trip", "polls")}
+    parts: dict = {
+        k: []
+        for k in (
+            "wait",
+            "boot",
+            "import",
+            "load",
+            "handler",
+            "site",
+            "back",
+            "push",
+            "coordinator",
+            "round_trip",
+            "polls",
+        )
+    }
     for k, ev in enumerate(server):
         parts["push"].append(ev["push1"] - ev["push0"])
         if "polls" in ev:  # the exchange's cumulative count of polls for replies
@@ -124,9 +178,18 @@ def decompose(trace_file: str) -> dict:
                 boot, imp, load = a["enter"] - a["proc_start"], 0.0, 0.0
             else:
                 boot, imp, load = a["import0"] - a["proc_start"], a["import1"] - a["import0"], a["enter"] - a["import1"]
-            per.append({"wait": a["proc_start"] - ev["push1"], "boot": boot, "import": imp, "load": load,
-                        "handler": a["exit"] - a["enter"], "site": sum(site), "back": arr - a["exit"],
-                        "total": arr - ev["push1"]})
+            per.append(
+                {
+                    "wait": a["proc_start"] - ev["push1"],
+                    "boot": boot,
+                    "import": imp,
+                    "load": load,
+                    "handler": a["exit"] - a["enter"],
+                    "site": sum(site),
+                    "back": arr - a["exit"],
+                    "total": arr - ev["push1"],
+                }
+            )
         if per:
             slow = max(per, key=lambda p: p["total"])  # the round trip waits for the slowest site
             for key in ("wait", "boot", "import", "load", "handler", "site", "back"):
@@ -146,15 +209,25 @@ def _stat(pid: int):
             cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return None
-    return (cmd, int(rest[1]), int(rest[19]), (int(rest[11]) + int(rest[12])) / TICK,
-            (int(rest[13]) + int(rest[14])) / TICK)
+    return (
+        cmd,
+        int(rest[1]),
+        int(rest[19]),
+        (int(rest[11]) + int(rest[12])) / TICK,
+        (int(rest[13]) + int(rest[14])) / TICK,
+    )
 
 
 def _role(cmd: str) -> str:
-    for key, name in (("flwr-serverapp", "ServerApp"), ("flower-superlink", "SuperLink"),
-                      ("flower-supernode", "SuperNode"), ("flwr-clientapp", "ClientApp"),
-                      ("securefed.flower.worker", "site worker"), ("flower-superexec", "SuperExec"),
-                      ("securefed.flower.superexec", "SuperExec")):
+    for key, name in (
+        ("flwr-serverapp", "ServerApp"),
+        ("flower-superlink", "SuperLink"),
+        ("flower-supernode", "SuperNode"),
+        ("flwr-clientapp", "ClientApp"),
+        ("securefed.flower.worker", "site worker"),
+        ("flower-superexec", "SuperExec"),
+        ("securefed.flower.superexec", "SuperExec"),
+    ):
         if key in cmd:
             return name
     return "other"
@@ -176,8 +249,12 @@ class CpuMeter:
     def _tree(self) -> dict:
         procs, stack, seen = {}, list(self.roots), set()
         for d in os.listdir("/proc"):
-            if d.isdigit() and (p := _stat(int(d))) is not None and "securefed.flower.worker" in p[0] \
-                    and self.workdir in p[0]:
+            if (
+                d.isdigit()
+                and (p := _stat(int(d))) is not None
+                and "securefed.flower.worker" in p[0]
+                and self.workdir in p[0]
+            ):
                 stack.append(int(d))
         while stack:
             pid = stack.pop()
@@ -202,8 +279,13 @@ class CpuMeter:
         for pid, (cmd, ppid, start, own, kids) in procs.items():
             role = _role(cmd) if cmd else "ClientApp"  # a zombie has no command line: an exited ClientApp
             parent_cmd = procs.get(ppid, ("",))[0]
-            kid_role = ("ServerApp" if "flower-superlink" in parent_cmd else "ClientApp") if role == "SuperExec" \
-                else "SuperExec" if role in ("SuperLink", "SuperNode") else "other"
+            kid_role = (
+                ("ServerApp" if "flower-superlink" in parent_cmd else "ClientApp")
+                if role == "SuperExec"
+                else "SuperExec"
+                if role in ("SuperLink", "SuperNode")
+                else "other"
+            )
             out[(pid, start, role)] = own
             out[(pid, start, kid_role + " (reaped)")] = kids
         return out
@@ -217,15 +299,30 @@ class CpuMeter:
         return {k: round(v, 1) for k, v in sorted(tot.items()) if abs(v) >= 0.05}
 
 
-def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths: list, cfg: dict, echo_trips: int,
-                tmp: str, tag: str, code_root: str | None = None, poll_seconds: float = 0.0) -> dict:
+def one_setting(
+    name: str,
+    bin_dir: str | None,
+    launcher: str,
+    env: dict,
+    paths: list,
+    cfg: dict,
+    echo_trips: int,
+    tmp: str,
+    tag: str,
+    code_root: str | None = None,
+    poll_seconds: float = 0.0,
+) -> dict:
     trace_dir = os.path.join(tmp, "trace-" + tag)
     old = {k: os.environ.get(k) for k in [*env, "SECUREFED_FLOWER_TRACE"]}
     os.environ.update(env)
     os.environ["SECUREFED_FLOWER_TRACE"] = trace_dir
     try:
-        with LocalDeployment(os.path.join(tmp, "dep-" + tag), bin_dir=bin_dir, code_root=code_root,
-                             superexec={"stock": "flower", "fork": "securefed"}[launcher]) as dep:
+        with LocalDeployment(
+            os.path.join(tmp, "dep-" + tag),
+            bin_dir=bin_dir,
+            code_root=code_root,
+            superexec={"stock": "flower", "fork": "securefed"}[launcher],
+        ) as dep:
             dep.start_superlink()
             for i, p in enumerate(paths):
                 dep.start_supernode(f"site{i}", p)
@@ -245,13 +342,21 @@ def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths:
             else:
                 os.environ[k] = v
     rt = doc.get("round_trips") or 0
-    row = {"setting": name, "status": doc.get("status"), "reason": doc.get("reason"), "wall_s": round(wall, 1),
-           "round_trips": rt, "round_trips_per_stage": doc.get("round_trips_per_stage"),
-           "s_per_round_trip": round(wall / rt, 2) if rt else None,
-           "echo_round_trip_s": round(_med(echo), 2) if echo else None,
-           "echo_s": [round(x, 2) for x in echo], "load1": round(os.getloadavg()[0], 1),
-           "cpu_s": cpu_s, "cpu_s_per_round_trip": round(sum(cpu_s.values()) / rt, 2) if rt else None,
-           "poll_cost": e.get("polls")}
+    row = {
+        "setting": name,
+        "status": doc.get("status"),
+        "reason": doc.get("reason"),
+        "wall_s": round(wall, 1),
+        "round_trips": rt,
+        "round_trips_per_stage": doc.get("round_trips_per_stage"),
+        "s_per_round_trip": round(wall / rt, 2) if rt else None,
+        "echo_round_trip_s": round(_med(echo), 2) if echo else None,
+        "echo_s": [round(x, 2) for x in echo],
+        "load1": round(os.getloadavg()[0], 1),
+        "cpu_s": cpu_s,
+        "cpu_s_per_round_trip": round(sum(cpu_s.values()) / rt, 2) if rt else None,
+        "poll_cost": e.get("polls"),
+    }
     tf = os.path.join(trace_dir, "trace.jsonl")
     if os.path.exists(tf):
         row["parts"] = decompose(tf)
@@ -259,14 +364,24 @@ def one_setting(name: str, bin_dir: str | None, launcher: str, env: dict, paths:
 
 
 def add_build_args(ap) -> None:
-    ap.add_argument("--flower-build", action="append", default=[], metavar="LABEL|BIN_DIR|K=V,K=V",
-                    help="also run every setting with the Flower executables in BIN_DIR (a throw-away virtualenv "
-                         "with a patched COPY of flwr) and this environment, e.g. 'idle 0.1 s|/tmp/flwr-patched/bin|"
-                         "FLWR_SUPERNODE_IDLE_PULL_INTERVAL=0.1,FLWR_SUPERNODE_REPLY_POLL_INTERVAL=0.05'")
+    ap.add_argument(
+        "--flower-build",
+        action="append",
+        default=[],
+        metavar="LABEL|BIN_DIR|K=V,K=V",
+        help="also run every setting with the Flower executables in BIN_DIR (a throw-away virtualenv "
+        "with a patched COPY of flwr) and this environment, e.g. 'idle 0.1 s|/tmp/flwr-patched/bin|"
+        "FLWR_SUPERNODE_IDLE_PULL_INTERVAL=0.1,FLWR_SUPERNODE_REPLY_POLL_INTERVAL=0.05'",
+    )
     ap.add_argument("--no-stock-flower", action="store_true", help="only the --flower-build builds")
-    ap.add_argument("--code", action="append", default=[], metavar="LABEL=ROOT",
-                    help="also run the stock setting with the securefed source tree ROOT (e.g. an export of an earlier "
-                         "commit: git archive COMMIT | tar -x -C ROOT) — before/after in the same run")
+    ap.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        metavar="LABEL=ROOT",
+        help="also run the stock setting with the securefed source tree ROOT (e.g. an export of an earlier "
+        "commit: git archive COMMIT | tar -x -C ROOT) — before/after in the same run",
+    )
 
 
 def parse_builds(a) -> list:
@@ -281,9 +396,12 @@ def parse_builds(a) -> list:
 def table(rows: list) -> str:
     """One markdown line per setting: medians over its runs."""
     keys = ("wait", "boot", "import", "handler", "site", "back", "push", "coordinator")
-    out = ["| setting | runs | echo round trip (s) | job round trip, median (s) | wall / round trip (s) | "
-           + " | ".join(keys) + " | CPU s / round trip | load |",
-           "|---" * (len(keys) + 7) + "|"]
+    out = [
+        "| setting | runs | echo round trip (s) | job round trip, median (s) | wall / round trip (s) | "
+        + " | ".join(keys)
+        + " | CPU s / round trip | load |",
+        "|---" * (len(keys) + 7) + "|",
+    ]
     for name in dict.fromkeys(r["setting"] for r in rows):
         rs = [r for r in rows if r["setting"] == name]
         ok = [r for r in rs if r["status"] == "completed"]
@@ -293,12 +411,15 @@ def table(rows: list) -> str:
             xs = [x for x in xs if x is not None]
             return fmt.format(statistics.median(xs)) if xs else "–"
 
-        out.append(f"| {name} | {len(rs)}" + (f" ({len(rs) - len(ok)} aborted)" if len(ok) < len(rs) else "")
-                   + f" | {med([r['echo_round_trip_s'] for r in rs])} | {med([p.get('round_trip') for p in parts])} | "
-                   f"{med([r['s_per_round_trip'] for r in ok])} | "
-                   + " | ".join(med([p.get(k) for p in parts]) for k in keys)
-                   + f" | {med([r.get('cpu_s_per_round_trip') for r in ok], '{:.1f}')} | "
-                   f"{med([r['load1'] for r in rs], '{:.0f}')} |")
+        out.append(
+            f"| {name} | {len(rs)}"
+            + (f" ({len(rs) - len(ok)} aborted)" if len(ok) < len(rs) else "")
+            + f" | {med([r['echo_round_trip_s'] for r in rs])} | {med([p.get('round_trip') for p in parts])} | "
+            f"{med([r['s_per_round_trip'] for r in ok])} | "
+            + " | ".join(med([p.get(k) for p in parts]) for k in keys)
+            + f" | {med([r.get('cpu_s_per_round_trip') for r in ok], '{:.1f}')} | "
+            f"{med([r['load1'] for r in rs], '{:.0f}')} |"
+        )
     return "\n".join(out)
 
 
@@ -309,13 +430,21 @@ def main():
     ap.add_argument("--echo-trips", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1)
     add_build_args(ap)
-    ap.add_argument("--stage-timeout", type=float, default=None,
-                    help="SecAgg+ stage deadline (unset: the protocol's 30–120 s; a loaded 2-core machine may need "
-                         "more)")
+    ap.add_argument(
+        "--stage-timeout",
+        type=float,
+        default=None,
+        help="SecAgg+ stage deadline (unset: the protocol's 30–120 s; a loaded 2-core machine may need more)",
+    )
     ap.add_argument("--keep-traces", help="copy each setting's trace.jsonl into this directory")
-    ap.add_argument("--poll-cost", type=float, default=0.0, metavar="SECONDS",
-                    help="also let the echo ServerApp poll for replies (every 0.05 s, nothing to pull) this long and "
-                         "report the ServerApp's and the SuperLink's CPU per poll")
+    ap.add_argument(
+        "--poll-cost",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also let the echo ServerApp poll for replies (every 0.05 s, nothing to pull) this long and "
+        "report the ServerApp's and the SuperLink's CPU per poll",
+    )
     ap.add_argument("--json", help="also write every row here")
     a = ap.parse_args()
     ds = load_dataset("digits")
@@ -336,8 +465,19 @@ def main():
             for (bname, bdir, benv), launcher, code in order:
                 name = f"{bname}, {launcher}" + (f", code {code.split('=', 1)[0]}" if code else "")
                 tag = f"{rep}-{len(rows)}"
-                row = one_setting(name, bdir, launcher, benv, paths, cfg, a.echo_trips, tmp, tag,
-                                  code_root=code.split("=", 1)[1] if code else None, poll_seconds=a.poll_cost)
+                row = one_setting(
+                    name,
+                    bdir,
+                    launcher,
+                    benv,
+                    paths,
+                    cfg,
+                    a.echo_trips,
+                    tmp,
+                    tag,
+                    code_root=code.split("=", 1)[1] if code else None,
+                    poll_seconds=a.poll_cost,
+                )
                 row.update(repeat=rep, job=a.job)
                 if a.keep_traces and os.path.exists(os.path.join(tmp, "trace-" + tag, "trace.jsonl")):
                     os.makedirs(a.keep_traces, exist_ok=True)

@@ -49,9 +49,22 @@ from securefed.flower import worker as W
 TICK = os.sysconf("SC_CLK_TCK")
 JOBS = {
     "step": {"landmarks": 50, "rounds": 1, "local-steps": 5, "aggregation": "secagg", "method": "none"},
-    "plain": {"landmarks": 50, "rounds": 2, "local-steps": 5, "aggregation": "plain", "method": "tsne", "nystrom": "local"},
-    "secagg": {"landmarks": 50, "rounds": 2, "local-steps": 5, "aggregation": "secagg", "method": "tsne",
-               "nystrom": "local"},
+    "plain": {
+        "landmarks": 50,
+        "rounds": 2,
+        "local-steps": 5,
+        "aggregation": "plain",
+        "method": "tsne",
+        "nystrom": "local",
+    },
+    "secagg": {
+        "landmarks": 50,
+        "rounds": 2,
+        "local-steps": 5,
+        "aggregation": "secagg",
+        "method": "tsne",
+        "nystrom": "local",
+    },
 }
 
 
@@ -162,14 +175,22 @@ def flower_run(job: str, warm: bool, paths: list, tmp: str, bound: float, tag: s
         starts = sorted(s for site, s, _ in procs if site == f"site{i}")
         steps += [b - a for a, b in zip(starts, starts[1:])]
     rt = res.get("round_trips") or 0
-    return {"job": job, "mode": "warm" if warm else "cold", "status": res["status"], "wall_s": round(wall, 2),
-            "server_app_s": round(res.get("seconds", float("nan")), 2), "round_trips": rt,
-            "messages": res.get("messages"), "clientapps": len(procs),
-            "clientapp_cpu_median_s": round(statistics.median(cpu), 3) if cpu else None,
-            "clientapp_cpu_total_s": round(sum(cpu), 1),
-            "step_wall_median_s": round(statistics.median(steps), 2) if steps else None,
-            "wall_per_round_trip_s": round(wall / rt, 2) if rt else None,
-            "worker_cpu_s": wcpu, "error": res.get("reason")}
+    return {
+        "job": job,
+        "mode": "warm" if warm else "cold",
+        "status": res["status"],
+        "wall_s": round(wall, 2),
+        "server_app_s": round(res.get("seconds", float("nan")), 2),
+        "round_trips": rt,
+        "messages": res.get("messages"),
+        "clientapps": len(procs),
+        "clientapp_cpu_median_s": round(statistics.median(cpu), 3) if cpu else None,
+        "clientapp_cpu_total_s": round(sum(cpu), 1),
+        "step_wall_median_s": round(statistics.median(steps), 2) if steps else None,
+        "wall_per_round_trip_s": round(wall / rt, 2) if rt else None,
+        "worker_cpu_s": wcpu,
+        "error": res.get("reason"),
+    }
 
 
 def in_process(job: str, sites: list, bound: float) -> float:
@@ -191,22 +212,29 @@ def _med(xs):
 
 
 def tables(runs: list, inproc: dict) -> str:
-    lines = ["| job | mode | runs | ClientApp CPU / message (s) | wall / step (s) | wall / round trip (s) | round trips | "
-             "ClientApp processes | worker CPU / site (s) | run wall (s) | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| job | mode | runs | ClientApp CPU / message (s) | wall / step (s) | wall / round trip (s) | round trips | "
+        "ClientApp processes | worker CPU / site (s) | run wall (s) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for job in dict.fromkeys(r["job"] for r in runs):
         for mode in ("cold", "warm"):
             rs = [r for r in runs if r["job"] == job and r["mode"] == mode]
             if not rs:
                 continue
             wc = [c for r in rs for c in r["worker_cpu_s"] if c is not None]
-            lines.append(f"| {job} | {mode} | {len(rs)} | {_med([r['clientapp_cpu_median_s'] for r in rs]):.2f} | "
-                         f"{_med([r['step_wall_median_s'] for r in rs]):.2f} | {_med([r['wall_per_round_trip_s'] for r in rs]):.2f} | "
-                         f"{rs[0]['round_trips']} | {rs[0]['clientapps']} | {(f'{_med(wc):.1f}' if wc else '–')} | "
-                         f"{_med([r['wall_s'] for r in rs]):.1f} ({min(r['wall_s'] for r in rs):.1f}–{max(r['wall_s'] for r in rs):.1f}) | "
-                         f"{','.join(sorted({r['status'] for r in rs}))} |")
-    lines += ["", "| job | in process (s) | cold (s) | warm (s) | cold / in process | warm / in process | warm / cold |",
-              "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {job} | {mode} | {len(rs)} | {_med([r['clientapp_cpu_median_s'] for r in rs]):.2f} | "
+                f"{_med([r['step_wall_median_s'] for r in rs]):.2f} | {_med([r['wall_per_round_trip_s'] for r in rs]):.2f} | "
+                f"{rs[0]['round_trips']} | {rs[0]['clientapps']} | {(f'{_med(wc):.1f}' if wc else '–')} | "
+                f"{_med([r['wall_s'] for r in rs]):.1f} ({min(r['wall_s'] for r in rs):.1f}–{max(r['wall_s'] for r in rs):.1f}) | "
+                f"{','.join(sorted({r['status'] for r in rs}))} |"
+            )
+    lines += [
+        "",
+        "| job | in process (s) | cold (s) | warm (s) | cold / in process | warm / in process | warm / cold |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for job in dict.fromkeys(r["job"] for r in runs):
         ip = _med(inproc.get(job, []))
         c = _med([r["wall_s"] for r in runs if r["job"] == job and r["mode"] == "cold"])
@@ -231,9 +259,11 @@ def main():
         for rep in range(a.repeats):
             for job in a.jobs:
                 inproc.setdefault(job, []).append(in_process(job, sites, bound))
-                print(json.dumps({"job": job, "mode": "in-process", "repeat": rep, "seconds": round(inproc[job][-1], 3)}),
-                      flush=True)
-                for warm in ((False, True) if rep % 2 == 0 else (True, False)):
+                print(
+                    json.dumps({"job": job, "mode": "in-process", "repeat": rep, "seconds": round(inproc[job][-1], 3)}),
+                    flush=True,
+                )
+                for warm in (False, True) if rep % 2 == 0 else (True, False):
                     r = flower_run(job, warm, paths, tmp, bound, f"{job}{rep}{int(warm)}")
                     r.update(repeat=rep, load1=round(os.getloadavg()[0], 1))
                     runs.append(r)

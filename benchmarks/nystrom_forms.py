@@ -37,8 +37,10 @@ def recall(A: np.ndarray, B: np.ndarray) -> float:
 
 
 def main(names=("digits", "mnist5k"), sizes=(10, 50, 100, 300), k=10, seed=0) -> None:
-    print("| dataset | n × m | n_y | paper-sq rel.err | paper-plain rel.err | lmds rel.err | "
-          f"paper-sq {k}-NN recall | paper-plain {k}-NN recall | lmds {k}-NN recall | kernel-Φ {k}-NN recall |")
+    print(
+        "| dataset | n × m | n_y | paper-sq rel.err | paper-plain rel.err | lmds rel.err | "
+        f"paper-sq {k}-NN recall | paper-plain {k}-NN recall | lmds {k}-NN recall | kernel-Φ {k}-NN recall |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         ds = load_dataset(name)
@@ -58,8 +60,14 @@ def main(names=("digits", "mnist5k"), sizes=(10, 50, 100, 300), k=10, seed=0) ->
             Dk = np.sqrt(sq_dists(Phi))
             err = [np.linalg.norm(E - D) / np.linalg.norm(D) for E in (Dsq, Dpl, Dl)]
             rec = [recall(knn_sets(E, k), true_nn) for E in (Dsq, Dpl, Dl, Dk)]
-            print(f"| {name} | {X.shape[0]} × {X.shape[1]} | {n_y} | " + " | ".join(f"{e:.3f}" for e in err)
-                  + " | " + " | ".join(f"{r:.3f}" for r in rec) + " |", flush=True)
+            print(
+                f"| {name} | {X.shape[0]} × {X.shape[1]} | {n_y} | "
+                + " | ".join(f"{e:.3f}" for e in err)
+                + " | "
+                + " | ".join(f"{r:.3f}" for r in rec)
+                + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,17 @@ def main(name: str = "digits", seed: int = 0) -> None:
     t_tsne = time.time() - t
     t = time.time()
     m = embedding_metrics(ds.X, emb, ds.y, random_state=seed)
-    print(json.dumps({"dataset": name, "n": ds.n_samples, "tsne_s": round(t_tsne, 1),
-                      "metrics_s": round(time.time() - t, 1), **{k: round(v, 4) for k, v in m.items()}}))
+    print(
+        json.dumps(
+            {
+                "dataset": name,
+                "n": ds.n_samples,
+                "tsne_s": round(t_tsne, 1),
+                "metrics_s": round(time.time() - t, 1),
+                **{k: round(v, 4) for k, v in m.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

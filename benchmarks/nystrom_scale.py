@@ -69,8 +69,11 @@ def main(n: int = 70_000, n_y: int = 200, m: int = 50, k: int = 90, seed: int = 
 
     t = time.time()
     npa = neighbor_preservation(X, Phi, ks=(10,), random_state=seed)
-    print(f"NPA-10 of Φ vs X (10 000 queries over {n}): {npa[10]:.4f} in {time.time() - t:.1f} s, "
-          f"peak RSS {rss_gb():.2f} GB", flush=True)
+    print(
+        f"NPA-10 of Φ vs X (10 000 queries over {n}): {npa[10]:.4f} in {time.time() - t:.1f} s, "
+        f"peak RSS {rss_gb():.2f} GB",
+        flush=True,
+    )
     print(f"\nPEAK RSS {rss_gb():.2f} GB (a dense {n}×{n} float64 matrix alone would be {8 * n * n / 1e9:.1f} GB)")
 
 

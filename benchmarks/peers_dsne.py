@@ -48,14 +48,19 @@ def all_digits(X, y, rng):
         idx = rng.permutation(np.flatnonzero(y == dgt))
         ref.append(idx[:50])
         for s in range(3):
-            sites[s].append(idx[50 + 100 * s: 150 + 100 * s])
+            sites[s].append(idx[50 + 100 * s : 150 + 100 * s])
     return np.concatenate(ref), [np.concatenate(s) for s in sites]
 
 
 def row(name, X_sites, y_sites, E, secs, extra=None):
     m = embedding_metrics(X_sites, E, y_sites, random_state=0)
-    r = {"method": name, "ca_10nn": m["ca_10nn"], "nmi": m["nmi"], "trustworthiness": m["trustworthiness"],
-         "seconds": round(secs, 1)}
+    r = {
+        "method": name,
+        "ca_10nn": m["ca_10nn"],
+        "nmi": m["nmi"],
+        "trustworthiness": m["trustworthiness"],
+        "seconds": round(secs, 1),
+    }
     r.update(extra or {})
     print(json.dumps(r), flush=True)
     return r
@@ -86,9 +91,14 @@ def run(setup):
         est = PEER_METHODS[name](random_state=0, reference=X[ref], noise_seed=0)
         t = time.perf_counter()
         E = est.fit_transform(sites)
-        extra = {"releases_per_site": est.releases_, "sigma": est.noise_multiplier_,
-                 "epsilon_record": est.epsilon_, "epsilon_per_row": est.epsilon_per_row_, "delta": est.delta_,
-                 "MB_up_per_site": round(est.bytes_up_ / 1e6, 2)}
+        extra = {
+            "releases_per_site": est.releases_,
+            "sigma": est.noise_multiplier_,
+            "epsilon_record": est.epsilon_,
+            "epsilon_per_row": est.epsilon_per_row_,
+            "delta": est.delta_,
+            "MB_up_per_site": round(est.bytes_up_ / 1e6, 2),
+        }
         rows.append(row(name, Xs, ys, E, time.perf_counter() - t, extra))
     return rows
 
@@ -97,5 +107,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--setup", choices=["four", "all", "both"], default="both")
     a = ap.parse_args()
-    for s in (["four", "all"] if a.setup == "both" else [a.setup]):
+    for s in ["four", "all"] if a.setup == "both" else [a.setup]:
         run(s)

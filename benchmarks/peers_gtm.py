@@ -35,8 +35,18 @@ def oil_standin(n=1000, seed=0):
         m = n // 3 + (1 if c < n % 3 else 0)
         u = rng.uniform(size=(m, 2))
         tw = 1.0 + 0.7 * c
-        F = np.column_stack([u[:, 0], u[:, 1], np.sin(3 * tw * u[:, 0]), np.cos(3 * u[:, 1]), u[:, 0] * u[:, 1],
-                             u[:, 0] ** 2, tw * u[:, 1] ** 2, np.sin(u[:, 0] + tw * u[:, 1])])
+        F = np.column_stack(
+            [
+                u[:, 0],
+                u[:, 1],
+                np.sin(3 * tw * u[:, 0]),
+                np.cos(3 * u[:, 1]),
+                u[:, 0] * u[:, 1],
+                u[:, 0] ** 2,
+                tw * u[:, 1] ** 2,
+                np.sin(u[:, 0] + tw * u[:, 1]),
+            ]
+        )
         off = rng.normal(scale=0.8, size=12)
         X.append(F @ A + off + rng.normal(scale=0.05, size=(m, 12)))
         y.append(np.full(m, c))
@@ -66,8 +76,14 @@ def run(name, X, y):
             E = est.fit_transform(sites)
         secs = time.perf_counter() - t0
         m = embedding_metrics(Xs, E, ys, random_state=0)
-        out = {"data": name, "model": label, "trustworthiness": round(m["trustworthiness"], 4),
-               "ca_10nn": round(m["ca_10nn"], 4), "nmi": round(m["nmi"], 4), "seconds": round(secs, 1)}
+        out = {
+            "data": name,
+            "model": label,
+            "trustworthiness": round(m["trustworthiness"], 4),
+            "ca_10nn": round(m["ca_10nn"], 4),
+            "nmi": round(m["nmi"], 4),
+            "seconds": round(secs, 1),
+        }
         if isinstance(est, DistributedGTM):
             rep = est.privacy_report()
             out["smallest_group"] = min(s["smallest_group"] for s in rep["sites"])

@@ -36,17 +36,34 @@ def broadcast(a):
     X, y = ds.X[keep], ds.y[keep]
     parts = partition(X, y, a.sites, "iid", random_state=np.random.default_rng(0))
     sites = [X[i] for i in parts]
-    plan = RunPlan.build("cli", method="none", landmark_method="cells", keep_rows=True, min_sites=1, value_bound=255.0,
-                         landmarks=a.landmarks)
+    plan = RunPlan.build(
+        "cli",
+        method="none",
+        landmark_method="cells",
+        keep_rows=True,
+        min_sites=1,
+        value_bound=255.0,
+        landmarks=a.landmarks,
+    )
     t = time.process_time()
     res = run_in_process(plan, sites)
     N = float(sum(len(s) for s in sites))
     c = res.masses * (N / res.masses.sum())
     E, Zn = weighted_tsne(res.landmarks, c, perplexity=30.0, seed=0)
-    print(f"cells {len(res.landmarks)}, audit AUC {res.audit['auc']:.3f} ({res.audit['verdict']}), "
-          f"{time.process_time() - t:.1f} CPU s, map span {np.ptp(E, axis=0)}", flush=True)
-    np.savez(a.out, Y=res.landmarks, E=E, c=c, Zn=Zn, y=np.concatenate([y[i] for i in parts]),
-             **{f"F{i}": res.landmark_space.features(s) for i, s in enumerate(sites)})
+    print(
+        f"cells {len(res.landmarks)}, audit AUC {res.audit['auc']:.3f} ({res.audit['verdict']}), "
+        f"{time.process_time() - t:.1f} CPU s, map span {np.ptp(E, axis=0)}",
+        flush=True,
+    )
+    np.savez(
+        a.out,
+        Y=res.landmarks,
+        E=E,
+        c=c,
+        Zn=Zn,
+        y=np.concatenate([y[i] for i in parts]),
+        **{f"F{i}": res.landmark_space.features(s) for i, s in enumerate(sites)},
+    )
 
 
 def place(a):
@@ -61,7 +78,7 @@ def place(a):
     for i in which:
         t = time.process_time()
         out.append(place_refine(d[f"F{i}"], d["Y"], d["E"], d["c"], float(d["Zn"]), perplexity=a.perplexity))
-        ys.append(d["y"][cuts[i]:cuts[i + 1]])
+        ys.append(d["y"][cuts[i] : cuts[i + 1]])
         print(f"site {i}: {len(ys[-1])} records, {time.process_time() - t:.1f} CPU s", flush=True)
     ca = classification_accuracy(np.vstack(out), np.concatenate(ys), ks=(10,), random_state=0)[10]
     print(f"CA-10NN among the placed records: {ca:.4f}")

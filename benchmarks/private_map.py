@@ -32,7 +32,9 @@ def _data(name):
     if name == "mnist15k":
         ds = load_dataset("mnist5k")
         img = ds.X.reshape(-1, 28, 28)
-        X = np.vstack([ds.X, np.roll(img, 1, axis=2).reshape(len(img), -1), np.roll(img, 1, axis=1).reshape(len(img), -1)])
+        X = np.vstack(
+            [ds.X, np.roll(img, 1, axis=2).reshape(len(img), -1), np.roll(img, 1, axis=1).reshape(len(img), -1)]
+        )
         return X, np.concatenate([ds.y] * 3), float(ds.X.max())
     ds = load_dataset(name)
     return ds.X, ds.y, float(np.max(np.abs(ds.X)))
@@ -94,8 +96,10 @@ def _score(method, out, X, y, seed):
 
     if method == "spectral":
         return {"nmi": clustering_metrics(out, y)["nmi"]}
-    return {"ca": classification_accuracy(out, y, random_state=0)[10],
-            "trust": trustworthiness(X, out, random_state=seed)}
+    return {
+        "ca": classification_accuracy(out, y, random_state=0)[10],
+        "trust": trustworthiness(X, out, random_state=seed),
+    }
 
 
 def maps(args):
@@ -108,8 +112,13 @@ def maps(args):
                 for scheme in args.partitions:
                     sites, y, X = _split(X0, y0, args.sites, scheme, seed)
                     kw = {"n_clusters": n_cl} if method == "spectral" else {}
-                    kw.update({k: v for k, v in (("cell_floor", args.cell_floor), ("cell_axes", args.cell_axes))
-                               if v is not None})
+                    kw.update(
+                        {
+                            k: v
+                            for k, v in (("cell_floor", args.cell_floor), ("cell_axes", args.cell_axes))
+                            if v is not None
+                        }
+                    )
                     est, t_fed = _fed(method, sites, bound, seed, **kw)
                     out = est.labels_ if method == "spectral" else est.embedding_
                     fed = _score(method, out, X, y, seed)
@@ -117,18 +126,37 @@ def maps(args):
                     cen = _score(method, cen_out, X, y, seed)
                     rec = _recon(est, X) if method != "spectral" else (float("nan"), float("nan"))
                     piled = _piled(est) if method != "spectral" else float("nan")
-                    rows.append(dict(data=name, method=method, part=scheme, seed=seed, cells=len(est.landmarks_),
-                                     auc=est.audit_["auc"], rec=rec[0], rec_mean=rec[1], t_fed=t_fed, t_cen=t_cen,
-                                     rt=est.result_.round_trips, piled=piled,
-                                     **{f"fed_{k}": v for k, v in fed.items()}, **{f"cen_{k}": v for k, v in cen.items()}))
+                    rows.append(
+                        dict(
+                            data=name,
+                            method=method,
+                            part=scheme,
+                            seed=seed,
+                            cells=len(est.landmarks_),
+                            auc=est.audit_["auc"],
+                            rec=rec[0],
+                            rec_mean=rec[1],
+                            t_fed=t_fed,
+                            t_cen=t_cen,
+                            rt=est.result_.round_trips,
+                            piled=piled,
+                            **{f"fed_{k}": v for k, v in fed.items()},
+                            **{f"cen_{k}": v for k, v in cen.items()},
+                        )
+                    )
                     r = rows[-1]
-                    print(f"# {name} {method} {scheme} seed {seed}: " + ", ".join(
-                        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
+                    print(
+                        f"# {name} {method} {scheme} seed {seed}: "
+                        + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
+                        flush=True,
+                    )
     _table_maps(rows)
 
 
 def _table_maps(rows):
-    print("\n| data | method | partition | seeds | fed | centralized | Δ (pt) | trust Δ | cells | AUC max | recon. median rel. err. (mean guess) | round trips | fed s / central s | record–landmark / landmark spacing |")
+    print(
+        "\n| data | method | partition | seeds | fed | centralized | Δ (pt) | trust Δ | cells | AUC max | recon. median rel. err. (mean guess) | round trips | fed s / central s | record–landmark / landmark spacing |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     keys = sorted({(r["data"], r["method"], r["part"]) for r in rows})
     for d, m, p in keys:
@@ -137,13 +165,17 @@ def _table_maps(rows):
         f = np.array([r[f"fed_{k}"] for r in rs])
         c = np.array([r[f"cen_{k}"] for r in rs])
         scale = 1.0 if k == "nmi" else 100.0
-        tr = (f"{np.mean([r['fed_trust'] - r['cen_trust'] for r in rs]):+.3f}" if k == "ca" else "–")
-        rec = (f"{np.mean([r['rec'] for r in rs]):.3f} ({np.mean([r['rec_mean'] for r in rs]):.3f})" if k == "ca" else "–")
-        print(f"| {d} | {m} | {p} | {len(rs)} | {f.mean():.4f} ± {f.std():.4f} | {c.mean():.4f} | "
-              f"{scale * (f.mean() - c.mean()):+.2f} | {tr} | {np.mean([r['cells'] for r in rs]):.0f} | "
-              f"{max(r['auc'] for r in rs):.3f} | {rec} | {np.mean([r['rt'] for r in rs]):.0f} | "
-              f"{np.mean([r['t_fed'] / r['t_cen'] for r in rs]):.2f} | "
-              + (f"{np.mean([r['piled'] for r in rs]):.2f} |" if k == "ca" else "– |"))
+        tr = f"{np.mean([r['fed_trust'] - r['cen_trust'] for r in rs]):+.3f}" if k == "ca" else "–"
+        rec = (
+            f"{np.mean([r['rec'] for r in rs]):.3f} ({np.mean([r['rec_mean'] for r in rs]):.3f})" if k == "ca" else "–"
+        )
+        print(
+            f"| {d} | {m} | {p} | {len(rs)} | {f.mean():.4f} ± {f.std():.4f} | {c.mean():.4f} | "
+            f"{scale * (f.mean() - c.mean()):+.2f} | {tr} | {np.mean([r['cells'] for r in rs]):.0f} | "
+            f"{max(r['auc'] for r in rs):.3f} | {rec} | {np.mean([r['rt'] for r in rs]):.0f} | "
+            f"{np.mean([r['t_fed'] / r['t_cen'] for r in rs]):.2f} | "
+            + (f"{np.mean([r['piled'] for r in rs]):.2f} |" if k == "ca" else "– |")
+        )
 
 
 def dp(args, datasets, eps_list, seeds):
@@ -164,11 +196,27 @@ def dp(args, datasets, eps_list, seeds):
                     priv = GradientPerturbation(epsilon=eps, delta=1e-5, tau_x=tau, noise=args.dp_noise)
                     est, t_fed = _fed("tsne", sites, bound, seed, privacy=priv)
                     ca = _score("tsne", est.embedding_, X, y, seed)["ca"]
-                    rows.append(dict(data=name, part=scheme, seed=seed, eps=e, ca=ca, cen=cen_ca,
-                                     spent=est.privacy_["epsilon"], t=t_fed, auc=est.audit_["auc"]))
-                    print(f"# dp {name} {scheme} seed {seed} eps {e}: CA {ca:.4f} (central {cen_ca:.4f}), "
-                          f"ε spent {est.privacy_['epsilon']:.4g}, AUC {est.audit_['auc']:.3f}, {t_fed:.1f} s", flush=True)
-    print("\n| data | partition | ε (δ = 1e-5, whole run) | seeds | CA-10NN | centralized | Δ (pt) | ε spent (ledger) | audit AUC max |")
+                    rows.append(
+                        dict(
+                            data=name,
+                            part=scheme,
+                            seed=seed,
+                            eps=e,
+                            ca=ca,
+                            cen=cen_ca,
+                            spent=est.privacy_["epsilon"],
+                            t=t_fed,
+                            auc=est.audit_["auc"],
+                        )
+                    )
+                    print(
+                        f"# dp {name} {scheme} seed {seed} eps {e}: CA {ca:.4f} (central {cen_ca:.4f}), "
+                        f"ε spent {est.privacy_['epsilon']:.4g}, AUC {est.audit_['auc']:.3f}, {t_fed:.1f} s",
+                        flush=True,
+                    )
+    print(
+        "\n| data | partition | ε (δ = 1e-5, whole run) | seeds | CA-10NN | centralized | Δ (pt) | ε spent (ledger) | audit AUC max |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for d in datasets:
         for p in args.partitions:
@@ -178,9 +226,11 @@ def dp(args, datasets, eps_list, seeds):
                     continue
                 ca = np.array([r["ca"] for r in rs])
                 cen = np.mean([r["cen"] for r in rs])
-                print(f"| {d} | {p} | {'∞ (σ → 0)' if math.isinf(e) else e:} | {len(rs)} | {ca.mean():.4f} ± {ca.std():.4f} | "
-                      f"{cen:.4f} | {100 * (ca.mean() - cen):+.2f} | {np.max([r['spent'] for r in rs]):.4g} | "
-                      f"{max(r['auc'] for r in rs):.3f} |")
+                print(
+                    f"| {d} | {p} | {'∞ (σ → 0)' if math.isinf(e) else e:} | {len(rs)} | {ca.mean():.4f} ± {ca.std():.4f} | "
+                    f"{cen:.4f} | {100 * (ca.mean() - cen):+.2f} | {np.max([r['spent'] for r in rs]):.4g} | "
+                    f"{max(r['auc'] for r in rs):.3f} |"
+                )
 
 
 def density(args, eps_list, seeds):
@@ -194,8 +244,10 @@ def density(args, eps_list, seeds):
 
     X0, y0, bound = _data("mnist5k")
     tau = bound * math.sqrt(X0.shape[1])
-    print("\n| ε (δ = 1e-5) | seed | partition | corr. with landmark-only counts | corr. with refined-coordinate counts | "
-          "noise σ per cell | records per cell (mean / max) | CA-10NN with density (share 0.2) | without | ε spent |")
+    print(
+        "\n| ε (δ = 1e-5) | seed | partition | corr. with landmark-only counts | corr. with refined-coordinate counts | "
+        "noise σ per cell | records per cell (mean / max) | CA-10NN with density (share 0.2) | without | ε spent |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in seeds:
         for scheme in args.partitions:
@@ -206,18 +258,28 @@ def density(args, eps_list, seeds):
                 d = est.result_.embedding["density"]
                 F = est.landmark_space_.features(X)
                 E = est.landmark_embedding_
-                alone = place_refine(F, est.landmarks_, E, est.landmark_masses_, est.landmark_map_zn_,
-                                     perplexity=float(est.plan_.placement_perplexity), interact=False)
+                alone = place_refine(
+                    F,
+                    est.landmarks_,
+                    E,
+                    est.landmark_masses_,
+                    est.landmark_map_zn_,
+                    perplexity=float(est.plan_.placement_perplexity),
+                    interact=False,
+                )
                 exact_lm = density_counts(alone, d["lo"], d["hi"], d["grid"])
                 exact_ref = density_counts(est.embedding_, d["lo"], d["hi"], d["grid"])
                 noisy = d["counts"].ravel()
                 base, _ = _fed("tsne", sites, bound, seed, privacy=priv, coordinates="keep")
                 ca = _score("tsne", est.embedding_, X, y, seed)["ca"]
                 ca0 = _score("tsne", base.embedding_, X, y, seed)["ca"]
-                print(f"| {e:g} | {seed} | {scheme} | {np.corrcoef(noisy, exact_lm)[0, 1]:.3f} | "
-                      f"{np.corrcoef(noisy, exact_ref)[0, 1]:.3f} | {d['sigma_per_cell']:.1f} | "
-                      f"{exact_lm.mean():.1f} / {exact_lm.max():.0f} | {ca:.4f} | {ca0:.4f} | "
-                      f"{est.privacy_['epsilon']:.4g} |", flush=True)
+                print(
+                    f"| {e:g} | {seed} | {scheme} | {np.corrcoef(noisy, exact_lm)[0, 1]:.3f} | "
+                    f"{np.corrcoef(noisy, exact_ref)[0, 1]:.3f} | {d['sigma_per_cell']:.1f} | "
+                    f"{exact_lm.mean():.1f} / {exact_lm.max():.0f} | {ca:.4f} | {ca0:.4f} | "
+                    f"{est.privacy_['epsilon']:.4g} |",
+                    flush=True,
+                )
 
 
 def main():
@@ -228,8 +290,12 @@ def main():
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--parts", nargs="+", default=["tsne", "umap", "spectral", "dp", "large"])
     ap.add_argument("--eps", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0, 8.0, float("inf")])
-    ap.add_argument("--dp-noise", default="local", choices=["local", "distributed"],
-                    help="dp: each site adds the full σ (local, the default) or a share σ/√n inside SecAgg+")
+    ap.add_argument(
+        "--dp-noise",
+        default="local",
+        choices=["local", "distributed"],
+        help="dp: each site adds the full σ (local, the default) or a share σ/√n inside SecAgg+",
+    )
     ap.add_argument("--cell-floor", type=int, default=None, help="maps: the cells' floor (default: the product's)")
     ap.add_argument("--cell-axes", type=int, default=None, help="maps: axis points per cell (default: the product's)")
     args = ap.parse_args()
@@ -237,8 +303,10 @@ def main():
     import platform
     import os
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, python {platform.python_version()}")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, python {platform.python_version()}"
+    )
     if {"tsne", "umap", "spectral"} & set(args.parts):
         maps(args)
     if "dp" in args.parts:

@@ -103,8 +103,9 @@ def _billboard_with(fit, sites, bound, tau, seed, **kw):
     original = merf.fit_to_embedding
     merf.fit_to_embedding = fit
     try:
-        return _fed("tsne", sites, bound, seed, privacy=GradientPerturbation(epsilon=1e6, delta=1e-5, tau_x=tau),
-                    **kw)[0]
+        return _fed("tsne", sites, bound, seed, privacy=GradientPerturbation(epsilon=1e6, delta=1e-5, tau_x=tau), **kw)[
+            0
+        ]
     finally:
         merf.fit_to_embedding = original
 
@@ -159,17 +160,23 @@ def dp_landmarks(args):
             r["fit"] = _score("tsne", est.embedding_, X, y, seed)["ca"]
             r["mmd_fit"] = float(np.linalg.norm(merf.rff(seen["Y"], W).mean(axis=0) - exact))
             rows.append(r)
-            print("# " + ", ".join(f"{a}={v:.4g}" if isinstance(v, float) else f"{a}={v}" for a, v in r.items()),
-                  flush=True)
+            print(
+                "# " + ", ".join(f"{a}={v:.4g}" if isinstance(v, float) else f"{a}={v}" for a, v in r.items()),
+                flush=True,
+            )
     noisy = [f"noisy_{e:g}" for e in args.eps]
-    print("\n| data | partition | seed | centralized | k | a k-means centres | "
-          + " | ".join(f"b noisy k-means sums, ε = {e:g} (bound)" for e in args.eps)
-          + " | c billboard fit, no noise | MMD to the exact embedding: k-means / fit |")
+    print(
+        "\n| data | partition | seed | centralized | k | a k-means centres | "
+        + " | ".join(f"b noisy k-means sums, ε = {e:g} (bound)" for e in args.eps)
+        + " | c billboard fit, no noise | MMD to the exact embedding: k-means / fit |"
+    )
     print("|---|---|---|---|---|---|" + "---|" * len(noisy) + "---|---|")
     for r in rows:
-        print(f"| {r['data']} | {r['part']} | {r['seed']} | {r['central']:.4f} | {r['k']} | {r['kmeans']:.4f} | "
-              + " | ".join(f"{r[n]:.4f}" for n in noisy)
-              + f" | {r['fit']:.4f} | {r['mmd_kmeans']:.4f} / {r['mmd_fit']:.4f} |")
+        print(
+            f"| {r['data']} | {r['part']} | {r['seed']} | {r['central']:.4f} | {r['k']} | {r['kmeans']:.4f} | "
+            + " | ".join(f"{r[n]:.4f}" for n in noisy)
+            + f" | {r['fit']:.4f} | {r['mmd_kmeans']:.4f} / {r['mmd_fit']:.4f} |"
+        )
 
 
 def run(args):
@@ -191,19 +198,26 @@ def run(args):
         r["billboard_inf"] = _score("tsne", est.embedding_, X, y, seed)["ca"]
         B, _ = merf.public_basis(X.shape[1], 64, 0)
         F = merf.scaled_features(X, B, bound)
-        est = _billboard_with(lambda target, W, k, rng, F=F, seed=seed, **_: _kmeans(F, k, 0, seed)[0], sites, bound, tau, seed)
+        est = _billboard_with(
+            lambda target, W, k, rng, F=F, seed=seed, **_: _kmeans(F, k, 0, seed)[0], sites, bound, tau, seed
+        )
         r["billboard_kmeans"] = _score("tsne", est.embedding_, X, y, seed)["ca"]
         rows.append(r)
-        print("# " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
-              flush=True)
-    print("\n| data | partition | seed | centralized | 1 default (cells) | 2 no hold-out | 3 k-means ≥ 15 (yardstick) "
-          "| 4 k-means, no floor (yardstick) | 5 billboard, no noise | 6 billboard pipeline, k-means (yardstick) |")
+        print(
+            "# " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True
+        )
+    print(
+        "\n| data | partition | seed | centralized | 1 default (cells) | 2 no hold-out | 3 k-means ≥ 15 (yardstick) "
+        "| 4 k-means, no floor (yardstick) | 5 billboard, no noise | 6 billboard pipeline, k-means (yardstick) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['data']} | {r['part']} | {r['seed']} | {r['central']:.4f} | {r['default']:.4f} ({r['cells']}) | "
-              f"{r['nohold']:.4f} ({r['cells_nohold']}) | {r['kmeans_floor']:.4f} ({r['kmeans_floor_n']}) | "
-              f"{r['kmeans_nofloor']:.4f} ({r['kmeans_nofloor_n']}) | {r['billboard_inf']:.4f} | "
-              f"{r['billboard_kmeans']:.4f} |")
+        print(
+            f"| {r['data']} | {r['part']} | {r['seed']} | {r['central']:.4f} | {r['default']:.4f} ({r['cells']}) | "
+            f"{r['nohold']:.4f} ({r['cells_nohold']}) | {r['kmeans_floor']:.4f} ({r['kmeans_floor_n']}) | "
+            f"{r['kmeans_nofloor']:.4f} ({r['kmeans_nofloor_n']}) | {r['billboard_inf']:.4f} | "
+            f"{r['billboard_kmeans']:.4f} |"
+        )
 
 
 def main():
@@ -213,15 +227,21 @@ def main():
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--parts", nargs="+", default=["gap"], choices=["gap", "dp-landmarks"])
-    ap.add_argument("--k", nargs="+", type=int, default=[20, 40, 80, 150, 300], help="dp-landmarks: numbers of landmarks")
-    ap.add_argument("--eps", nargs="+", type=float, default=[1.0, 4.0], help="dp-landmarks: ε of the noisy k-means bound")
+    ap.add_argument(
+        "--k", nargs="+", type=int, default=[20, 40, 80, 150, 300], help="dp-landmarks: numbers of landmarks"
+    )
+    ap.add_argument(
+        "--eps", nargs="+", type=float, default=[1.0, 4.0], help="dp-landmarks: ε of the noisy k-means bound"
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     import os
     import platform
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.1f}, python {platform.python_version()}")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"load {os.getloadavg()[0]:.1f}, python {platform.python_version()}"
+    )
     if "gap" in args.parts:
         run(args)
     if "dp-landmarks" in args.parts:

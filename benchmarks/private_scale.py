@@ -75,8 +75,13 @@ def one(a) -> dict:
 
         opts = {"value_bound": 255.0, "n_clusters": 10, "seed": a.seed, "n_jobs": a.n_jobs}
         if a.eps is not None:
-            opts = {"epsilon": 1e6 if math.isinf(a.eps) else a.eps, "clip_norm": 255.0 * math.sqrt(X.shape[1]),
-                    "n_clusters": 10, "seed": a.seed, "n_jobs": a.n_jobs}  # securefed run's public clip norm
+            opts = {
+                "epsilon": 1e6 if math.isinf(a.eps) else a.eps,
+                "clip_norm": 255.0 * math.sqrt(X.shape[1]),
+                "n_clusters": 10,
+                "seed": a.seed,
+                "n_jobs": a.n_jobs,
+            }  # securefed run's public clip norm
             out["epsilon"] = a.eps
         if a.landmarks is not None:
             opts["landmarks"] = a.landmarks
@@ -100,16 +105,25 @@ def one(a) -> dict:
         first: dict = {}
         for ev in events:
             first.setdefault(ev["event"], ev["t"])
-        out.update(cells=len(res.landmarks), auc=None if res.audit is None else float(res.audit["auc"]),
-                   verdict=None if res.audit is None else res.audit.get("verdict"),
-                   stages={"landmarks": first.get("audit", first.get("embedding", 0.0)),
-                           "audit": (first.get("embedding", 0.0) - first["audit"]) if "audit" in first else 0.0,
-                           "placement": t.get("embedded", 0.0) - first.get("embedding", 0.0)},
-                   epsilon_spent=None if res.privacy is None else float(res.privacy["epsilon"]))
+        out.update(
+            cells=len(res.landmarks),
+            auc=None if res.audit is None else float(res.audit["auc"]),
+            verdict=None if res.audit is None else res.audit.get("verdict"),
+            stages={
+                "landmarks": first.get("audit", first.get("embedding", 0.0)),
+                "audit": (first.get("embedding", 0.0) - first["audit"]) if "audit" in first else 0.0,
+                "placement": t.get("embedded", 0.0) - first.get("embedding", 0.0),
+            },
+            epsilon_spent=None if res.privacy is None else float(res.privacy["epsilon"]),
+        )
     wall = time.perf_counter() - t0
     cpu1, rss = _usage()
-    out.update(wall=round(wall, 1), cpu=round(cpu1 - cpu0, 1), peak_rss_gb=round(rss, 3),
-               ca10=round(float(classification_accuracy(emb, y, ks=(10,), random_state=0)[10]), 4))
+    out.update(
+        wall=round(wall, 1),
+        cpu=round(cpu1 - cpu0, 1),
+        peak_rss_gb=round(rss, 3),
+        ca10=round(float(classification_accuracy(emb, y, ks=(10,), random_state=0)[10]), 4),
+    )
     return out
 
 
@@ -124,8 +138,12 @@ def main():
     ap.add_argument("--no-default", action="store_true", help="with --eps: skip the no-DP default run")
     ap.add_argument("--n-jobs", type=int, default=1)
     ap.add_argument("--placement-perplexity", type=float, default=None, help="instead of the plan's default")
-    ap.add_argument("--landmarks", type=int, default=None,
-                    help="instead of the plan's default (auto: the cells as many as the records allow)")
+    ap.add_argument(
+        "--landmarks",
+        type=int,
+        default=None,
+        help="instead of the plan's default (auto: the cells as many as the records allow)",
+    )
     ap.add_argument("--log", default=None, help="append the JSON lines to this file too")
     ap.add_argument("--progress", action="store_true", help="print the run's events")
     ap.add_argument("--one", choices=["fed", "central"], help=argparse.SUPPRESS)
@@ -142,8 +160,22 @@ def main():
         jobs += [("fed", e) for e in (a.eps or [])]
         jobs += [] if a.no_central else [("central", None)]
         for part, e in jobs:
-            cmd = [sys.executable, __file__, "--one", part, "--n", str(n), "--sites", str(a.sites), "--partition",
-                   a.partition, "--seed", str(a.seed), "--n-jobs", str(a.n_jobs)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                part,
+                "--n",
+                str(n),
+                "--sites",
+                str(a.sites),
+                "--partition",
+                a.partition,
+                "--seed",
+                str(a.seed),
+                "--n-jobs",
+                str(a.n_jobs),
+            ]
             cmd += ["--progress"] if a.progress else []
             if a.placement_perplexity is not None:
                 cmd += ["--placement-perplexity", str(a.placement_perplexity)]
@@ -162,8 +194,10 @@ def main():
             if a.log:
                 with open(a.log, "a") as fh:
                     fh.write(json.dumps(r) + "\n")
-    print("\n| records | sites | job | ε | wall s | CPU s | peak RSS GB | cells | audit AUC (verdict) | CA-10NN | "
-          "stages: landmarks / audit / placement s | wall / central |")
+    print(
+        "\n| records | sites | job | ε | wall s | CPU s | peak RSS GB | cells | audit AUC (verdict) | CA-10NN | "
+        "stages: landmarks / audit / placement s | wall / central |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
@@ -179,8 +213,11 @@ def main():
         audit = "" if r.get("auc") is None else f"{r['auc']:.3f} ({r['verdict']})"
         stages = "" if not st else " / ".join(f"{st[k]:.0f}" for k in ("landmarks", "audit", "placement"))
         ratio = "" if cen is None or r["part"] == "central" else f"{r['wall'] / cen['wall']:.2f}"
-        print(f"| {r['n']} | {r['sites']} | {r['part']} | {eps} | {r['wall']} | {r['cpu']} | {r['peak_rss_gb']:.2f} | "
-              f"{r.get('cells', '')} | {audit} | {r['ca10']:.4f} | {stages} | {ratio} |")
+        print(
+            f"| {r['n']} | {r['sites']} | {r['part']} | {eps} | {r['wall']} | {r['cpu']} | {r['peak_rss_gb']:.2f} | "
+            f"{r.get('cells', '')} | {audit} | {r['ca10']:.4f} | {stages} | {ratio} |"
+        )
+
 
 if __name__ == "__main__":
     main()

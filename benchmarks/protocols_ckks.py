@@ -52,12 +52,23 @@ def main() -> None:
     sigma = ckks.flood_sigma(params.scale_bits, args.clients, float(args.clients), ckks.FLOOD_BITS, 2)
     up = int(np.mean([out.bytes_up[i] for i in range(1, args.clients)]))
     # timings: {stage: {"clients": s, "server": s}} (RoundOutcome), server_sum included in "input"'s server time
-    print(json.dumps({"clients": args.clients, "length": args.length, "params": params.as_dict(),
-                      "securefed_seconds": round(ours, 3), "raw_tenseal_seconds": round(raw, 3),
-                      "ratio": round(ours / raw, 3), "max_abs_error": err, "stated_precision": params.step,
-                      "release_error_bound": ckks.release_error_bound(params.step, sigma, args.length),
-                      "bytes_up_per_client": up,
-                      "timings": {k: {w: round(s, 3) for w, s in v.items()} for k, v in out.timings.items()}}))
+    print(
+        json.dumps(
+            {
+                "clients": args.clients,
+                "length": args.length,
+                "params": params.as_dict(),
+                "securefed_seconds": round(ours, 3),
+                "raw_tenseal_seconds": round(raw, 3),
+                "ratio": round(ours / raw, 3),
+                "max_abs_error": err,
+                "stated_precision": params.step,
+                "release_error_bound": ckks.release_error_bound(params.step, sigma, args.length),
+                "bytes_up_per_client": up,
+                "timings": {k: {w: round(s, 3) for w, s in v.items()} for k, v in out.timings.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ def raw_tenseal(params, xs) -> dict:
 
 def securefed_round(params, keys, xs, verify: str) -> dict:
     w0, c0 = time.perf_counter(), time.process_time()
-    out = ckks.run_ckks_round(params, [k for k, _ in keys], [p for _, p in keys], xs, np.ones(len(xs)), 1.0,
-                              verify=verify)
+    out = ckks.run_ckks_round(
+        params, [k for k, _ in keys], [p for _, p in keys], xs, np.ones(len(xs)), 1.0, verify=verify
+    )
     res: dict = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0}
     assert out.error is None, out.error
     res["max_abs_error"] = float(np.max(np.abs(out.total - np.sum(xs, axis=0))))
@@ -62,11 +63,17 @@ def main() -> None:
         row = {}
         for what in order:
             row[what] = raw_tenseal(params, xs) if what == "raw" else securefed_round(params, keys, xs, what)
-        line = {"repeat": r, "clients": args.clients, "length": args.length, "step": params.step,
-                "n_ciphertexts": params.n_ciphertexts}
+        line = {
+            "repeat": r,
+            "clients": args.clients,
+            "length": args.length,
+            "step": params.step,
+            "n_ciphertexts": params.n_ciphertexts,
+        }
         for mode in ("recompute", "signatures"):
-            line[mode] = {k: (round(v, 3) if isinstance(v, float) and k in ("wall", "cpu") else v)
-                          for k, v in row[mode].items()}
+            line[mode] = {
+                k: (round(v, 3) if isinstance(v, float) and k in ("wall", "cpu") else v) for k, v in row[mode].items()
+            }
             line[f"ratio_wall_{mode}"] = round(row[mode]["wall"] / row["raw"]["wall"], 3)
             line[f"ratio_cpu_{mode}"] = round(row[mode]["cpu"] / row["raw"]["cpu"], 3)
         line["raw"] = {k: round(v, 3) for k, v in row["raw"].items()}

@@ -44,8 +44,18 @@ def main() -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 t0 = time.perf_counter()
-                res = fed_dl(sites, 500, rounds=args.rounds, local_steps=args.local_steps, gamma=gamma,
-                             init=Y0.copy(), aggregation=name, value_bound=1.0, monitor=False, random_state=0)
+                res = fed_dl(
+                    sites,
+                    500,
+                    rounds=args.rounds,
+                    local_steps=args.local_steps,
+                    gamma=gamma,
+                    init=Y0.copy(),
+                    aggregation=name,
+                    value_bound=1.0,
+                    monitor=False,
+                    random_state=0,
+                )
                 secs = time.perf_counter() - t0
             runs[name] = res
             if name not in best or secs < best[name]:

@@ -133,23 +133,32 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0, dropo
             return [data[self.nid]], 1, {}
 
     app = ClientApp(client_fn=lambda ctx: Client(int(ctx.node_id)).to_client(), mods=[secaggplus_mod])
-    node_ctx = {nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
-                for nid in data}
+    node_ctx = {nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={}) for nid in data}
 
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 0, 0
     grid = _local_grid(app, node_ctx, dropped, delivered)
     cm = SimpleClientManager()
     for nid in data:
         cm.register(GridClientProxy(node_id=nid, grid=grid, run_id=1))
-    strategy = FedAvg(fraction_fit=1.0, min_fit_clients=n, min_available_clients=n, fraction_evaluate=0.0,
-                      initial_parameters=ndarrays_to_parameters([np.zeros(d, np.float32)]))
-    ctx = LegacyContext(Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
-                        config=ServerConfig(num_rounds=1), strategy=strategy, client_manager=cm)
+    strategy = FedAvg(
+        fraction_fit=1.0,
+        min_fit_clients=n,
+        min_available_clients=n,
+        fraction_evaluate=0.0,
+        initial_parameters=ndarrays_to_parameters([np.zeros(d, np.float32)]),
+    )
+    ctx = LegacyContext(
+        Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+        config=ServerConfig(num_rounds=1),
+        strategy=strategy,
+        client_manager=cm,
+    )
     cfg = ConfigRecord()
     cfg["current_round"] = 1
     ctx.state.config_records[MAIN_CONFIGS_RECORD] = cfg
     ctx.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
-        ndarrays_to_parameters([np.zeros(d, np.float32)]), keep_input=True)
+        ndarrays_to_parameters([np.zeros(d, np.float32)]), keep_input=True
+    )
     wf = SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, clipping_range=1.0)
     t0 = time.perf_counter()
     wf(grid, ctx)
@@ -163,12 +172,21 @@ def run_flower(n: int, d: int, shares: int, threshold: int, seed: int = 0, dropo
     # rounded to round(Q / max_weight) / Q
     q, max_weight = wf.quantization_range, wf.max_weight
     step = 2 * wf.clipping_range / q / (round(q / max_weight) / q)
-    return {"system": "flwr SecAgg+", "clients": n, "length": d, "num_shares": shares, "threshold": threshold,
-            "dropout": dropout, "survivors": len(survivors), "delivered": delivered, "seconds": secs,
-            "max_abs_error_of_mean": float(np.max(np.abs(avg - exact / len(survivors)))),
-            "max_abs_error_of_sum": float(np.max(np.abs(avg * len(survivors) - exact))),
-            "error_bound_of_sum": len(survivors) * step,
-            "max_abs_error_vs_all_n": float(np.max(np.abs(avg * len(survivors) - everyone)))}
+    return {
+        "system": "flwr SecAgg+",
+        "clients": n,
+        "length": d,
+        "num_shares": shares,
+        "threshold": threshold,
+        "dropout": dropout,
+        "survivors": len(survivors),
+        "delivered": delivered,
+        "seconds": secs,
+        "max_abs_error_of_mean": float(np.max(np.abs(avg - exact / len(survivors)))),
+        "max_abs_error_of_sum": float(np.max(np.abs(avg * len(survivors) - exact))),
+        "error_bound_of_sum": len(survivors) * step,
+        "max_abs_error_vs_all_n": float(np.max(np.abs(avg * len(survivors) - everyone))),
+    }
 
 
 def run_securefed(n: int, d: int, degree: int, threshold: int, seed: int = 0) -> dict:
@@ -180,9 +198,16 @@ def run_securefed(n: int, d: int, degree: int, threshold: int, seed: int = 0) ->
     t0 = time.perf_counter()
     res = agg.aggregate(ups)
     secs = time.perf_counter() - t0
-    return {"system": "securefed SecAgg+", "clients": n, "length": d, "degree": degree, "threshold": threshold,
-            "seconds": secs, "max_abs_error_of_sum": float(np.max(np.abs(res.total - np.sum(ups, axis=0)))),
-            "bytes_up_per_client": res.bytes_up}
+    return {
+        "system": "securefed SecAgg+",
+        "clients": n,
+        "length": d,
+        "degree": degree,
+        "threshold": threshold,
+        "seconds": secs,
+        "max_abs_error_of_sum": float(np.max(np.abs(res.total - np.sum(ups, axis=0)))),
+        "bytes_up_per_client": res.bytes_up,
+    }
 
 
 def signature_cost(n: int, degree: int, threshold: int) -> dict:
@@ -204,8 +229,13 @@ def signature_cost(n: int, degree: int, threshold: int) -> dict:
         crypto.sign(sk, msg)
     t_sign = (time.perf_counter() - t0) / 200
     verifies = n * degree + n * threshold + 2 * n
-    return {"verify_us": round(t_verify * 1e6, 1), "sign_us": round(t_sign * 1e6, 1), "verifies": verifies,
-            "signs": 2 * n, "seconds": round(verifies * t_verify + 2 * n * t_sign, 4)}
+    return {
+        "verify_us": round(t_verify * 1e6, 1),
+        "sign_us": round(t_sign * 1e6, 1),
+        "verifies": verifies,
+        "signs": 2 * n,
+        "seconds": round(verifies * t_verify + 2 * n * t_sign, 4),
+    }
 
 
 def main() -> None:
@@ -214,8 +244,12 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=100_000)
     ap.add_argument("--shares", type=int, default=7, help="Flower num_shares (includes the client itself)")
     ap.add_argument("--threshold", type=int, default=4)
-    ap.add_argument("--dropout", type=float, default=0.0,
-                    help="Flower only: this fraction of the nodes drops after the share-keys stage")
+    ap.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="Flower only: this fraction of the nodes drops after the share-keys stage",
+    )
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     import flwr
@@ -224,9 +258,18 @@ def main() -> None:
         ours = run_securefed(args.clients, args.length, args.shares - 1, args.threshold)
         theirs = run_flower(args.clients, args.length, args.shares, args.threshold, dropout=args.dropout)
         sig = signature_cost(args.clients, args.shares - 1, args.threshold)
-        print(json.dumps({"flwr_version": flwr.__version__, "securefed": ours, "flower": theirs,
-                          "speedup": theirs["seconds"] / ours["seconds"], "securefed_signature_cost": sig,
-                          "speedup_without_signature_work": theirs["seconds"] / (ours["seconds"] - sig["seconds"])}))
+        print(
+            json.dumps(
+                {
+                    "flwr_version": flwr.__version__,
+                    "securefed": ours,
+                    "flower": theirs,
+                    "speedup": theirs["seconds"] / ours["seconds"],
+                    "securefed_signature_cost": sig,
+                    "speedup_without_signature_work": theirs["seconds"] / (ours["seconds"] - sig["seconds"]),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def mask_throughput(d: int = 1_000_000, reps: int = 20) -> dict:
     out = bytearray(nbytes + 16)
     key = os.urandom(32)
     res = {}
-    for name, make in (("raw_aes256_ctr", lambda: Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()),
-                       ("raw_chacha20", lambda: Cipher(algorithms.ChaCha20(key, bytes(16)), None).encryptor())):
+    for name, make in (
+        ("raw_aes256_ctr", lambda: Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()),
+        ("raw_chacha20", lambda: Cipher(algorithms.ChaCha20(key, bytes(16)), None).encryptor()),
+    ):
         best = np.inf
         for _ in range(3):
             t0 = time.perf_counter()
@@ -64,14 +66,23 @@ def round_figures(n: int, d: int, seed: int = 0) -> dict:
     agg = SecAggAggregator(clip_range=1.0, dropout=0.1, drop_stage="masked", random_state=seed)
     res = agg.aggregate(ups)
     err = float(np.max(np.abs(res.total - np.sum([ups[i] for i in res.survivors], axis=0))))
-    return {"clients": n, "length": d, "degree": res.details["degree"], "threshold": res.details["threshold"],
-            "survivors": len(res.survivors), "round_seconds": round(res.seconds, 4),
-            "client_seconds_mean": round(sum(v["clients"] for v in res.details["timings"].values()) / n, 5),
-            "server_seconds": round(sum(v["server"] for v in res.details["timings"].values()), 4),
-            "plain_sum_seconds": round(t_plain, 5), "bytes_up_per_client": res.bytes_up,
-            "bytes_down_per_client": res.details["bytes_to_clients"] // n,
-            "plain_bytes_per_client": d * 8, "max_abs_error": err,
-            "error_bound": res.details["fixed_point"]["max_abs_error"], "plain_total_ok": bool(plain.shape == res.total.shape)}
+    return {
+        "clients": n,
+        "length": d,
+        "degree": res.details["degree"],
+        "threshold": res.details["threshold"],
+        "survivors": len(res.survivors),
+        "round_seconds": round(res.seconds, 4),
+        "client_seconds_mean": round(sum(v["clients"] for v in res.details["timings"].values()) / n, 5),
+        "server_seconds": round(sum(v["server"] for v in res.details["timings"].values()), 4),
+        "plain_sum_seconds": round(t_plain, 5),
+        "bytes_up_per_client": res.bytes_up,
+        "bytes_down_per_client": res.details["bytes_to_clients"] // n,
+        "plain_bytes_per_client": d * 8,
+        "max_abs_error": err,
+        "error_bound": res.details["fixed_point"]["max_abs_error"],
+        "plain_total_ok": bool(plain.shape == res.total.shape),
+    }
 
 
 def main() -> None:
@@ -79,8 +90,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     print(json.dumps({"mask_expansion_GBps": mask_throughput()}))
-    grid = [(10, 100_000), (50, 100_000)] if args.quick else [
-        (10, 100_000), (50, 100_000), (100, 100_000), (10, 1_000_000), (50, 1_000_000), (100, 1_000_000)]
+    grid = (
+        [(10, 100_000), (50, 100_000)]
+        if args.quick
+        else [(10, 100_000), (50, 100_000), (100, 100_000), (10, 1_000_000), (50, 1_000_000), (100, 1_000_000)]
+    )
     for n, d in grid:
         print(json.dumps(round_figures(n, d)), flush=True)
 

@@ -56,9 +56,12 @@ def _resigned(change):
             m = decode(super()._mask()[0])
             data = change(self, m.data)
             spec = self.spec
-            sig = crypto.sign(self._identity, masked_payload(spec.session_id, spec.round_index, spec.digest, self.id,
-                                                             m.bits, data, m.peers))
+            sig = crypto.sign(
+                self._identity,
+                masked_payload(spec.session_id, spec.round_index, spec.digest, self.id, m.bits, data, m.peers),
+            )
             return [encode(dataclasses.replace(m, data=data, signature=sig))]
+
     return Resigned
 
 
@@ -80,28 +83,44 @@ def attack(rounds: int = 6, n: int = 6, d: int = 1000) -> dict:
     priv, pub = [k for k, _ in keys], tuple(p for _, p in keys)
     gp = choose_parameters(n)
     out = {}
-    for name, bits, cls in (("honest", 32, None), ("garbage under honest words", 32, _resigned(_garbage)),
-                            ("words >= 2^k (k = 24)", 24, _resigned(_high_words))):
+    for name, bits, cls in (
+        ("honest", 32, None),
+        ("garbage under honest words", 32, _resigned(_garbage)),
+        ("words >= 2^k (k = 24)", 24, _resigned(_high_words)),
+    ):
         results: list[dict] = []
         times: list[float] = []
         for r in range(rounds):
             sid = os.urandom(16)
             fp = plan_fixed_point(1.0, np.ones(n), modulus_bits=bits)
-            spec = RoundSpec(sid, r, n, gp.degree, gp.threshold, sid, d, fp, pub, tuple(DEFAULT_TIMEOUTS.items()),
-                             gp.quorum)
+            spec = RoundSpec(
+                sid, r, n, gp.degree, gp.threshold, sid, d, fp, pub, tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+            )
             rng = np.random.default_rng(r)
             xs = [rng.uniform(-1, 1, d) for _ in range(n)]
-            clients = [(cls if (cls is not None and i == 2) else SecAggClient)(spec, i, priv[i], xs[i], 1.0, rng)
-                       for i in range(n)]
+            clients = [
+                (cls if (cls is not None and i == 2) else SecAggClient)(spec, i, priv[i], xs[i], 1.0, rng)
+                for i in range(n)
+            ]
             t0 = time.perf_counter()
             o = run_secagg_round(spec, priv, xs, np.ones(n), rng, clients=clients)
             times.append(time.perf_counter() - t0)
-            results.append({"aborted": o.aborted, "blame": list(o.blame), "suspects": list(o.suspects),
-                            "survivors": list(o.survivors)})
-        out[name] = {"rounds": rounds, "aborted": sum(x["aborted"] for x in results),
-                     "named": sorted({b for x in results for b in x["blame"]}),
-                     "suspects": results[-1]["suspects"], "survivors_last": results[-1]["survivors"],
-                     "round_seconds_median": round(float(np.median(times)), 4)}
+            results.append(
+                {
+                    "aborted": o.aborted,
+                    "blame": list(o.blame),
+                    "suspects": list(o.suspects),
+                    "survivors": list(o.survivors),
+                }
+            )
+        out[name] = {
+            "rounds": rounds,
+            "aborted": sum(x["aborted"] for x in results),
+            "named": sorted({b for x in results for b in x["blame"]}),
+            "suspects": results[-1]["suspects"],
+            "survivors_last": results[-1]["survivors"],
+            "round_seconds_median": round(float(np.median(times)), 4),
+        }
     return out
 
 
@@ -125,8 +144,14 @@ def checks(lengths=(1000, 100_000), repeats: int = 50) -> list[dict]:
         for _ in range(repeats):
             bool(np.any(np.frombuffer(data, dtype=np.uint32) >> np.uint32(24)))
         word_check = (time.perf_counter() - t0) / repeats
-        rows.append({"length": d, "signature_check_ms": round(1e3 * sign_check, 4),
-                     "word_check_ms": round(1e3 * word_check, 4), "ratio": round(word_check / sign_check, 3)})
+        rows.append(
+            {
+                "length": d,
+                "signature_check_ms": round(1e3 * sign_check, 4),
+                "word_check_ms": round(1e3 * word_check, 4),
+                "ratio": round(word_check / sign_check, 3),
+            }
+        )
     return rows
 
 
@@ -235,14 +260,22 @@ def sound_check_cost(bits_range: int = 24, samples: int = 40) -> dict:
     forged = (pr[0], pr[1], pr[2], pr[3], (pr[4] + 1) % q, pr[5])
     assert not verify_bit(grp, C, forged)  # the verifier can fail
     bit_bytes = (p.bit_length() + 7) // 8 * 3 + (q.bit_length() + 7) // 8 * 4  # C, a0, a1 and four scalars
-    out = {"group": f"{p.bit_length()}-bit p, {q.bit_length()}-bit q", "group_setup_seconds": round(setup, 2),
-           "prove_ms_per_bit": round(1e3 * prove, 3), "verify_ms_per_bit": round(1e3 * verify, 3),
-           "bytes_per_bit": bit_bytes, "range_bits": bits_range}
+    out = {
+        "group": f"{p.bit_length()}-bit p, {q.bit_length()}-bit q",
+        "group_setup_seconds": round(setup, 2),
+        "prove_ms_per_bit": round(1e3 * prove, 3),
+        "verify_ms_per_bit": round(1e3 * verify, 3),
+        "bytes_per_bit": bit_bytes,
+        "range_bits": bits_range,
+    }
     per_input: dict = {}
     for d in (1000, 100_000):
         nb = d * bits_range
-        per_input[d] = {"prove_seconds": round(nb * prove, 1), "verify_seconds_per_input": round(nb * verify, 1),
-                               "proof_megabytes": round(nb * bit_bytes / 1e6, 1)}
+        per_input[d] = {
+            "prove_seconds": round(nb * prove, 1),
+            "verify_seconds_per_input": round(nb * verify, 1),
+            "proof_megabytes": round(nb * bit_bytes / 1e6, 1),
+        }
     out["per_input"] = per_input
     return out
 
@@ -252,11 +285,17 @@ def machine() -> dict:
         model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         model = platform.processor()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": model,
-            "cores": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()],
-            "python": platform.python_version(), "commit": commit.strip()}
+    commit = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "load_average": [round(x, 1) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "commit": commit.strip(),
+    }
 
 
 def main() -> None:
@@ -264,23 +303,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
     info = machine()
-    print(f"# {info['date']}  {info['cpu']} ({info['cores']} cores, load {info['load_average']})  Python "
-          f"{info['python']}  commit {info['commit']}")
+    print(
+        f"# {info['date']}  {info['cpu']} ({info['cores']} cores, load {info['load_average']})  Python "
+        f"{info['python']}  commit {info['commit']}"
+    )
     a = attack(args.rounds)
     print("\n| site 2 sends | rounds | aborted | named (blame) | suspects | survivors | round s (median) |")
     print("|---|---|---|---|---|---|---|")
     for name, r in a.items():
-        print(f"| {name} | {r['rounds']} | {r['aborted']} | {r['named'] or '–'} | {r['suspects'] or '–'} | "
-              f"{r['survivors_last'] or '–'} | {r['round_seconds_median']} |")
+        print(
+            f"| {name} | {r['rounds']} | {r['aborted']} | {r['named'] or '–'} | {r['suspects'] or '–'} | "
+            f"{r['survivors_last'] or '–'} | {r['round_seconds_median']} |"
+        )
     c = checks()
     print("\n| d | signature check ms (already done) | words >= 2^k check ms (new) | new / existing |")
     print("|---|---|---|---|")
     for r in c:
         print(f"| {r['length']} | {r['signature_check_ms']} | {r['word_check_ms']} | {r['ratio']} |")
     s = sound_check_cost()
-    print(f"\nSound check building block ({s['group']}; group generated in {s['group_setup_seconds']} s): one bit "
-          f"commitment + OR proof: prove {s['prove_ms_per_bit']} ms, verify {s['verify_ms_per_bit']} ms, "
-          f"{s['bytes_per_bit']} bytes; {s['range_bits']}-bit range per coordinate:")
+    print(
+        f"\nSound check building block ({s['group']}; group generated in {s['group_setup_seconds']} s): one bit "
+        f"commitment + OR proof: prove {s['prove_ms_per_bit']} ms, verify {s['verify_ms_per_bit']} ms, "
+        f"{s['bytes_per_bit']} bytes; {s['range_bits']}-bit range per coordinate:"
+    )
     print("| d | prove s per site | verify s per input | proof MB per input |")
     print("|---|---|---|---|")
     for d, r in s["per_input"].items():

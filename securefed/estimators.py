@@ -35,8 +35,17 @@ from .embedding.stages import seed_from
 from .kernels import local_median_sq_dist, median_gamma
 from .plan import NYSTROM_MODES
 
-__all__ = ["FedTSNE", "FedUMAP", "FedSpectralClustering", "CentralizedTSNE", "CentralizedUMAP",
-           "CentralizedSpectralClustering", "FederatedParams", "NYSTROM_MODES", "plan_options"]
+__all__ = [
+    "FedTSNE",
+    "FedUMAP",
+    "FedSpectralClustering",
+    "CentralizedTSNE",
+    "CentralizedUMAP",
+    "CentralizedSpectralClustering",
+    "FederatedParams",
+    "NYSTROM_MODES",
+    "plan_options",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,24 +169,46 @@ class FederatedParams:
     verbose: object = "auto"
 
 
-_SUM_OPTIONS = ("modulus_bits", "fractional_bits", "degree", "threshold", "stage_timeout", "ckks_precision",
-                "key_holder", "ckks_min_survivors", "ckks_quorum", "ckks_verify")
+_SUM_OPTIONS = (
+    "modulus_bits",
+    "fractional_bits",
+    "degree",
+    "threshold",
+    "stage_timeout",
+    "ckks_precision",
+    "key_holder",
+    "ckks_min_survivors",
+    "ckks_quorum",
+    "ckks_verify",
+)
 
 
 def privacy_options(privacy, rows_privacy=None) -> dict:
     """The run-plan options of a :class:`~securefed.accounting.GradientPerturbation` (and a DataPerturbation)."""
     if privacy is None:
         if rows_privacy is not None:
-            raise ConfigError(bad_value("rows_privacy", type(rows_privacy).__name__, "perturbed rows are part of a DP run: "
-                                        "give privacy=GradientPerturbation(...) too"))
+            raise ConfigError(
+                bad_value(
+                    "rows_privacy",
+                    type(rows_privacy).__name__,
+                    "perturbed rows are part of a DP run: give privacy=GradientPerturbation(...) too",
+                )
+            )
         return {}
     seed = getattr(privacy, "insecure_noise_seed_for_testing", None)
-    out = {"epsilon": privacy.epsilon_target, "noise_multiplier": privacy.noise_multiplier_given, "delta": privacy.delta,
-           "accountant": privacy.accountant, "noise": privacy.noise, "clip_norm": privacy.tau_x,
-           "sample_rate": privacy.sample_rate, "sensitivity_rule": privacy.sensitivity_rule,
-           "min_survivors": privacy.min_survivors_given,
-           "noise_seed_for_testing": seed,
-           "run_id": privacy.ledger.run_id}
+    out = {
+        "epsilon": privacy.epsilon_target,
+        "noise_multiplier": privacy.noise_multiplier_given,
+        "delta": privacy.delta,
+        "accountant": privacy.accountant,
+        "noise": privacy.noise,
+        "clip_norm": privacy.tau_x,
+        "sample_rate": privacy.sample_rate,
+        "sensitivity_rule": privacy.sensitivity_rule,
+        "min_survivors": privacy.min_survivors_given,
+        "noise_seed_for_testing": seed,
+        "run_id": privacy.ledger.run_id,
+    }
     if privacy.noise == "distributed":  # a GradientPerturbation is the Gaussian mechanism: its continuous shares
         out["distributed_mechanism"] = "gaussian"
     if rows_privacy is not None:
@@ -193,20 +224,49 @@ def plan_options(params: dict, method: str, method_options: dict, n_sites: int) 
     seed = seed_of(p["random_state"])
     weights = p["weights"]
     if not isinstance(weights, str):
-        raise ConfigError(bad_value("weights", weights, "use 'records' or 'uniform': each site weighs its own upload by a "
-                                    "public rule (a weight chosen by the coordinator could single out one site)"))
-    opts = dict(landmarks=p["n_landmarks"], rounds=p["rounds"], local_steps=p["local_steps"], rule=p["rule"], lr=p["lr"],
-                gamma=p["gamma"], weights=weights, init=p["init"], aggregation=p["aggregation"],
-                value_bound=p["value_bound"], nystrom=p["nystrom"], reconstruction=p["reconstruction"],
-                landmark_method=p["landmark_method"], cell_floor=p["cell_floor"], cell_rounds=p["cell_rounds"],
-                cell_axes=p["cell_axes"], basis_dim=p["basis_dim"], public_basis_dim=p["public_basis_dim"],
-                count_share=p["count_share"], density_share=p["density_share"], density_grid=p["density_grid"],
-                standardize=bool(p["standardize"]),
-                coordinates=p["coordinates"],
-                audit_holdout=float(p["audit_holdout"]), max_auc=p["max_auc"],
-                max_empirical_epsilon=p["max_empirical_epsilon"], allow_audit_failure=bool(p["allow_audit_failure"]),
-                method=method, seed=seed, n_jobs=p["n_jobs"], keep_rows=bool(p["keep_sent"]), min_sites=1,
-                **method_options)
+        raise ConfigError(
+            bad_value(
+                "weights",
+                weights,
+                "use 'records' or 'uniform': each site weighs its own upload by a "
+                "public rule (a weight chosen by the coordinator could single out one site)",
+            )
+        )
+    opts = dict(
+        landmarks=p["n_landmarks"],
+        rounds=p["rounds"],
+        local_steps=p["local_steps"],
+        rule=p["rule"],
+        lr=p["lr"],
+        gamma=p["gamma"],
+        weights=weights,
+        init=p["init"],
+        aggregation=p["aggregation"],
+        value_bound=p["value_bound"],
+        nystrom=p["nystrom"],
+        reconstruction=p["reconstruction"],
+        landmark_method=p["landmark_method"],
+        cell_floor=p["cell_floor"],
+        cell_rounds=p["cell_rounds"],
+        cell_axes=p["cell_axes"],
+        basis_dim=p["basis_dim"],
+        public_basis_dim=p["public_basis_dim"],
+        count_share=p["count_share"],
+        density_share=p["density_share"],
+        density_grid=p["density_grid"],
+        standardize=bool(p["standardize"]),
+        coordinates=p["coordinates"],
+        audit_holdout=float(p["audit_holdout"]),
+        max_auc=p["max_auc"],
+        max_empirical_epsilon=p["max_empirical_epsilon"],
+        allow_audit_failure=bool(p["allow_audit_failure"]),
+        method=method,
+        seed=seed,
+        n_jobs=p["n_jobs"],
+        keep_rows=bool(p["keep_sent"]),
+        min_sites=1,
+        **method_options,
+    )
     for k, v in (p["aggregation_options"] or {}).items():
         if k not in _SUM_OPTIONS:
             raise ConfigError(bad_value("aggregation_options", k, f"use keys among {', '.join(_SUM_OPTIONS)}"))
@@ -222,14 +282,23 @@ def _check_protection(params: dict, plan) -> None:
     if plan.aggregation != "plain":
         return
     if params["aggregation"] == "auto":
-        raise ConfigError(bad_value(
-            "value_bound", None, "the default secure sum (SecAgg+) needs a public bound B ≥ |every feature value| that "
-            "the sites agree on beforehand — from the data dictionary or the instruments' ranges, never read off the "
-            "records (e.g. value_bound=16 for digits' pixel counts, 255 for 8-bit pixels); with "
-            "privacy=GradientPerturbation(..., tau_x=...) the clip norm bounds the sums instead. Only "
-            "aggregation='plain' runs without one, and then the coordinator sees every site's own uploads"))
-    warnings.warn("aggregation='plain': the coordinator sees every site's own uploads, not only their sum; give a "
-                  "public value_bound for the default secure sum (SecAgg+)", UserWarning, stacklevel=4)
+        raise ConfigError(
+            bad_value(
+                "value_bound",
+                None,
+                "the default secure sum (SecAgg+) needs a public bound B ≥ |every feature value| that "
+                "the sites agree on beforehand — from the data dictionary or the instruments' ranges, never read off the "
+                "records (e.g. value_bound=16 for digits' pixel counts, 255 for 8-bit pixels); with "
+                "privacy=GradientPerturbation(..., tau_x=...) the clip norm bounds the sums instead. Only "
+                "aggregation='plain' runs without one, and then the coordinator sees every site's own uploads",
+            )
+        )
+    warnings.warn(
+        "aggregation='plain': the coordinator sees every site's own uploads, not only their sum; give a "
+        "public value_bound for the default secure sum (SecAgg+)",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _with_init(cls):
@@ -248,7 +317,8 @@ def _with_init(cls):
 
     __init__.__signature__ = inspect.Signature(
         [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in own + common])
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in own + common]
+    )
     cls.__init__ = __init__
     return cls
 
@@ -260,8 +330,9 @@ class _Estimator(BaseEstimator):
         valid = set(self._get_param_names())
         for k, v in params.items():
             if k not in valid:
-                raise ConfigError(bad_value(k, v, f"{type(self).__name__} has no such parameter; valid: "
-                                            f"{', '.join(sorted(valid))}"))
+                raise ConfigError(
+                    bad_value(k, v, f"{type(self).__name__} has no such parameter; valid: {', '.join(sorted(valid))}")
+                )
         return super().set_params(**params)
 
 
@@ -338,8 +409,13 @@ class _FederatedEmbedding(_Estimator):
             self.kernel_gamma_ = emb["kernel_gamma"]
         self.landmark_map_zn_ = emb.get("Zn")
         if emb.get("missing"):
-            raise ConfigError(bad_value("sites", sorted(emb["missing"]), "these sites did not return their part of the "
-                                        f"embedding: {emb['missing']}"))
+            raise ConfigError(
+                bad_value(
+                    "sites",
+                    sorted(emb["missing"]),
+                    f"these sites did not return their part of the embedding: {emb['missing']}",
+                )
+            )
         self.timings_ = {"total": seconds, "coordinator": res.seconds}
 
     def _place_new(self, X_new):
@@ -351,8 +427,14 @@ class _FederatedEmbedding(_Estimator):
 
         check_is_fitted(self, "landmarks_")
         if getattr(self, "landmark_embedding_", None) is None and not hasattr(self, "landmark_labels_"):
-            raise ConfigError(bad_value("nystrom", self.plan_.nystrom, "transform places new records against the "
-                                        "landmark map of the no-rows mode; fit with nystrom='local'"))
+            raise ConfigError(
+                bad_value(
+                    "nystrom",
+                    self.plan_.nystrom,
+                    "transform places new records against the "
+                    "landmark map of the no-rows mode; fit with nystrom='local'",
+                )
+            )
         X_new = check_sites([X_new])[0]
         if X_new.shape[1] != self.n_features_in_:
             raise ConfigError(bad_value("X_new.shape", X_new.shape, f"give {self.n_features_in_} features, as in fit"))
@@ -360,12 +442,19 @@ class _FederatedEmbedding(_Estimator):
         if self._method == "spectral":
             from .embedding.stages import spectral_assign
 
-            return spectral_assign(F, self.landmarks_, float(self.kernel_gamma_), self.landmark_labels_,
-                                   int(self.n_clusters))
+            return spectral_assign(
+                F, self.landmarks_, float(self.kernel_gamma_), self.landmark_labels_, int(self.n_clusters)
+            )
         if self._method == "tsne":
-            return placement.place_refine(F, self.landmarks_, self.landmark_embedding_, self.landmark_masses_,
-                                          self.landmark_map_zn_, perplexity=float(self.plan_.placement_perplexity),
-                                          counted=False)
+            return placement.place_refine(
+                F,
+                self.landmarks_,
+                self.landmark_embedding_,
+                self.landmark_masses_,
+                self.landmark_map_zn_,
+                perplexity=float(self.plan_.placement_perplexity),
+                counted=False,
+            )
         return placement.place_weighted(F, self.landmarks_, self.landmark_embedding_, perplexity=2.0)
 
     def transform(self, X_new):
@@ -393,8 +482,12 @@ class FedTSNE(_FederatedEmbedding):
     _method = "tsne"
 
     def _method_options(self):
-        return {"n_components": self.n_components, "perplexity": self.perplexity, "n_iter": self.n_iter,
-                "placement_perplexity": self.placement_perplexity}
+        return {
+            "n_components": self.n_components,
+            "perplexity": self.perplexity,
+            "n_iter": self.n_iter,
+            "placement_perplexity": self.placement_perplexity,
+        }
 
     def fit(self, sites, y=None):
         res = self._run(sites)
@@ -473,9 +566,15 @@ class CentralizedTSNE(_Estimator):
 
         X = check_sites([X])[0]
         rng = np.random.default_rng(self.random_state)
-        self.embedding_ = np.asarray(TSNE(n_components=self.n_components, perplexity=self.perplexity,
-                                          n_iter=max(self.n_iter - 250, 1), random_state=seed_from(rng),
-                                          n_jobs=self.n_jobs).fit(X))
+        self.embedding_ = np.asarray(
+            TSNE(
+                n_components=self.n_components,
+                perplexity=self.perplexity,
+                n_iter=max(self.n_iter - 250, 1),
+                random_state=seed_from(rng),
+                n_jobs=self.n_jobs,
+            ).fit(X)
+        )
         return self
 
     def fit_transform(self, X, y=None):
@@ -496,8 +595,12 @@ class CentralizedUMAP(_Estimator):
 
         X = check_sites([X])[0]
         rng = np.random.default_rng(self.random_state)
-        self.embedding_ = umap.UMAP(n_components=self.n_components, n_neighbors=self.n_neighbors,
-                                    min_dist=self.min_dist, random_state=seed_from(rng)).fit_transform(X)
+        self.embedding_ = umap.UMAP(
+            n_components=self.n_components,
+            n_neighbors=self.n_neighbors,
+            min_dist=self.min_dist,
+            random_state=seed_from(rng),
+        ).fit_transform(X)
         return self
 
     def fit_transform(self, X, y=None):
@@ -519,7 +622,9 @@ class CentralizedSpectralClustering(_Estimator):
         rng = np.random.default_rng(self.random_state)
         g = median_gamma([local_median_sq_dist(X, random_state=rng)]) if self.gamma is None else float(self.gamma)
         self.gamma_ = g
-        self.labels_ = SpectralClustering(self.n_clusters, affinity="rbf", gamma=g, random_state=seed_from(rng)).fit_predict(X)
+        self.labels_ = SpectralClustering(
+            self.n_clusters, affinity="rbf", gamma=g, random_state=seed_from(rng)
+        ).fit_predict(X)
         return self
 
     def fit_predict(self, X, y=None):

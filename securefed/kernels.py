@@ -41,7 +41,9 @@ def check_gamma(gamma: float) -> float:
     try:
         g = float(gamma)
     except (TypeError, ValueError):
-        raise ConfigError(bad_value("gamma", gamma, "give a positive number, or None for the median heuristic")) from None
+        raise ConfigError(
+            bad_value("gamma", gamma, "give a positive number, or None for the median heuristic")
+        ) from None
     if not np.isfinite(g) or g <= 0:
         raise ConfigError(bad_value("gamma", gamma, "give a positive number, or None for the median heuristic"))
     return g
@@ -75,5 +77,11 @@ def median_gamma(site_medians, weights=None) -> float:
     w = np.ones_like(m) if weights is None else np.asarray(weights, dtype=float)
     med = float(np.sum(w * m) / np.sum(w))
     if not np.isfinite(med) or med <= 0:
-        raise ConfigError(bad_value("median squared distance", med, "data have no spread; check for constant records or pass gamma explicitly"))
+        raise ConfigError(
+            bad_value(
+                "median squared distance",
+                med,
+                "data have no spread; check for constant records or pass gamma explicitly",
+            )
+        )
     return 1.0 / med

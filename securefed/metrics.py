@@ -107,7 +107,9 @@ def neighbor_preservation(X_high, emb, ks=_KS, max_queries: int = 10_000, random
     X = _check_points(X_high, "X_high")
     E = _check_points(emb, "emb")
     if len(X) != len(E):
-        raise DataError(bad_value("emb", f"<{len(E)} rows>", f"the embedding needs one row per record of X_high ({len(X)})"))
+        raise DataError(
+            bad_value("emb", f"<{len(E)} rows>", f"the embedding needs one row per record of X_high ({len(X)})")
+        )
     n = len(X)
     rng = np.random.default_rng(random_state)
     q = np.arange(n) if n <= max_queries else np.sort(rng.choice(n, max_queries, replace=False))
@@ -161,7 +163,9 @@ def kmeans_metrics(emb, y, n_clusters: int | None = None, random_state=None) -> 
     return clustering_metrics(lp, y, features=E, random_state=rng)
 
 
-def trustworthiness(X_high, emb, n_neighbors: int = 5, max_points: int = 10_000, block: int = 512, random_state=None) -> float:
+def trustworthiness(
+    X_high, emb, n_neighbors: int = 5, max_points: int = 10_000, block: int = 512, random_state=None
+) -> float:
     """Trustworthiness T(k) (Venna & Kaski 2001), the same definition as ``sklearn.manifold.trustworthiness``.
 
     ``T(k) = 1 − 2/(n k (2n − 3k − 1)) · Σ_i Σ_{j ∈ U_k(i)} (r(i, j) − k)``, where ``U_k(i)`` are the
@@ -176,7 +180,9 @@ def trustworthiness(X_high, emb, n_neighbors: int = 5, max_points: int = 10_000,
     X = _check_points(X_high, "X_high")
     E = _check_points(emb, "emb")
     if len(X) != len(E):
-        raise DataError(bad_value("emb", f"<{len(E)} rows>", f"the embedding needs one row per record of X_high ({len(X)})"))
+        raise DataError(
+            bad_value("emb", f"<{len(E)} rows>", f"the embedding needs one row per record of X_high ({len(X)})")
+        )
     if len(X) > max_points:
         rng = np.random.default_rng(random_state)
         sub = np.sort(rng.choice(len(X), max_points, replace=False))
@@ -210,7 +216,9 @@ def embedding_metrics(X_high, emb, y=None, random_state=None) -> dict:
     X = _check_points(X_high, "X_high")
     E = _check_points(emb, "emb")
     if len(X) != len(E):
-        raise DataError(bad_value("emb", f"<{len(E)} rows>", f"the embedding needs one row per record of X_high ({len(X)})"))
+        raise DataError(
+            bad_value("emb", f"<{len(E)} rows>", f"the embedding needs one row per record of X_high ({len(X)})")
+        )
     rng = np.random.default_rng(random_state)
     out: dict = dict.fromkeys(METRIC_KEYS)
     npa = neighbor_preservation(X, E, random_state=rng)

@@ -30,16 +30,39 @@ __all__ = ["run_job", "check_job", "JOB_DEFAULTS", "FED_METHODS", "PEER_METHOD_N
 FED_METHODS = ("tsne", "umap", "spectral")
 PEER_METHOD_NAMES = ("dsne", "fdsne", "dp-dsne", "gtm")
 #: the job's own settings (not run-plan options) and their defaults: ``securefed run``'s flags of the same names
-JOB_DEFAULTS = {"dataset": "digits", "label_column": None, "site": None, "id_column": None, "keep_column": None,
-                "layer": None, "clients": 10, "partition": "label", "method": "tsne",
-                "out": "securefed-run", "compare_centralized": True, "quiet": False, "reference_size": 300,
-                "force": False}
+JOB_DEFAULTS = {
+    "dataset": "digits",
+    "label_column": None,
+    "site": None,
+    "id_column": None,
+    "keep_column": None,
+    "layer": None,
+    "clients": 10,
+    "partition": "label",
+    "method": "tsne",
+    "out": "securefed-run",
+    "compare_centralized": True,
+    "quiet": False,
+    "reference_size": 300,
+    "force": False,
+}
 
 
 def _versions() -> dict:
     out = {"python": sys.version.split()[0]}
-    for pkg in ("securefed", "numpy", "scipy", "scikit-learn", "cryptography", "tenseal", "torch", "opacus",
-                "openTSNE", "umap-learn", "pynndescent"):
+    for pkg in (
+        "securefed",
+        "numpy",
+        "scipy",
+        "scikit-learn",
+        "cryptography",
+        "tenseal",
+        "torch",
+        "opacus",
+        "openTSNE",
+        "umap-learn",
+        "pynndescent",
+    ):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -56,8 +79,13 @@ class _Log:
             print(msg, file=sys.stderr, flush=True)
 
 
-_DATA_FLAGS = (("spec", "--site"), ("id_column", "--id-column"), ("label_column", "--label-column"),
-               ("layer", "--layer"), ("name_or_path", "--dataset"))
+_DATA_FLAGS = (
+    ("spec", "--site"),
+    ("id_column", "--id-column"),
+    ("label_column", "--label-column"),
+    ("layer", "--layer"),
+    ("name_or_path", "--dataset"),
+)
 
 
 def _flag_error(exc: Exception):
@@ -65,7 +93,7 @@ def _flag_error(exc: Exception):
     msg = str(exc)
     for param, flag in _DATA_FLAGS:
         if msg.startswith(param + "=") or msg.startswith(param + " "):
-            return type(exc)(flag + msg[len(param):])
+            return type(exc)(flag + msg[len(param) :])
     return type(exc)(f"--dataset/--site: {msg}")
 
 
@@ -78,19 +106,29 @@ def _load_sites(job: dict, seed: int):
     keep = tuple(job.get("keep_column") or ())
     if job.get("site"):
         try:
-            parts = load_sites(job["site"], label_column=job["label_column"], id_column=job.get("id_column"),
-                               layer=job.get("layer"), allow_id_like=keep)
+            parts = load_sites(
+                job["site"],
+                label_column=job["label_column"],
+                id_column=job.get("id_column"),
+                layer=job.get("layer"),
+                allow_id_like=keep,
+            )
         except SecureFedError as exc:
             raise _flag_error(exc) from None
-        ds: Any = SimpleNamespace(name=f"{len(parts)} site files", X=np.vstack([p.X for p in parts]),
-                                  target_names=parts[0].target_names, feature_names=parts[0].feature_names,
-                                  paths={p.name: p.path for p in parts})
+        ds: Any = SimpleNamespace(
+            name=f"{len(parts)} site files",
+            X=np.vstack([p.X for p in parts]),
+            target_names=parts[0].target_names,
+            feature_names=parts[0].feature_names,
+            paths={p.name: p.path for p in parts},
+        )
         y = None if parts[0].y is None else np.concatenate([p.y for p in parts])
         ids = {p.name: list(p.ids) for p in parts} if parts[0].ids is not None else None
         return ds, [p.X for p in parts], y, None, [p.name for p in parts], ids
     try:
-        ds = load_dataset(job["dataset"], job["label_column"], job.get("id_column"), layer=job.get("layer"),
-                          allow_id_like=keep)
+        ds = load_dataset(
+            job["dataset"], job["label_column"], job.get("id_column"), layer=job.get("layer"), allow_id_like=keep
+        )
     except SecureFedError as exc:
         raise _flag_error(exc) from None
     X_all, y_all = ds.X, ds.y
@@ -157,19 +195,38 @@ def _server_ledger(out: str, plan, run_id: str):
 
 def _run_mode(plan, method: str) -> dict:
     """The run's mode (secure sum, DP, landmark method, ...), as ``metrics.json`` and ``config.json`` record it."""
-    return {"aggregation": plan.aggregation, "dp": plan.dp, "nystrom": plan.nystrom, "rule": plan.rule,
-            "method": method, "rows_privacy": plan.rows_epsilon is not None, "n_landmarks": plan.landmarks,
-            "landmark_method": plan.landmark_method, "cell_floor": plan.cell_floor,
-            "coordinates": plan.coordinates}
+    return {
+        "aggregation": plan.aggregation,
+        "dp": plan.dp,
+        "nystrom": plan.nystrom,
+        "rule": plan.rule,
+        "method": method,
+        "rows_privacy": plan.rows_epsilon is not None,
+        "n_landmarks": plan.landmarks,
+        "landmark_method": plan.landmark_method,
+        "cell_floor": plan.cell_floor,
+        "coordinates": plan.coordinates,
+    }
 
 
 def _write_config(out: str, run_id: str, ds, X, plan, mode: dict, job: dict, sites, names) -> None:
     """Write the run's ``config.json``: its id, data set, mode, job, full plan, site sizes and versions."""
-    write_json(os.path.join(out, "config.json"), {
-        "run_id": run_id, "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
-        "n_features": int(X.shape[1]), "n_landmarks": plan.landmarks, "mode": mode, "parameters": job,
-        "options": plan.as_dict(), "site_sizes": [len(s) for s in sites], "sites": names, "versions": _versions(),
-        "target_names": list(ds.target_names) if ds.target_names is not None else None})
+    write_json(
+        os.path.join(out, "config.json"),
+        {
+            "run_id": run_id,
+            "dataset": {"name": ds.name, "n_samples": int(len(X)), "n_features": int(X.shape[1])},
+            "n_features": int(X.shape[1]),
+            "n_landmarks": plan.landmarks,
+            "mode": mode,
+            "parameters": job,
+            "options": plan.as_dict(),
+            "site_sizes": [len(s) for s in sites],
+            "sites": names,
+            "versions": _versions(),
+            "target_names": list(ds.target_names) if ds.target_names is not None else None,
+        },
+    )
 
 
 def _run_federated(plan, sites, names, X, out: str, run_id: str, job: dict, metrics: dict, log):
@@ -195,8 +252,15 @@ def _run_federated(plan, sites, names, X, out: str, run_id: str, job: dict, metr
 
     t0 = time.perf_counter()
     try:
-        res = run_in_process(plan, sites, names=names, site_options=_site_options(out, names, plan),
-                             ledger=_server_ledger(out, plan, run_id), resume=resume, on_event=on_event)
+        res = run_in_process(
+            plan,
+            sites,
+            names=names,
+            site_options=_site_options(out, names, plan),
+            ledger=_server_ledger(out, plan, run_id),
+            resume=resume,
+            on_event=on_event,
+        )
     except Exception as exc:
         _write_partial(out, metrics, getattr(exc, "partial", {}))
         raise
@@ -229,8 +293,14 @@ def run_job(job: dict, options: dict) -> dict:
     for w in data_warnings:
         log(f"[data] warning: {w}")
     X = np.vstack(sites)
-    metrics = {"method": method, "dataset": ds.name, "n_samples": int(len(X)), "n_clients": len(sites),
-               "partition": "the sites' own files" if job.get("site") else job["partition"], "timings": {}}
+    metrics = {
+        "method": method,
+        "dataset": ds.name,
+        "n_samples": int(len(X)),
+        "n_clients": len(sites),
+        "partition": "the sites' own files" if job.get("site") else job["partition"],
+        "timings": {},
+    }
     if data_warnings:
         metrics["data_warnings"] = list(data_warnings)
     if method in PEER_METHOD_NAMES:
@@ -259,15 +329,33 @@ def run_job(job: dict, options: dict) -> dict:
         log("[centralized] fitting the pooled-data baseline for comparison")
         central = _fit_central(method, plan, X, y)
         metrics["timings"]["centralized"] = time.perf_counter() - t1
-        metrics["centralized"] = (clustering_metrics(central, y, random_state=plan.seed) if y is not None else {}) \
-            if method == "spectral" else embedding_metrics(X, central, y, random_state=plan.seed)
-    _plot_run(out, method, job, res.stacked("labels" if method == "spectral" else "coordinates"), X, y, central,
-              sites, metrics, ds, names)
+        metrics["centralized"] = (
+            (clustering_metrics(central, y, random_state=plan.seed) if y is not None else {})
+            if method == "spectral"
+            else embedding_metrics(X, central, y, random_state=plan.seed)
+        )
+    _plot_run(
+        out,
+        method,
+        job,
+        res.stacked("labels" if method == "spectral" else "coordinates"),
+        X,
+        y,
+        central,
+        sites,
+        metrics,
+        ds,
+        names,
+    )
     if res.embedding and "density" in res.embedding:
         from .report.plots import plot_density
 
-        plot_density(os.path.join(out, "density.png"), res.embedding["density"],
-                     res.embedding.get("landmark_embedding"), epsilon=(res.privacy or {}).get("epsilon"))
+        plot_density(
+            os.path.join(out, "density.png"),
+            res.embedding["density"],
+            res.embedding.get("landmark_embedding"),
+            epsilon=(res.privacy or {}).get("epsilon"),
+        )
     metrics["timings"]["total"] = time.perf_counter() - t_all
     write_json(os.path.join(out, "metrics.json"), metrics)
     return clean(metrics)
@@ -284,18 +372,36 @@ def _require_public_bounds(options: dict) -> None:
     """On the user's own records the public bounds of the secure sum and of DP must come from the user (a number
     the sites agree on beforehand), never from the records: a maximum of the records is a release no ε covers."""
     dp = options.get("epsilon") is not None or options.get("noise_multiplier") is not None
-    source = ("a public range the sites agree on beforehand — from the data dictionary or the instruments' ranges, "
-              "never read off the records (their maximum is one patient's value: a release no ε covers)")
+    source = (
+        "a public range the sites agree on beforehand — from the data dictionary or the instruments' ranges, "
+        "never read off the records (their maximum is one patient's value: a release no ε covers)"
+    )
     if dp and options.get("clip_norm") is None:
-        raise ConfigError(bad_value("--clip-norm", None, "differential privacy on your own records needs a public bound "
-                                    f"τ_X on every record's norm, from {source}; e.g. B·√m when no feature can exceed "
-                                    "B in absolute value (m features)"))
-    if not dp and options.get("aggregation", "auto") in ("auto", "secagg", "ckks") and options.get("value_bound") is None:
-        raise ConfigError(bad_value("--value-bound", None, "the secure sum on your own records needs a public bound B "
-                                    f"≥ |every feature value|, from {source}; e.g. --value-bound 5000 when no measured "
-                                    "value can exceed 5 000. Without one, only --aggregation plain is possible (the "
-                                    "coordinator then sees every site's own uploads; a deployed site refuses it unless "
-                                    "its operator sets allow-plain)"))
+        raise ConfigError(
+            bad_value(
+                "--clip-norm",
+                None,
+                "differential privacy on your own records needs a public bound "
+                f"τ_X on every record's norm, from {source}; e.g. B·√m when no feature can exceed "
+                "B in absolute value (m features)",
+            )
+        )
+    if (
+        not dp
+        and options.get("aggregation", "auto") in ("auto", "secagg", "ckks")
+        and options.get("value_bound") is None
+    ):
+        raise ConfigError(
+            bad_value(
+                "--value-bound",
+                None,
+                "the secure sum on your own records needs a public bound B "
+                f"≥ |every feature value|, from {source}; e.g. --value-bound 5000 when no measured "
+                "value can exceed 5 000. Without one, only --aggregation plain is possible (the "
+                "coordinator then sees every site's own uploads; a deployed site refuses it unless "
+                "its operator sets allow-plain)",
+            )
+        )
 
 
 def check_job(job: dict, options: dict) -> None:
@@ -315,29 +421,48 @@ def check_job(job: dict, options: dict) -> None:
         except SecureFedError as exc:
             raise _flag_error(exc) from None
         if n_files < 2:
-            raise ConfigError(bad_value("--site", job["site"], "a federation needs at least 2 sites: give one file per "
-                                        "site (repeat --site, or a glob or a directory holding 2 or more files)"))
+            raise ConfigError(
+                bad_value(
+                    "--site",
+                    job["site"],
+                    "a federation needs at least 2 sites: give one file per "
+                    "site (repeat --site, or a glob or a directory holding 2 or more files)",
+                )
+            )
     else:
         from .data import BUILTIN_DATASETS, FILE_TYPES
 
         key = str(job["dataset"])
         if key.lower() not in BUILTIN_DATASETS:
             if os.path.splitext(key)[1].lower() not in FILE_TYPES:
-                raise ConfigError(bad_value("--dataset", key, f"use a built-in dataset {list(BUILTIN_DATASETS)} or a file "
-                                            f"ending in {list(FILE_TYPES)}"))
+                raise ConfigError(
+                    bad_value(
+                        "--dataset",
+                        key,
+                        f"use a built-in dataset {list(BUILTIN_DATASETS)} or a file ending in {list(FILE_TYPES)}",
+                    )
+                )
             if not os.path.isfile(key):
                 raise ConfigError(bad_value("--dataset", key, "no such file; check the path"))
         clients = job["clients"]
         if isinstance(clients, bool) or not isinstance(clients, int) or clients < 2:
-            raise ConfigError(bad_value("--clients", clients, "use an integer ≥ 2: a federation needs at least 2 sites "
-                                        "(the secure sum of one site is that site's own upload)"))
+            raise ConfigError(
+                bad_value(
+                    "--clients",
+                    clients,
+                    "use an integer ≥ 2: a federation needs at least 2 sites "
+                    "(the secure sum of one site is that site's own upload)",
+                )
+            )
         try:
             _parse_scheme(job["partition"])
         except ConfigError as exc:
             raise type(exc)(f"--partition/--clients: {exc}") from None
     out = os.path.abspath(job["out"])
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(bad_value("--out", job["out"], "is a file, not a folder; pick a folder for the run's outputs"))
+        raise ConfigError(
+            bad_value("--out", job["out"], "is a file, not a folder; pick a folder for the run's outputs")
+        )
     _check_earlier_run(out, bool(job.get("force")))
     if method in PEER_METHOD_NAMES:
         return
@@ -355,10 +480,30 @@ def check_job(job: dict, options: dict) -> None:
 
 
 #: what a run writes into its folder besides the privacy ledgers (replaced only with ``--force``)
-_RUN_OUTPUTS = ("config.json", "metrics.json", "result.json", "audit.json", "history.json", "report.html", "report.json",
-                "checkpoint.npz", "embedding.npy", "embedding.npz", "embedding.png", "embedding.csv", "labels.npy",
-                "labels.npz", "y_true.npy", "landmarks.npy", "landmark_masses.npy", "landmark_embedding.npy",
-                "landmark_labels.npy", "density.npz", "density.png", "progress.jsonl")
+_RUN_OUTPUTS = (
+    "config.json",
+    "metrics.json",
+    "result.json",
+    "audit.json",
+    "history.json",
+    "report.html",
+    "report.json",
+    "checkpoint.npz",
+    "embedding.npy",
+    "embedding.npz",
+    "embedding.png",
+    "embedding.csv",
+    "labels.npy",
+    "labels.npz",
+    "y_true.npy",
+    "landmarks.npy",
+    "landmark_masses.npy",
+    "landmark_embedding.npy",
+    "landmark_labels.npy",
+    "density.npz",
+    "density.png",
+    "progress.jsonl",
+)
 _SITE_FILES = "sites"  # the sites' own AnnData with the map written back (.h5ad sites)
 
 
@@ -382,9 +527,15 @@ def _check_earlier_run(out: str, force: bool) -> None:
         return
     done, previous = _earlier_run(out)
     if done and not force:
-        raise ConfigError(bad_value("--out", out, f"holds the outputs of an earlier run{f' ({previous})' if previous else ''}"
-                                    " (metrics.json, report.html …); they are never overwritten silently: use another "
-                                    "--out, or --force to replace them (privacy ledgers are never deleted)"))
+        raise ConfigError(
+            bad_value(
+                "--out",
+                out,
+                f"holds the outputs of an earlier run{f' ({previous})' if previous else ''}"
+                " (metrics.json, report.html …); they are never overwritten silently: use another "
+                "--out, or --force to replace them (privacy ledgers are never deleted)",
+            )
+        )
 
 
 def _claim_folder(out: str, run_id: str | None, force: bool) -> None:
@@ -394,12 +545,25 @@ def _claim_folder(out: str, run_id: str | None, force: bool) -> None:
     _check_earlier_run(out, force)
     done, previous = _earlier_run(out) if os.path.isdir(out) else (False, None)
     other = previous is not None and previous != run_id
-    if other and (os.path.exists(os.path.join(out, "ledger.jsonl")) or os.path.isdir(os.path.join(out, "site-ledgers"))):
-        raise ConfigError(bad_value("--out", out, f"holds the privacy ledgers of another run ({previous}); they record "
-                                    "spent privacy budget and are never overwritten: use another --out"))
+    if other and (
+        os.path.exists(os.path.join(out, "ledger.jsonl")) or os.path.isdir(os.path.join(out, "site-ledgers"))
+    ):
+        raise ConfigError(
+            bad_value(
+                "--out",
+                out,
+                f"holds the privacy ledgers of another run ({previous}); they record "
+                "spent privacy budget and are never overwritten: use another --out",
+            )
+        )
     if other and not force:
-        raise ConfigError(bad_value("--out", out, f"holds the outputs of another run ({previous}); use another --out, "
-                                    "or --force to replace them"))
+        raise ConfigError(
+            bad_value(
+                "--out",
+                out,
+                f"holds the outputs of another run ({previous}); use another --out, or --force to replace them",
+            )
+        )
     if done or other:  # --force: the earlier outputs go, the ledgers stay
         import shutil
 
@@ -411,8 +575,9 @@ def _claim_folder(out: str, run_id: str | None, force: bool) -> None:
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(bad_value("--out", out, f"cannot create the folder ({exc.strerror}); pick a writable "
-                                    "path")) from None
+        raise ConfigError(
+            bad_value("--out", out, f"cannot create the folder ({exc.strerror}); pick a writable path")
+        ) from None
 
 
 class _forwarded_warnings:
@@ -472,10 +637,19 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
     metrics["aggregation"] = res.aggregation
     metrics["released"] = res.released
     metrics["inventory"] = res.inventory + [
-        {"what": "quality metrics of the map (CA-kNN, trustworthiness, NMI) computed against the pooled records",
-         "to": "this run folder", "covered_by_epsilon": False, "note": "exists only in this simulation"},
-        {"what": "the centralized comparison (the method on the pooled records) and its panel in embedding.png",
-         "to": "this run folder", "covered_by_epsilon": False, "note": "exists only in this simulation"}]
+        {
+            "what": "quality metrics of the map (CA-kNN, trustworthiness, NMI) computed against the pooled records",
+            "to": "this run folder",
+            "covered_by_epsilon": False,
+            "note": "exists only in this simulation",
+        },
+        {
+            "what": "the centralized comparison (the method on the pooled records) and its panel in embedding.png",
+            "to": "this run folder",
+            "covered_by_epsilon": False,
+            "note": "exists only in this simulation",
+        },
+    ]
     metrics["warnings"] = res.warnings
     metrics["reconstruction"] = emb.get("reconstruction")
     metrics["sent_by_each_site"] = emb.get("sent_kind")
@@ -487,8 +661,12 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
 
         # each site counts its own clipped records; the count never leaves it (the simulation reads them here)
         per_site = [int(clip_records(X_p, plan.clip_norm)[1]) for X_p in sites]
-        metrics["privacy"] = dict(res.privacy, clipped_per_site=per_site, clipped_records=int(sum(per_site)),
-                                  clipped_note="counted on each site for its own records; not sent to the coordinator")
+        metrics["privacy"] = dict(
+            res.privacy,
+            clipped_per_site=per_site,
+            clipped_records=int(sum(per_site)),
+            clipped_note="counted on each site for its own records; not sent to the coordinator",
+        )
     if res.audit is not None:
         write_audit_files(out, mia=res.audit["mia_result"])
         metrics["audit"] = {k: v for k, v in res.audit.items() if k != "mia_result"}
@@ -497,8 +675,12 @@ def _federated_metrics(metrics, res, plan, sites, X, y, out, embedding_metrics, 
 
 def _reconstruction_audit(plan, res, sites, out, log) -> dict:
     """Play the server on what left the sites in the embedding stage and measure what it gives back."""
-    from .audits import (reconstruct_from_coordinates, reconstruct_from_distance_rows, reconstruct_from_kernel_rows,
-                         reconstruction_record)
+    from .audits import (
+        reconstruct_from_coordinates,
+        reconstruct_from_distance_rows,
+        reconstruct_from_kernel_rows,
+        reconstruction_record,
+    )
     from .report import write_audit_files
 
     X_true = np.vstack(sites)
@@ -519,8 +701,9 @@ def _reconstruction_audit(plan, res, sites, out, log) -> dict:
     elif plan.method == "spectral":
         # only labels leave: the server's best estimate of a record is the mean of its cluster's landmarks
         lab_y = emb["landmark_labels"]
-        cent = np.vstack([Y[lab_y == c].mean(axis=0) if np.any(lab_y == c) else Y.mean(axis=0)
-                          for c in range(plan.n_clusters)])
+        cent = np.vstack(
+            [Y[lab_y == c].mean(axis=0) if np.any(lab_y == c) else Y.mean(axis=0) for c in range(plan.n_clusters)]
+        )
         X_hat, kind, attack = cent[res.stacked("labels")], "local", "cluster mean of landmarks"
     else:
         coords = [emb["coordinates"][name] for name in res.sites]
@@ -529,13 +712,25 @@ def _reconstruction_audit(plan, res, sites, out, log) -> dict:
     # judged against what an attacker knows without the run: the average record (a population statistic)
     rec = reconstruction_record(X_true, X_hat, mode=kind, attack=attack, Y=Y, reference=X_true.mean(axis=0))
     write_audit_files(out, reconstruction=rec)
-    log(f"[audit] reconstruction from what left the sites ({attack}): median relative error "
+    log(
+        f"[audit] reconstruction from what left the sites ({attack}): median relative error "
         f"{rec['median_relative_error']:.3g} (guessing the average record: {rec['baseline_median_relative_error']:.3g}), "
         f"{100 * rec['fraction_within_5pct']:.1f}% of records within 5% (the guess: "
-        f"{100 * rec['baseline_fraction_within_5pct']:.1f}%; beyond it: {100 * rec['fraction_within_5pct_beyond_baseline']:.1f}%)")
-    return {k: rec[k] for k in ("mode", "attack", "median_relative_error", "fraction_within_5pct",
-                                "baseline_median_relative_error", "baseline_fraction_within_5pct",
-                                "fraction_within_5pct_beyond_baseline") if k in rec}
+        f"{100 * rec['baseline_fraction_within_5pct']:.1f}%; beyond it: {100 * rec['fraction_within_5pct_beyond_baseline']:.1f}%)"
+    )
+    return {
+        k: rec[k]
+        for k in (
+            "mode",
+            "attack",
+            "median_relative_error",
+            "fraction_within_5pct",
+            "baseline_median_relative_error",
+            "baseline_fraction_within_5pct",
+            "fraction_within_5pct_beyond_baseline",
+        )
+        if k in rec
+    }
 
 
 def _write_table(out, res, method, names, ids, y, sites, ds) -> None:
@@ -549,10 +744,13 @@ def _write_table(out, res, method, names, ids, y, sites, ds) -> None:
         return
     bounds = np.cumsum([0] + [len(s) for s in sites])
     labels = None if y is None else {n: y[a:b] for n, a, b in zip(names, bounds[:-1], bounds[1:])}
-    write_embedding_table(os.path.join(out, "embedding.csv"), {n: parts[n] for n in names if n in parts},
-                          ids=None if ids is None else {n: ids[n] for n in names if n in parts},
-                          labels=None if labels is None else {n: labels[n] for n in names if n in parts},
-                          label_names=ds.target_names)
+    write_embedding_table(
+        os.path.join(out, "embedding.csv"),
+        {n: parts[n] for n in names if n in parts},
+        ids=None if ids is None else {n: ids[n] for n in names if n in parts},
+        labels=None if labels is None else {n: labels[n] for n in names if n in parts},
+        label_names=ds.target_names,
+    )
 
 
 def _write_site_anndata(out, res, method, names, ids, ds, log) -> None:
@@ -569,22 +767,38 @@ def _write_site_anndata(out, res, method, names, ids, ds, log) -> None:
     written = []
     for name in names:
         if name in paths and name in (parts or {}):
-            written.append(write_h5ad_with_embedding(paths[name], os.path.join(out, _SITE_FILES, f"{name}.h5ad"),
-                                                     parts[name], obsm_key(method),
-                                                     ids=None if ids is None else ids[name]))
+            written.append(
+                write_h5ad_with_embedding(
+                    paths[name],
+                    os.path.join(out, _SITE_FILES, f"{name}.h5ad"),
+                    parts[name],
+                    obsm_key(method),
+                    ids=None if ids is None else ids[name],
+                )
+            )
     if written:
-        log(f"[outputs] each site's AnnData with the map in {'obs' if method == 'spectral' else 'obsm'}"
-            f"[{obsm_key(method)!r}]: {os.path.join(out, _SITE_FILES)}/<site>.h5ad")
+        log(
+            f"[outputs] each site's AnnData with the map in {'obs' if method == 'spectral' else 'obsm'}"
+            f"[{obsm_key(method)!r}]: {os.path.join(out, _SITE_FILES)}/<site>.h5ad"
+        )
 
 
 def _plot_run(out, method, job, federated, X, y, central, sites, metrics, ds, names) -> None:
     from .report.plots import plot_run, standard_panels
 
-    panels = standard_panels(method, federated, y=y, site_sizes=[len(s) for s in sites], centralized=central,
-                             X=X if method == "spectral" else None, mode=metrics.get("mode"),
-                             privacy=metrics.get("privacy"), fed_metrics=metrics.get("federated"),
-                             cen_metrics=metrics.get("centralized"),
-                             partition=None if job.get("site") else job.get("partition"))  # --site: no split was made
+    panels = standard_panels(
+        method,
+        federated,
+        y=y,
+        site_sizes=[len(s) for s in sites],
+        centralized=central,
+        X=X if method == "spectral" else None,
+        mode=metrics.get("mode"),
+        privacy=metrics.get("privacy"),
+        fed_metrics=metrics.get("federated"),
+        cen_metrics=metrics.get("centralized"),
+        partition=None if job.get("site") else job.get("partition"),
+    )  # --site: no split was made
     plot_run(os.path.join(out, "embedding.png"), panels, class_names=ds.target_names, site_names=names)
 
 
@@ -608,12 +822,21 @@ def _run_peer(job, options, sites, X, y, reference, metrics, out, log, t_all, ds
     metrics["sent_by_each_site"] = WHAT_LEAVES.get(method)
     eps = getattr(est, "epsilon_", None)
     if eps is not None:
-        metrics["privacy"] = {"epsilon": eps, "delta": getattr(est, "delta_", None),
-                              "accountant": getattr(est, "accountant_", "rdp")}
+        metrics["privacy"] = {
+            "epsilon": eps,
+            "delta": getattr(est, "delta_", None),
+            "accountant": getattr(est, "accountant_", "rdp"),
+        }
     np.save(os.path.join(out, "embedding.npy"), emb)
-    write_json(os.path.join(out, "config.json"), {"dataset": {"name": metrics["dataset"], "n_samples": int(len(X)),
-                                                              "n_features": int(X.shape[1])},
-                                                  "mode": metrics["mode"], "parameters": job, "versions": _versions()})
+    write_json(
+        os.path.join(out, "config.json"),
+        {
+            "dataset": {"name": metrics["dataset"], "n_samples": int(len(X)), "n_features": int(X.shape[1])},
+            "mode": metrics["mode"],
+            "parameters": job,
+            "versions": _versions(),
+        },
+    )
     metrics["federated"] = embedding_metrics(X, emb, y, random_state=seed)
     central = None
     if job["compare_centralized"]:

@@ -23,9 +23,24 @@ import numpy as np
 
 from .errors import ConfigError, bad_value
 
-__all__ = ["RunPlan", "option_name", "seed_of", "API_NAMES", "METHODS", "NYSTROM_MODES", "AGGREGATIONS", "LANDMARK_METHODS",
-           "DISTRIBUTED_MECHANISMS", "INTEGER_MECHANISMS", "CHOICES", "NOT_CLI_FLAGS",
-           "plan_defaults", "to_run_config", "from_run_config", "options_from_args"]
+__all__ = [
+    "RunPlan",
+    "option_name",
+    "seed_of",
+    "API_NAMES",
+    "METHODS",
+    "NYSTROM_MODES",
+    "AGGREGATIONS",
+    "LANDMARK_METHODS",
+    "DISTRIBUTED_MECHANISMS",
+    "INTEGER_MECHANISMS",
+    "CHOICES",
+    "NOT_CLI_FLAGS",
+    "plan_defaults",
+    "to_run_config",
+    "from_run_config",
+    "options_from_args",
+]
 
 METHODS = ("tsne", "umap", "spectral", "none")
 NYSTROM_MODES = ("local", "rows")
@@ -47,10 +62,21 @@ DEFAULT_LANDMARKS = 300
 
 #: every option that takes one of a fixed set of values → the set: the one list the validator, the ``securefed run``
 #: flags (argparse ``choices``) and the estimators read
-CHOICES = {"landmark_method": LANDMARK_METHODS, "rule": RULES, "weights": WEIGHT_RULES, "aggregation": AGGREGATIONS,
-           "ckks_verify": CKKS_VERIFY_MODES, "accountant": ACCOUNTANT_NAMES, "noise": NOISE_MODES,
-           "distributed_mechanism": DISTRIBUTED_MECHANISMS, "sensitivity_rule": SENSITIVITY_RULES, "method": METHODS,
-           "nystrom": NYSTROM_MODES, "reconstruction": RECONSTRUCTIONS, "coordinates": COORDINATES}
+CHOICES = {
+    "landmark_method": LANDMARK_METHODS,
+    "rule": RULES,
+    "weights": WEIGHT_RULES,
+    "aggregation": AGGREGATIONS,
+    "ckks_verify": CKKS_VERIFY_MODES,
+    "accountant": ACCOUNTANT_NAMES,
+    "noise": NOISE_MODES,
+    "distributed_mechanism": DISTRIBUTED_MECHANISMS,
+    "sensitivity_rule": SENSITIVITY_RULES,
+    "method": METHODS,
+    "nystrom": NYSTROM_MODES,
+    "reconstruction": RECONSTRUCTIONS,
+    "coordinates": COORDINATES,
+}
 
 #: estimator parameter names that differ from the plan's option names (scikit-learn style)
 API_NAMES = {"landmarks": "n_landmarks"}
@@ -88,27 +114,29 @@ class RunPlan:
     """
 
     # ---- landmarks (Qiao et al. Algorithm 1)
-    landmarks: int | None = None     # None ("auto"): cells as many as the records allow (≤ 1 000), feddl / billboard 300
-    landmark_method: str = "auto"    # auto: cells (no rows, no DP), billboard (no rows, DP), feddl (the rows mode)
-    cell_floor: int = 15             # cells: a cell's mean is revealed only over at least this many records
-    cell_rounds: int = 12            # cells: most growth rounds
-    cell_axes: int = 0               # cells: principal axes per cell added as landmarks (μ ± √λ·v; 0: the means only)
-    basis_dim: int = 50              # cells: dimensions of the federated PCA basis
-    standardize: bool = False        # cells: standardise every feature by its federated mean and variance
-    public_basis_dim: int = 64       # billboard: dimensions of the public basis
-    count_share: float = 0.2         # billboard: share of μ² spent on the landmarks' counts
-    density_share: float = 0.0       # billboard + coordinates keep: share of μ² spent on a noisy 2-D density (0: none)
-    density_grid: int = 16           # billboard density: cells per side of the public grid on the landmark map
+    landmarks: int | None = None  # None ("auto"): cells as many as the records allow (≤ 1 000), feddl / billboard 300
+    landmark_method: str = "auto"  # auto: cells (no rows, no DP), billboard (no rows, DP), feddl (the rows mode)
+    cell_floor: int = 15  # cells: a cell's mean is revealed only over at least this many records
+    cell_rounds: int = 12  # cells: most growth rounds
+    cell_axes: int = 0  # cells: principal axes per cell added as landmarks (μ ± √λ·v; 0: the means only)
+    basis_dim: int = 50  # cells: dimensions of the federated PCA basis
+    standardize: bool = False  # cells: standardise every feature by its federated mean and variance
+    public_basis_dim: int = 64  # billboard: dimensions of the public basis
+    count_share: float = 0.2  # billboard: share of μ² spent on the landmarks' counts
+    density_share: float = 0.0  # billboard + coordinates keep: share of μ² spent on a noisy 2-D density (0: none)
+    density_grid: int = 16  # billboard density: cells per side of the public grid on the landmark map
     rounds: int = 60
     local_steps: int = 5
     rule: str = "model"
-    lr: float | None = None          # None: landmarks.default_lr
-    gamma: float | None = None       # None: federated median heuristic (1/τ_X² under DP)
+    lr: float | None = None  # None: landmarks.default_lr
+    gamma: float | None = None  # None: federated median heuristic (1/τ_X² under DP)
     weights: str = "records"
-    init: object = "auto"            # "auto", "moments", "public" or an (n_y, m) array
-    monitor: bool | None = None      # None: on without DP (the MMD is an unaccounted release)
+    init: object = "auto"  # "auto", "moments", "public" or an (n_y, m) array
+    monitor: bool | None = None  # None: on without DP (the MMD is an unaccounted release)
     # ---- secure sum
-    aggregation: str = "auto"         # auto: secagg when a public value bound is known (value_bound or DP clip_norm), else plain
+    aggregation: str = (
+        "auto"  # auto: secagg when a public value bound is known (value_bound or DP clip_norm), else plain
+    )
     value_bound: float | None = None  # public bound on |feature values| (secagg/ckks quantise into it)
     modulus_bits: int = 32
     fractional_bits: int | None = None
@@ -126,7 +154,9 @@ class RunPlan:
     delta: float = 1e-5
     accountant: str = "exact"
     noise: str = "local"
-    distributed_mechanism: str = "auto"  # noise distributed: ddg / skellam (integers mod 2^k) or gaussian (float shares)
+    distributed_mechanism: str = (
+        "auto"  # noise distributed: ddg / skellam (integers mod 2^k) or gaussian (float shares)
+    )
     clip_norm: float | None = None
     sample_rate: float = 1.0
     noise_seed_for_testing: int | None = None  # seeded noise: the ε is void (anyone with the seed removes it)
@@ -141,7 +171,7 @@ class RunPlan:
     allow_audit_failure: bool = False
     # ---- embedding (Qiao et al. Algorithms 2–3)
     method: str = "tsne"
-    nystrom: str = "local"           # local: no per-record rows leave a site; rows: the paper (gives the records back)
+    nystrom: str = "local"  # local: no per-record rows leave a site; rows: the paper (gives the records back)
     n_components: int = 2
     perplexity: float = 30.0
     placement_perplexity: float | None = None  # a site's placement (t-SNE); None: 5 under DP, else 10
@@ -152,7 +182,7 @@ class RunPlan:
     kernel_gamma: float | None = None
     reconstruction: str = "auto"
     keep_rows: bool = False
-    coordinates: str = "send"        # send: each record's coordinate goes to the coordinator; keep: stays on its site
+    coordinates: str = "send"  # send: each record's coordinate goes to the coordinator; keep: stays on its site
     # ---- the run
     seed: int = 0
     min_sites: int = 1
@@ -169,8 +199,13 @@ class RunPlan:
         known = {f.name for f in fields(cls)} - {"source"}
         for k in options:
             if k not in known:
-                raise ConfigError(bad_value(option_name(k, source), options[k], f"is not an option; use one of "
-                                            f"{', '.join(sorted(option_name(o, source) for o in known))}"))
+                raise ConfigError(
+                    bad_value(
+                        option_name(k, source),
+                        options[k],
+                        f"is not an option; use one of {', '.join(sorted(option_name(o, source) for o in known))}",
+                    )
+                )
         return cls(source=source, **options)
 
     def replace(self, **changes) -> "RunPlan":
@@ -237,7 +272,12 @@ class _Validator:
         v = getattr(self.p, option)
         if v is None and optional:
             return
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum or (maximum is not None and v > maximum):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, np.integer))
+            or v < minimum
+            or (maximum is not None and v > maximum)
+        ):
             rng = f"an integer ≥ {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
             self.fail(option, v, f"use {rng}")
         object.__setattr__(self.p, option, int(v))
@@ -246,8 +286,12 @@ class _Validator:
         v = getattr(self.p, option)
         if v is None and optional:
             return
-        ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(float(v)) \
+        ok = (
+            isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, bool)
+            and math.isfinite(float(v))
             and (float(v) >= 0 if allow_zero else float(v) > 0)
+        )
         if not ok:
             self.fail(option, v, "use a positive finite number" if not allow_zero else "use a finite number ≥ 0")
         object.__setattr__(self.p, option, float(v))
@@ -319,11 +363,19 @@ class _Validator:
         self.pos("request_timeout")
         self.int_("n_jobs", minimum=1)
         if p.aggregation != "plain" and p.sum_bound is None:
-            self.fail("value_bound", None, f"{p.aggregation} aggregation quantises into a public range: give a public bound "
-                                           "on |feature values| of the data (e.g. 16 for digits, 255 for pixels)")
+            self.fail(
+                "value_bound",
+                None,
+                f"{p.aggregation} aggregation quantises into a public range: give a public bound "
+                "on |feature values| of the data (e.g. 16 for digits, 255 for pixels)",
+            )
         if p.dp and p.nystrom == "rows" and p.method != "none" and p.rows_epsilon is None:
-            self.fail("rows_epsilon", None, f"with differential privacy and {p.name('nystrom')} rows every record's row is "
-                                            f"a release: give its ε (e.g. 1), or use {p.name('nystrom')} local")
+            self.fail(
+                "rows_epsilon",
+                None,
+                f"with differential privacy and {p.name('nystrom')} rows every record's row is "
+                f"a release: give its ε (e.g. 1), or use {p.name('nystrom')} local",
+            )
 
     def _auto_aggregation(self) -> None:
         """``auto``: SecAgg+ whenever a public bound on the values is known, else plain — which a deployed site
@@ -331,8 +383,12 @@ class _Validator:
         p = self.p
         known = p.value_bound is not None or (p.dp and p.clip_norm is not None)
         if not known and p.source == "flower":
-            self.fail("value_bound", None, "the default secure sum (secagg) quantises into a public range: give a public "
-                                           "bound on |feature values| (e.g. 16 for digits, 255 for pixels)")
+            self.fail(
+                "value_bound",
+                None,
+                "the default secure sum (secagg) quantises into a public range: give a public "
+                "bound on |feature values| (e.g. 16 for digits, 255 for pixels)",
+            )
         object.__setattr__(p, "aggregation", "secagg" if known else "plain")
 
     def _landmark_method(self) -> None:
@@ -346,27 +402,53 @@ class _Validator:
             self.fail("count_share", p.count_share, "use a share of the budget in (0, 1), e.g. 0.2")
         self.choice("coordinates")
         if p.landmark_method == "auto":
-            auto = "feddl" if (p.nystrom == "rows" or p.method == "none" or isinstance(p.init, np.ndarray)
-                               or (p.dp and p.epsilon is None)) else ("billboard" if p.dp else "cells")
+            auto = (
+                "feddl"
+                if (
+                    p.nystrom == "rows"
+                    or p.method == "none"
+                    or isinstance(p.init, np.ndarray)
+                    or (p.dp and p.epsilon is None)
+                )
+                else ("billboard" if p.dp else "cells")
+            )
             object.__setattr__(p, "landmark_method", auto)
         if p.landmarks is None and p.landmark_method != "cells":  # cells: from the records (landmark_stages.cells_plan)
             object.__setattr__(p, "landmarks", DEFAULT_LANDMARKS)
         if p.landmark_method in ("cells", "billboard") and p.nystrom == "rows":
-            self.fail("landmark_method", p.landmark_method, f"the rows mode reproduces the paper: use feddl landmarks, or "
-                                                            f"{p.name('nystrom')} local")
+            self.fail(
+                "landmark_method",
+                p.landmark_method,
+                f"the rows mode reproduces the paper: use feddl landmarks, or {p.name('nystrom')} local",
+            )
         if p.landmark_method == "cells" and p.dp:
-            self.fail("landmark_method", "cells", "cell counts and means are not covered by differential privacy: use "
-                                                  "billboard (the DP landmarks) or feddl")
+            self.fail(
+                "landmark_method",
+                "cells",
+                "cell counts and means are not covered by differential privacy: use "
+                "billboard (the DP landmarks) or feddl",
+            )
         if p.landmark_method == "billboard" and not p.dp:
-            self.fail("landmark_method", "billboard", f"is the DP landmark method: give {p.name('epsilon')} (and "
-                                                      f"{p.name('clip_norm')}), or use cells")
+            self.fail(
+                "landmark_method",
+                "billboard",
+                f"is the DP landmark method: give {p.name('epsilon')} (and {p.name('clip_norm')}), or use cells",
+            )
         if p.dp and p.noise == "distributed" and p.landmark_method == "feddl" and p.rule == "model":
-            self.fail("noise", "distributed", f"is unsound with model averaging (each site's hidden local steps carry "
-                                              f"only its noise share); use {p.name('rule')} gradient or noise local")
+            self.fail(
+                "noise",
+                "distributed",
+                f"is unsound with model averaging (each site's hidden local steps carry "
+                f"only its noise share); use {p.name('rule')} gradient or noise local",
+            )
         if p.standardize and p.landmark_method != "cells":
-            self.fail("standardize", True, f"federated standardisation comes with the cell landmarks (their basis sum "
-                                           f"gives the means and variances); {p.landmark_method} landmarks need the "
-                                           "records scaled beforehand (a public scale per feature)")
+            self.fail(
+                "standardize",
+                True,
+                f"federated standardisation comes with the cell landmarks (their basis sum "
+                f"gives the means and variances); {p.landmark_method} landmarks need the "
+                "records scaled beforehand (a public scale per feature)",
+            )
         if p.coordinates == "keep" and p.nystrom == "rows":
             self.fail("coordinates", "keep", "the rows mode sends rows, not coordinates; use the no-rows mode")
         self._density()
@@ -376,13 +458,23 @@ class _Validator:
         p = self.p
         self.int_("density_grid", minimum=2)
         if not (isinstance(p.density_share, (int, float)) and 0 <= float(p.density_share) < 1 - float(p.count_share)):
-            self.fail("density_share", p.density_share, f"use a share of the budget in [0, {1 - float(p.count_share):g}) "
-                                                        f"({p.name('count_share')} {p.count_share:g} is spent already), "
-                                                        "e.g. 0.2; 0 for no density")
-        if p.density_share and not (p.landmark_method == "billboard" and p.coordinates == "keep" and p.method == "tsne"):
-            self.fail("density_share", p.density_share, f"the DP density is the shared picture when the coordinates stay "
-                                                        f"on the sites: it needs {p.name('epsilon')} (the DP billboard), "
-                                                        f"{p.name('coordinates')} keep and the t-SNE map; or set it to 0")
+            self.fail(
+                "density_share",
+                p.density_share,
+                f"use a share of the budget in [0, {1 - float(p.count_share):g}) "
+                f"({p.name('count_share')} {p.count_share:g} is spent already), "
+                "e.g. 0.2; 0 for no density",
+            )
+        if p.density_share and not (
+            p.landmark_method == "billboard" and p.coordinates == "keep" and p.method == "tsne"
+        ):
+            self.fail(
+                "density_share",
+                p.density_share,
+                f"the DP density is the shared picture when the coordinates stay "
+                f"on the sites: it needs {p.name('epsilon')} (the DP billboard), "
+                f"{p.name('coordinates')} keep and the t-SNE map; or set it to 0",
+            )
         self._distributed_mechanism()
 
     def _distributed_mechanism(self) -> None:
@@ -401,49 +493,87 @@ class _Validator:
         shares = p.dp and p.noise == "distributed" and p.landmark_method == "billboard"  # continuous σ/√t shares
         if p.distributed_mechanism == "auto":
             if applies:
-                object.__setattr__(p, "distributed_mechanism", "ddg" if (p.aggregation == "secagg" and p.epsilon is not None
-                                                                         and p.rule == "gradient") else "gaussian")
+                object.__setattr__(
+                    p,
+                    "distributed_mechanism",
+                    "ddg"
+                    if (p.aggregation == "secagg" and p.epsilon is not None and p.rule == "gradient")
+                    else "gaussian",
+                )
         elif shares and p.distributed_mechanism != "gaussian":
-            self.fail("distributed_mechanism", p.distributed_mechanism,
-                      "the DP billboard's distributed noise is continuous Gaussian shares σ/√t: use gaussian or auto")
+            self.fail(
+                "distributed_mechanism",
+                p.distributed_mechanism,
+                "the DP billboard's distributed noise is continuous Gaussian shares σ/√t: use gaussian or auto",
+            )
         elif not applies and not shares:
-            self.fail("distributed_mechanism", p.distributed_mechanism,
-                      f"applies to FedDL's distributed noise only: give {p.name('epsilon')}, {p.name('noise')} distributed "
-                      f"and {p.name('landmark_method')} feddl, or leave it auto")
+            self.fail(
+                "distributed_mechanism",
+                p.distributed_mechanism,
+                f"applies to FedDL's distributed noise only: give {p.name('epsilon')}, {p.name('noise')} distributed "
+                f"and {p.name('landmark_method')} feddl, or leave it auto",
+            )
         if p.distributed_mechanism not in INTEGER_MECHANISMS:
             return  # auto where it does not apply, or gaussian
         kind = p.distributed_mechanism
         if p.rule != "gradient":
-            self.fail("rule", p.rule, f"{p.name('distributed_mechanism')} {kind} sums every noisy gradient step: use "
-                                      f"{p.name('rule')} gradient")
+            self.fail(
+                "rule",
+                p.rule,
+                f"{p.name('distributed_mechanism')} {kind} sums every noisy gradient step: use "
+                f"{p.name('rule')} gradient",
+            )
         if p.aggregation != "secagg":
-            self.fail("aggregation", p.aggregation, f"{p.name('distributed_mechanism')} {kind} adds integer noise that "
-                                                    f"survives only an exact modular sum: use secagg (CKKS sums reals "
-                                                    f"approximately), or {p.name('distributed_mechanism')} gaussian")
+            self.fail(
+                "aggregation",
+                p.aggregation,
+                f"{p.name('distributed_mechanism')} {kind} adds integer noise that "
+                f"survives only an exact modular sum: use secagg (CKKS sums reals "
+                f"approximately), or {p.name('distributed_mechanism')} gaussian",
+            )
         if p.epsilon is None:
-            self.fail("epsilon", None, f"{p.name('distributed_mechanism')} {kind} calibrates its own integer noise to a "
-                                       f"target ε: give {p.name('epsilon')} (not {p.name('noise_multiplier')})")
+            self.fail(
+                "epsilon",
+                None,
+                f"{p.name('distributed_mechanism')} {kind} calibrates its own integer noise to a "
+                f"target ε: give {p.name('epsilon')} (not {p.name('noise_multiplier')})",
+            )
         if p.monitor:
-            self.fail("monitor", True, f"the MMD monitor would ride in the integer sum of {p.name('distributed_mechanism')} "
-                                       f"{kind}; leave it off under DP")
+            self.fail(
+                "monitor",
+                True,
+                f"the MMD monitor would ride in the integer sum of {p.name('distributed_mechanism')} "
+                f"{kind}; leave it off under DP",
+            )
         if p.accountant == "exact":
             object.__setattr__(p, "accountant", "rdp")  # the papers' Rényi bounds compose in RDP
         elif p.accountant != "rdp":
-            self.fail("accountant", p.accountant, f"{p.name('distributed_mechanism')} {kind} is accounted by its paper's "
-                                                  "Rényi bound: use rdp (or leave the default)")
+            self.fail(
+                "accountant",
+                p.accountant,
+                f"{p.name('distributed_mechanism')} {kind} is accounted by its paper's "
+                "Rényi bound: use rdp (or leave the default)",
+            )
 
     def _privacy(self) -> None:
         p = self.p
         for opt in ("epsilon", "noise_multiplier", "rows_epsilon"):
             v = getattr(p, opt)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
-                                  or not float(v) > 0 or not math.isfinite(float(v))):
+            if v is not None and (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float, np.integer, np.floating))
+                or not float(v) > 0
+                or not math.isfinite(float(v))
+            ):
                 self.fail(opt, v, "use a positive finite number (leave it unset for no differential privacy)")
             if v is not None:
                 object.__setattr__(p, opt, float(v))
         if p.epsilon is not None and p.noise_multiplier is not None:
-            self.fail("noise_multiplier", p.noise_multiplier, f"give {p.name('epsilon')} or "
-                                                               f"{p.name('noise_multiplier')}, not both")
+            self.fail(
+                "noise_multiplier",
+                p.noise_multiplier,
+                f"give {p.name('epsilon')} or {p.name('noise_multiplier')}, not both",
+            )
         if not (isinstance(p.delta, (int, float)) and 0 < float(p.delta) < 1):
             self.fail("delta", p.delta, "use a probability in (0, 1), e.g. 1e-5")
         self.choice("accountant")
@@ -454,25 +584,43 @@ class _Validator:
         self.int_("min_survivors", optional=True)
         self.int_("noise_seed_for_testing", minimum=0, optional=True)
         self.choice("sensitivity_rule")
-        if p.run_id is not None and (not isinstance(p.run_id, str) or not p.run_id or "/" in p.run_id
-                                     or p.run_id.startswith(".")):
+        if p.run_id is not None and (
+            not isinstance(p.run_id, str) or not p.run_id or "/" in p.run_id or p.run_id.startswith(".")
+        ):
             self.fail("run_id", p.run_id, "use a non-empty name without '/' that does not start with '.'")
         if not p.dp:
             if p.rows_epsilon is not None:
-                self.fail("rows_epsilon", p.rows_epsilon, f"data perturbation of the rows is part of a differentially "
-                                                          f"private run: give {p.name('epsilon')} and {p.name('clip_norm')} too")
+                self.fail(
+                    "rows_epsilon",
+                    p.rows_epsilon,
+                    f"data perturbation of the rows is part of a differentially "
+                    f"private run: give {p.name('epsilon')} and {p.name('clip_norm')} too",
+                )
             return
         if p.clip_norm is None:
-            self.fail("clip_norm", None, "differential privacy needs a public bound τ_X on record norms, e.g. 10 "
-                                         "(√m always holds for m features in [0, 1])")
+            self.fail(
+                "clip_norm",
+                None,
+                "differential privacy needs a public bound τ_X on record norms, e.g. 10 "
+                "(√m always holds for m features in [0, 1])",
+            )
         if isinstance(p.init, str) and p.init == "moments":
-            self.fail("init", "moments", "with differential privacy use 'public' or 'auto' (the moments are not accounted)")
+            self.fail(
+                "init", "moments", "with differential privacy use 'public' or 'auto' (the moments are not accounted)"
+            )
         if p.sample_rate < 1 and p.accountant == "exact":
-            self.fail("accountant", "exact", f"covers full participation only; with {p.name('sample_rate')} < 1 use "
-                                             "'prv' or 'rdp'")
+            self.fail(
+                "accountant",
+                "exact",
+                f"covers full participation only; with {p.name('sample_rate')} < 1 use 'prv' or 'rdp'",
+            )
         if p.noise == "distributed" and p.aggregation == "plain":
-            self.fail("aggregation", "plain", "distributed noise needs a secure sum (the server would see each site's "
-                                              "upload with only its noise share); use secagg or ckks, or noise local")
+            self.fail(
+                "aggregation",
+                "plain",
+                "distributed noise needs a secure sum (the server would see each site's "
+                "upload with only its noise share); use secagg or ckks, or noise local",
+            )
 
 
 # ------------------------------------------------------------------------------------- run configs
@@ -480,9 +628,27 @@ class _Validator:
 #: options that make no sense in a Flower run configuration (arrays, process-local settings)
 _NOT_IN_RUN_CONFIG = ("source", "n_jobs", "keep_rows", "monitor")
 _OPTIONAL_TEXT = ("nystrom", "run_id")  # unset: "" in a run configuration (numbers: 0)
-_OPTIONAL_ZERO = ("landmarks", "nystrom", "noise_seed_for_testing", "lr", "gamma", "value_bound", "fractional_bits", "degree", "threshold",
-                  "stage_timeout", "ckks_min_survivors", "ckks_quorum", "epsilon", "noise_multiplier", "clip_norm",
-                  "min_survivors", "rows_epsilon", "kernel_gamma", "placement_perplexity")
+_OPTIONAL_ZERO = (
+    "landmarks",
+    "nystrom",
+    "noise_seed_for_testing",
+    "lr",
+    "gamma",
+    "value_bound",
+    "fractional_bits",
+    "degree",
+    "threshold",
+    "stage_timeout",
+    "ckks_min_survivors",
+    "ckks_quorum",
+    "epsilon",
+    "noise_multiplier",
+    "clip_norm",
+    "min_survivors",
+    "rows_epsilon",
+    "kernel_gamma",
+    "placement_perplexity",
+)
 
 
 def plan_defaults() -> dict:
@@ -517,8 +683,14 @@ def to_run_config(plan_or_options) -> dict:
         if k in _NOT_IN_RUN_CONFIG:
             continue
         if k == "init" and not isinstance(v, str) or (k == "init" and v.startswith("array")):
-            raise ConfigError(bad_value("init", v, "a Flower run configuration carries init as auto, moments, public or "
-                                        "the path of a .npy file on the coordinator's host"))
+            raise ConfigError(
+                bad_value(
+                    "init",
+                    v,
+                    "a Flower run configuration carries init as auto, moments, public or "
+                    "the path of a .npy file on the coordinator's host",
+                )
+            )
         if v is None:
             v = "" if k in _OPTIONAL_TEXT else 0
         out[k.replace("_", "-")] = v
@@ -532,8 +704,14 @@ def from_run_config(rc: dict, **overrides) -> RunPlan:
     for key, v in rc.items():
         k = key.replace("-", "_")
         if k not in defaults or k in _NOT_IN_RUN_CONFIG:
-            raise ConfigError(bad_value("run config key", key, f"use one of "
-                                        f"{', '.join(sorted(option_name(o, 'flower') for o in defaults if o not in _NOT_IN_RUN_CONFIG))}"))
+            raise ConfigError(
+                bad_value(
+                    "run config key",
+                    key,
+                    f"use one of "
+                    f"{', '.join(sorted(option_name(o, 'flower') for o in defaults if o not in _NOT_IN_RUN_CONFIG))}",
+                )
+            )
         if k == "init" and isinstance(v, str) and v.endswith(".npy"):
             try:
                 v = np.load(v)  # a start array on the coordinator's host
@@ -569,7 +747,12 @@ def _cast(key: str, value, default):
                     return value
                 raise ConfigError(bad_value(key, value, "give a number")) from None
             return int(f) if (isinstance(default, int) and f == int(f)) else f
-        if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value == int(value):
+        if (
+            isinstance(default, int)
+            and not isinstance(default, bool)
+            and isinstance(value, float)
+            and value == int(value)
+        ):
             return int(value)
         return value
     return type(default)(value)
@@ -578,18 +761,18 @@ def _cast(key: str, value, default):
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
     "landmarks": "n_y, the number of landmarks the sites learn together (auto: FedDL and the billboard 300; cells as many "
-                 "as the records allow, at most N / cell-floor and 1 000; a number caps the cells instead)",
+    "as the records allow, at most N / cell-floor and 1 000; a number caps the cells instead)",
     "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases, 3 with density-share) or feddl "
-                       "(the paper's Algorithm 1; the rows mode)",
+    "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",
     "cell_rounds": "cells: most rounds of cell growth",
     "cell_axes": "cells: each cell is also represented by 2 points per principal axis (μ ± √λ·v) for this many axes "
-                 "(0: the cell means only; they leak more than the means: pair with a larger cell-floor, e.g. 25 with 1)",
+    "(0: the cell means only; they leak more than the means: pair with a larger cell-floor, e.g. 25 with 1)",
     "basis_dim": "cells: dimensions of the federated PCA basis",
     "public_basis_dim": "billboard: dimensions of the public basis (a low-pass DCT for square images, else a random projection)",
     "count_share": "billboard: share of the privacy budget (μ²) spent on the landmarks' counts",
     "density_share": "billboard with coordinates keep: share of the privacy budget (μ²) spent on a noisy density of every "
-                     "record on the t-SNE map (one more release; 0: none)",
+    "record on the t-SNE map (one more release; 0: none)",
     "density_grid": "billboard density: cells per side of its grid over the landmark map",
     "coordinates": "send: each record's 2-D coordinate goes to the coordinator (outside ε); keep: it stays on its site",
     "rounds": "S, FedDL rounds",
@@ -601,7 +784,7 @@ HELP = {
     "init": "initial landmarks: auto (moments; the public radius under DP), moments, public (or a .npy path over Flower)",
     "monitor": "sites report their MMD each round (unset: on without DP)",
     "aggregation": "how the server sums the sites' uploads: secagg (SecAgg+), ckks, plain (it sees each), or auto (secagg "
-                   "when a public value bound is known, else plain)",
+    "when a public value bound is known, else plain)",
     "value_bound": "public bound on |feature values|; secagg and ckks quantise into it (e.g. 16 for digits, 255 for pixels)",
     "modulus_bits": "SecAgg+: bits of the ring Z_2^k (16-64)",
     "fractional_bits": "SecAgg+: fixed-point fractional bits (unset: the largest that cannot overflow)",
@@ -619,9 +802,9 @@ HELP = {
     "accountant": "exact (μ-GDP), prv, rdp or paper (Qiao et al. Theorem 5's formula)",
     "noise": "local (full σ on every site) or distributed (shares σ/√t under a secure sum; FedDL: gradient averaging only)",
     "distributed_mechanism": "noise distributed (FedDL): ddg (distributed discrete Gaussian, Kairouz et al. 2021) or "
-                             "skellam (Agarwal et al. 2021) — integer noise in an exact SecAgg+ sum mod 2^k, rdp "
-                             "accounting — or gaussian (continuous shares through the fixed-point codec); auto: ddg "
-                             "with secagg and a target ε, else gaussian",
+    "skellam (Agarwal et al. 2021) — integer noise in an exact SecAgg+ sum mod 2^k, rdp "
+    "accounting — or gaussian (continuous shares through the fixed-point codec); auto: ddg "
+    "with secagg and a target ε, else gaussian",
     "clip_norm": "τ_X, public bound on record norms (required with DP)",
     "sample_rate": "Poisson sampling rate per local step (below 1 needs the prv or rdp accountant)",
     "noise_seed_for_testing": "seed the DP noise (TESTING ONLY: the server knows the seed; the ε is void)",
@@ -635,15 +818,15 @@ HELP = {
     "allow_audit_failure": "continue past a failed audit (recorded in the ledger and the report)",
     "method": "tsne, umap, spectral or none (landmarks only)",
     "standardize": "cells: scale every feature to unit variance with the federated means and variances (from the "
-                   "basis secure sum; nothing more leaves)",
+    "basis secure sum; nothing more leaves)",
     "nystrom": "local (default): no per-record rows leave a site, each places its own records on the landmark map; rows: "
-               "the paper, one row per record leaves each site (it gives the records back)",
+    "the paper, one row per record leaves each site (it gives the records back)",
     "n_components": "dimensions of the map",
     "perplexity": "t-SNE perplexity (rows mode: of the map; no-rows mode: of the coordinator's landmark map)",
     "placement_perplexity": "no-rows t-SNE: perplexity of each site's placement of its records against the landmark "
-                            "map (lower keeps the local structure tighter: digits +2 CA points at 10 against 30); "
-                            "unset: 5 under differential privacy (+1.5 to +3 CA points against 10 on the DP billboard), "
-                            "10 otherwise",
+    "map (lower keeps the local structure tighter: digits +2 CA points at 10 against 30); "
+    "unset: 5 under differential privacy (+1.5 to +3 CA points against 10 on the DP billboard), "
+    "10 otherwise",
     "n_iter": "t-SNE iterations (rows mode: 250 early exaggeration + the rest)",
     "n_neighbors": "UMAP neighbours (spectral: k of the sparse affinity graph)",
     "min_dist": "UMAP minimum distance",

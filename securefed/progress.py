@@ -47,13 +47,20 @@ class ProgressPrinter:
         elif kind == "cells":
             self.say("landmarks", f"cells round {ev['round']}: {ev['cells']} cells")
         elif kind == "audit":
-            self.say("audit", f"membership attack on the landmarks: AUC {ev['auc']:.3f}, empirical ε ≥ "
-                              f"{ev['empirical_epsilon']:.3f} → {ev['verdict']}")
+            self.say(
+                "audit",
+                f"membership attack on the landmarks: AUC {ev['auc']:.3f}, empirical ε ≥ "
+                f"{ev['empirical_epsilon']:.3f} → {ev['verdict']}",
+            )
         elif kind == "embedding":
-            self.say("embedding", f"the coordinator mapped the {ev['landmarks']} landmarks; each site now places its "
-                                  "own records")
+            self.say(
+                "embedding",
+                f"the coordinator mapped the {ev['landmarks']} landmarks; each site now places its own records",
+            )
         elif kind == "rows":
-            self.say("embedding", f"{ev['records']} rows from {len(ev['sites'])} sites (the paper's mode); computing the map")
+            self.say(
+                "embedding", f"{ev['records']} rows from {len(ev['sites'])} sites (the paper's mode); computing the map"
+            )
         elif kind == "placement":  # a site's own placement (in process): when it ends, and every ~10 s while it runs
             now = time.perf_counter()
             if ev["done"] == 0:  # a site starts: the clock of its "placing" lines starts with it
@@ -75,8 +82,13 @@ class ProgressBar:
     (3.1 s)``. The bar covers the whole job — sites, landmarks, audit, placement — and ends with a newline."""
 
     #: where each stage starts and ends on the bar (the landmark rounds fill their span as they go)
-    SPANS = {"sites": (0.0, 0.05), "landmarks": (0.05, 0.6), "audit": (0.6, 0.65), "embedding": (0.65, 0.98),
-             "done": (1.0, 1.0)}
+    SPANS = {
+        "sites": (0.0, 0.05),
+        "landmarks": (0.05, 0.6),
+        "audit": (0.6, 0.65),
+        "embedding": (0.65, 0.98),
+        "done": (1.0, 1.0),
+    }
 
     def __init__(self, stream=None, *, width: int = 24):
         self.stream = sys.stderr if stream is None else stream
@@ -89,8 +101,10 @@ class ProgressBar:
         lo, hi = self.SPANS.get(stage, (0.0, 0.0))
         frac = lo + (hi - lo) * (0.0 if within is None else min(max(within, 0.0), 1.0))
         full = int(round(frac * self.width))
-        line = (f"[securefed] {'█' * full}{'░' * (self.width - full)} {stage}: {text} "
-                f"({time.perf_counter() - self.t0:.1f} s)")
+        line = (
+            f"[securefed] {'█' * full}{'░' * (self.width - full)} {stage}: {text} "
+            f"({time.perf_counter() - self.t0:.1f} s)"
+        )
         pad = " " * max(0, self._last - len(line))
         self.stream.write("\r" + line + pad)
         self.stream.flush()
@@ -128,8 +142,13 @@ def progress_for(verbose, stream=None):
     stream = sys.stderr if stream is None else stream
     if isinstance(verbose, str):
         if verbose != "auto":
-            raise ConfigError(bad_value("verbose", verbose, "use 'auto' (a progress bar on a terminal, silent "
-                                        "otherwise), 1 (a line per stage) or 0 (silent)"))
+            raise ConfigError(
+                bad_value(
+                    "verbose",
+                    verbose,
+                    "use 'auto' (a progress bar on a terminal, silent otherwise), 1 (a line per stage) or 0 (silent)",
+                )
+            )
         isatty = getattr(stream, "isatty", None)
         return ProgressBar(stream) if callable(isatty) and isatty() else None
     if not isinstance(verbose, (bool, int)) or verbose < 0:

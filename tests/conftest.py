@@ -25,8 +25,10 @@ def pytest_configure(config):
         import importlib.util
 
         if importlib.util.find_spec("flwr") is None:
-            raise pytest.UsageError("SECUREFED_CI=1 but flwr is not importable: install the test extra "
-                                    "(pip install '.[test]'), which pins flwr==1.41.0")
+            raise pytest.UsageError(
+                "SECUREFED_CI=1 but flwr is not importable: install the test extra "
+                "(pip install '.[test]'), which pins flwr==1.41.0"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +94,7 @@ class ClosedForm:
     @staticmethod
     def gaussian_mu(*sigma_over_sensitivity) -> float:
         """μ of composed Gaussian releases, each N(0, σ²) at L2 sensitivity Δ: √Σ (Δ/σ)² (μ-GDP composition)."""
-        return float(np.sqrt(sum(1.0 / z ** 2 for z in sigma_over_sensitivity)))
+        return float(np.sqrt(sum(1.0 / z**2 for z in sigma_over_sensitivity)))
 
     @staticmethod
     def perfect_test_epsilon(n: int, confidence: float, delta: float = 0.0) -> float:

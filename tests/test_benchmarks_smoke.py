@@ -55,8 +55,19 @@ def test_secagg_proof_flower_rows_sum_the_survivors():
 
     pytest.importorskip("flwr")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "protocols_secagg_proof.py"), "--clients", "8", "--lengths", "50",
-           "--dropouts", "0.25", "--repeats", "1", "--flower"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "protocols_secagg_proof.py"),
+        "--clients",
+        "8",
+        "--lengths",
+        "50",
+        "--dropouts",
+        "0.25",
+        "--repeats",
+        "1",
+        "--flower",
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=300)
     rows = {r["schedule"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["rows"]}
     fl = rows["flower"]

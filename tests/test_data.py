@@ -13,8 +13,11 @@ from securefed.errors import ConfigError, DataError
 
 # ----------------------------------------------------------------------------- loaders
 
-@pytest.mark.parametrize("name,shape,k", [("digits", (1797, 64), 10), ("iris", (150, 4), 3),
-                                          ("wine", (178, 13), 3), ("breast_cancer", (569, 30), 2)])
+
+@pytest.mark.parametrize(
+    "name,shape,k",
+    [("digits", (1797, 64), 10), ("iris", (150, 4), 3), ("wine", (178, 13), 3), ("breast_cancer", (569, 30), 2)],
+)
 def test_builtins(name, shape, k):
     ds = load_dataset(name)
     assert isinstance(ds, Dataset) and ds.X.shape == shape and ds.X.dtype == np.float64
@@ -103,6 +106,7 @@ def test_npy_npz(tmp_path):
 
 # ----------------------------------------------------------------------------- partitions
 
+
 def _check_cover(parts, n):
     allidx = np.concatenate(parts)
     assert len(allidx) == n and len(np.unique(allidx)) == n  # disjoint cover
@@ -186,6 +190,7 @@ def test_partition_bad_inputs():
 
 # ----------------------------------------------------------------------------- check_sites
 
+
 def test_check_sites_ok_returns_float_copies():
     a = np.arange(6, dtype=np.int32).reshape(3, 2)
     out = check_sites([a, np.ones((2, 2))])
@@ -194,15 +199,21 @@ def test_check_sites_ok_returns_float_copies():
     assert a[0, 0] == 0
 
 
-@pytest.mark.parametrize("sites,match", [
-    ([], r"^sites=\[\]"),
-    (np.ones((3, 2)), "^sites="),
-    ([np.ones((3, 2)), np.ones(3)], r"^sites\[1\]=.*2-D"),
-    ([np.ones((3, 2)), np.ones((3, 3))], r"^sites\[1\]=.*same features"),
-    ([np.ones((3, 2)), np.ones((3, 2)), np.ones((3, 2)), np.ones((1, 2))], r"^sites\[3\]='<1 records>'.*at least 2"),
-    ([np.ones((3, 2)), np.array([[1.0, np.nan], [0, 0]])], r"^sites\[1\]=.*impute"),
-    ([np.array([["a", "b"], ["c", "d"]])], r"^sites\[0\]=.*numeric"),
-])
+@pytest.mark.parametrize(
+    "sites,match",
+    [
+        ([], r"^sites=\[\]"),
+        (np.ones((3, 2)), "^sites="),
+        ([np.ones((3, 2)), np.ones(3)], r"^sites\[1\]=.*2-D"),
+        ([np.ones((3, 2)), np.ones((3, 3))], r"^sites\[1\]=.*same features"),
+        (
+            [np.ones((3, 2)), np.ones((3, 2)), np.ones((3, 2)), np.ones((1, 2))],
+            r"^sites\[3\]='<1 records>'.*at least 2",
+        ),
+        ([np.ones((3, 2)), np.array([[1.0, np.nan], [0, 0]])], r"^sites\[1\]=.*impute"),
+        ([np.array([["a", "b"], ["c", "d"]])], r"^sites\[0\]=.*numeric"),
+    ],
+)
 def test_check_sites_errors(sites, match):
     with pytest.raises(DataError, match=match):
         check_sites(sites)
@@ -246,7 +257,9 @@ def test_load_sites_directory_names_ids_and_one_label_mapping(site_dir):
     np.testing.assert_array_equal(b.y, [1, 0, 1])
     # the same sites from a glob and from a list of paths
     g = load_sites(str(site_dir / "*.csv"), label_column="kind", id_column="record")
-    lst = load_sites([site_dir / "b_hospital.csv", str(site_dir / "a_hospital.csv")], label_column="kind", id_column="record")
+    lst = load_sites(
+        [site_dir / "b_hospital.csv", str(site_dir / "a_hospital.csv")], label_column="kind", id_column="record"
+    )
     for other in (g, lst):
         assert [s.name for s in other] == ["a_hospital", "b_hospital"]
         assert all(np.array_equal(x.X, y.X) and x.ids == y.ids for x, y in zip(sites, other))
@@ -269,8 +282,11 @@ def test_load_sites_errors_name_the_parameter(tmp_path, site_dir):
     p, q = load_sites([tmp_path / "p.csv", tmp_path / "q.csv"])
     assert q.feature_names == p.feature_names and q.X.tolist() == [[1, 3, 2], [4, 6, 5]]
     _csv(tmp_path / "q.csv", ["age", "height", "mass"], [[1, 2, 3], [4, 5, 6]])
-    with pytest.raises(DataError, match=r"^spec=.*site 'q' \(q.csv\) does not have the feature columns of site 'p' "
-                                        r"\(p.csv\): missing \['weight'\]; extra \['mass'\]"):
+    with pytest.raises(
+        DataError,
+        match=r"^spec=.*site 'q' \(q.csv\) does not have the feature columns of site 'p' "
+        r"\(p.csv\): missing \['weight'\]; extra \['mass'\]",
+    ):
         load_sites([tmp_path / "p.csv", tmp_path / "q.csv"])
     # an empty site, a 1-record site
     (tmp_path / "e").mkdir()
@@ -294,14 +310,17 @@ def test_load_sites_errors_name_the_parameter(tmp_path, site_dir):
         load_sites(site_dir, layer="X_pca")
 
 
-@pytest.mark.parametrize("header,values", [
-    ("patient_id", [101, 102, 103, 104, 105]),   # header says id
-    ("ID", [7, 3, 9, 1, 4]),
-    ("PatientID", [7, 3, 9, 1, 4]),
-    ("", [0, 1, 2, 3, 4]),                        # pandas' unnamed index
-    ("x0", [0, 1, 2, 3, 4]),                      # values 0..n-1
-    ("x0", [5, 3, 1, 2, 4]),                      # a permutation of 1..n
-])
+@pytest.mark.parametrize(
+    "header,values",
+    [
+        ("patient_id", [101, 102, 103, 104, 105]),  # header says id
+        ("ID", [7, 3, 9, 1, 4]),
+        ("PatientID", [7, 3, 9, 1, 4]),
+        ("", [0, 1, 2, 3, 4]),  # pandas' unnamed index
+        ("x0", [0, 1, 2, 3, 4]),  # values 0..n-1
+        ("x0", [5, 3, 1, 2, 4]),  # a permutation of 1..n
+    ],
+)
 def test_an_id_column_never_becomes_a_feature(tmp_path, header, values):
     rows = [[v, float(i) * 0.37 + 1, (i * 7) % 5 + 0.5] for i, v in enumerate(values)]
     p = _csv(tmp_path / "s.csv", [header, "f1", "f2"], rows)
@@ -320,7 +339,11 @@ def test_an_id_column_never_becomes_a_feature(tmp_path, header, values):
 
 
 def test_string_id_column_and_ordinary_features_pass(tmp_path):
-    p = _csv(tmp_path / "s.csv", ["mrn", "age", "paid", "lipid"], [["A7", 31, 1, 0.5], ["B2", 45, 0, 0.7], ["C9", 38, 1, 0.2]])
+    p = _csv(
+        tmp_path / "s.csv",
+        ["mrn", "age", "paid", "lipid"],
+        [["A7", 31, 1, 0.5], ["B2", 45, 0, 0.7], ["C9", 38, 1, 0.2]],
+    )
     with pytest.raises(DataError, match="id_column"):  # a string column: the error says how to pass it as ids
         load_dataset(p)
     ds = load_dataset(p, id_column="mrn")
@@ -339,8 +362,12 @@ def test_string_id_column_and_ordinary_features_pass(tmp_path):
 def test_npz_sites_with_ids_and_labels(tmp_path):
     rng = np.random.default_rng(1)
     for name in ("s1", "s2"):
-        np.savez(tmp_path / f"{name}.npz", X=rng.normal(size=(4, 3)), y=np.array(["u", "v", "u", "w"]),
-                 ids=np.array([f"{name}-{i}" for i in range(4)]))
+        np.savez(
+            tmp_path / f"{name}.npz",
+            X=rng.normal(size=(4, 3)),
+            y=np.array(["u", "v", "u", "w"]),
+            ids=np.array([f"{name}-{i}" for i in range(4)]),
+        )
     sites = load_sites(tmp_path)
     assert sites[1].ids == ("s2-0", "s2-1", "s2-2", "s2-3") and sites[0].target_names == ("u", "v", "w")
 
@@ -351,11 +378,16 @@ def _adata(n, rng, sparse=True):
     import scipy.sparse as sp
 
     X = rng.poisson(2.0, size=(n, 6)).astype(np.float32)
-    obs = pd.DataFrame({"cell_type": pd.Categorical(rng.choice(["B", "T", "NK"], n)),
-                        "barcode": [f"bc{i:04d}" for i in rng.permutation(n)]},
-                       index=[f"cell-{i}" for i in rng.permutation(10 * n)[:n]])
-    ad = anndata.AnnData(X=sp.csr_matrix(X) if sparse else X, obs=obs,
-                         var=pd.DataFrame(index=[f"gene{j}" for j in range(6)]))
+    obs = pd.DataFrame(
+        {
+            "cell_type": pd.Categorical(rng.choice(["B", "T", "NK"], n)),
+            "barcode": [f"bc{i:04d}" for i in rng.permutation(n)],
+        },
+        index=[f"cell-{i}" for i in rng.permutation(10 * n)[:n]],
+    )
+    ad = anndata.AnnData(
+        X=sp.csr_matrix(X) if sparse else X, obs=obs, var=pd.DataFrame(index=[f"gene{j}" for j in range(6)])
+    )
     ad.obsm["X_pca"] = rng.normal(size=(n, 3))
     return ad
 
@@ -409,6 +441,7 @@ def test_feature_scale_warning_and_standardize():
 
 
 # ----------------------------------------------------------------------------- Fashion-MNIST (Debian package files)
+
 
 def _write_idx(path, arr: np.ndarray) -> None:
     """An idx file as LeCun's format defines it, written here independently of the loader (gzip, big-endian sizes)."""
@@ -486,14 +519,20 @@ def test_fashion_mnist_corrupt_file_is_a_data_error(tmp_path, monkeypatch):
         load_dataset("fashion-mnist")
 
 
-@pytest.mark.skipif(not __import__("os").path.isfile("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"),
-                    reason="the Debian package dataset-fashion-mnist is not installed")
+@pytest.mark.skipif(
+    not __import__("os").path.isfile("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"),
+    reason="the Debian package dataset-fashion-mnist is not installed",
+)
 def test_fashion_mnist_real_package_files():
     ds = load_dataset("fashion-mnist-5k")
     assert ds.X.shape == (5000, 784) and ds.X.min() == 0 and ds.X.max() == 255
     assert set(np.unique(ds.y)) == set(range(10))
     from securefed.data import read_idx
 
-    y = np.concatenate([read_idx("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"),
-                        read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")])
+    y = np.concatenate(
+        [
+            read_idx("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"),
+            read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"),
+        ]
+    )
     assert len(y) == 70_000 and np.all(np.bincount(y) == 7_000)  # the published class balance

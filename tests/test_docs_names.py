@@ -74,7 +74,7 @@ def check_signature(obj, args: str) -> str | None:
     if any(n not in real for n in names):
         return why
     bare = [i[0] for i in items if i != "…" and not i[1]]
-    if items[0] != "…" and real[:len(bare)] != bare:
+    if items[0] != "…" and real[: len(bare)] != bare:
         return why
     if "…" not in items and items[0] != "…" and not items[0][1] and names != real:
         return why + " (a whole signature must list every parameter, or end in …)"
@@ -86,9 +86,9 @@ def _modules() -> dict:
     """Every module of the package by its dotted name relative to securefed ("" is the package)."""
     out = {"": securefed}
     for info in pkgutil.walk_packages(securefed.__path__, "securefed."):
-        if info.name.endswith(".__main__"):                  # runs the command line on import
+        if info.name.endswith(".__main__"):  # runs the command line on import
             continue
-        out[info.name[len("securefed."):]] = importlib.import_module(info.name)
+        out[info.name[len("securefed.") :]] = importlib.import_module(info.name)
     return out
 
 
@@ -109,8 +109,12 @@ def _self_attributes(cls) -> set:
     for klass in cls.__mro__:
         if klass.__module__.startswith("securefed"):
             for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(klass)))):
-                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
-                        and isinstance(node.ctx, ast.Store):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"
+                    and isinstance(node.ctx, ast.Store)
+                ):
                     names.add(node.attr)
     return names
 
@@ -180,18 +184,29 @@ def test_every_name_in_the_docs_resolves():
     assert not bad, "stale names in the docs:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("name, ok", [("federation.coordinator.Coordinator.readmit", True),
-                                      ("federation.coordinator.Coordinator._readmit", False),
-                                      ("Coordinator.partial", True), ("Coordinator.nothing_here", False),
-                                      ("landmarks.feddl.fed_dl", True), ("landmarks.feddl.fed_dll", False),
-                                      ("RunResult.inventory", True), ("os.urandom", True),
-                                      ("federation.sums.secure_sum(co, task, label, clip, weights=None, tap=None)", False),
-                                      ("federation.sums.secure_sum(co, task, label, clip, …)", True),
-                                      ("federation.sums.secure_sum(co, task, label, clip, weights=None, tap=None, "
-                                       "integer_bits=None, *, out_shape, scales=None, binding=None)", True),
-                                      ("federation.sums.secure_sum(co, task, clip, label)", False),
-                                      ("federation.sums.secure_sum(co, task, label, clip, aggregator=None)", False),
-                                      ("Coordinator.release(what, to=…, covered=…, note=…)", True)])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("federation.coordinator.Coordinator.readmit", True),
+        ("federation.coordinator.Coordinator._readmit", False),
+        ("Coordinator.partial", True),
+        ("Coordinator.nothing_here", False),
+        ("landmarks.feddl.fed_dl", True),
+        ("landmarks.feddl.fed_dll", False),
+        ("RunResult.inventory", True),
+        ("os.urandom", True),
+        ("federation.sums.secure_sum(co, task, label, clip, weights=None, tap=None)", False),
+        ("federation.sums.secure_sum(co, task, label, clip, …)", True),
+        (
+            "federation.sums.secure_sum(co, task, label, clip, weights=None, tap=None, "
+            "integer_bits=None, *, out_shape, scales=None, binding=None)",
+            True,
+        ),
+        ("federation.sums.secure_sum(co, task, clip, label)", False),
+        ("federation.sums.secure_sum(co, task, label, clip, aggregator=None)", False),
+        ("Coordinator.release(what, to=…, covered=…, note=…)", True),
+    ],
+)
 def test_the_resolver_itself(name, ok):
     n = NAME.match(name)
     assert (resolve(n.group(1), n.group(2) or "") is None) == ok

@@ -22,11 +22,18 @@ def iris_sites():
     return [ds.X[i] for i in partition(ds.X, ds.y, 3, "iid", random_state=0)]
 
 
-@pytest.mark.parametrize("make", [lambda: FedTSNE(random_state=0), lambda: FedUMAP(random_state=0),
-                                  lambda: FedSpectralClustering(n_clusters=3, random_state=0)],
-                         ids=["tsne", "umap", "spectral"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: FedTSNE(random_state=0),
+        lambda: FedUMAP(random_state=0),
+        lambda: FedSpectralClustering(n_clusters=3, random_state=0),
+    ],
+    ids=["tsne", "umap", "spectral"],
+)
 def test_no_silent_fall_back_to_plain_aggregation(iris_sites, make, monkeypatch):
     """Issue 25: ``FedTSNE(random_state=0).fit(sites)`` without a bound ran plain sums and said nothing."""
+
     def no_run(*a, **k):
         raise AssertionError("the run started")
 

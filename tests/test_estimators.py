@@ -194,8 +194,14 @@ def test_failing_audit_stops_the_fit_before_any_row(iris_label, monkeypatch, cls
     calls = _forbid_rows(monkeypatch)
     # landmarks that are the FedDL members themselves (given as the start, a negligible step) must fail the audit
     members = np.vstack([SiteWorker({"site-name": n}, X).split(0.2, 0)[0] for n, X in zip(site_names(3), sites)])
-    est = cls(keep_sent=True, init=members, lr=1e-12, gamma=1.0, **extra,
-              **dict(ROWS, audit_holdout=0.2, n_landmarks=len(members), rounds=1))
+    est = cls(
+        keep_sent=True,
+        init=members,
+        lr=1e-12,
+        gamma=1.0,
+        **extra,
+        **dict(ROWS, audit_holdout=0.2, n_landmarks=len(members), rounds=1),
+    )
     with pytest.raises(AuditFailedError, match="audit failed"):
         est.fit(sites)
     assert calls == []  # no Nyström row was computed at any site
@@ -254,10 +260,20 @@ def test_same_random_state_same_embedding(iris_label):
         (lambda s: (FedUMAP(), [s[0], np.where(s[1] > 6, np.inf, s[1])]), DataError, r"sites\[1\]"),
         (lambda s: (FedSpectralClustering(n_clusters=3), []), DataError, "^sites="),
     ],
-    ids=["nystrom", "holdout", "landmarks", "rule", "aggregation", "reconstruction", "n_clusters",
-         "features", "one-record", "inf", "empty"],
+    ids=[
+        "nystrom",
+        "holdout",
+        "landmarks",
+        "rule",
+        "aggregation",
+        "reconstruction",
+        "n_clusters",
+        "features",
+        "one-record",
+        "inf",
+        "empty",
+    ],
 )
-
 def test_estimator_bad_input(iris_label, make, exc, match):
     sites, _ = iris_label
     est, data = make(sites)

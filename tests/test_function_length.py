@@ -30,7 +30,7 @@ def test_no_function_over_100_lines_without_a_reason():
             with open(path, encoding="utf-8") as fh:
                 for name, line, n in long_functions(fh.read()):
                     bad.append(f"{os.path.relpath(path, ROOT)}:{line}: {name} is {n} lines")
-    assert not bad, ("split these functions, or give the reason on the def line as `# long: why`:\n" + "\n".join(bad))
+    assert not bad, "split these functions, or give the reason on the def line as `# long: why`:\n" + "\n".join(bad)
 
 
 def test_the_check_sees_a_long_function_and_its_reason():

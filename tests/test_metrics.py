@@ -73,7 +73,9 @@ def test_ca_split_is_stratified_70_30():
     y = np.repeat([0, 1], 50)
     # 1-NN on a line with two contiguous classes: only the boundary can fail
     assert classification_accuracy(E, y, ks=(1,), random_state=3)[1] >= 0.96
-    assert classification_accuracy(E, y, ks=(1,), random_state=3) == classification_accuracy(E, y, ks=(1,), random_state=3)
+    assert classification_accuracy(E, y, ks=(1,), random_state=3) == classification_accuracy(
+        E, y, ks=(1,), random_state=3
+    )
 
 
 def test_clustering_metrics_known():
@@ -97,7 +99,9 @@ def test_trustworthiness_matches_sklearn(k):
     rng = np.random.default_rng(k)
     X = rng.normal(size=(150, 6))
     E = X[:, :2] + 0.5 * rng.normal(size=(150, 2))
-    assert trustworthiness(X, E, n_neighbors=k, block=37) == pytest.approx(sk_trustworthiness(X, E, n_neighbors=k), abs=1e-12)
+    assert trustworthiness(X, E, n_neighbors=k, block=37) == pytest.approx(
+        sk_trustworthiness(X, E, n_neighbors=k), abs=1e-12
+    )
 
 
 def test_trustworthiness_subsample():

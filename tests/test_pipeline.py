@@ -32,8 +32,19 @@ def _pooled(name, clients, scheme, seed):
 
 def _cfg(out, **kw):
     """(job, plan options) as ``securefed run`` builds them (the audit gate on by default, 20 % hold-out)."""
-    base = dict(dataset="iris", clients=3, partition="iid", landmarks=20, rounds=5, local_steps=3, cell_floor=8,
-                compare_centralized=False, out=str(out), quiet=True, audit=True)
+    base = dict(
+        dataset="iris",
+        clients=3,
+        partition="iid",
+        landmarks=20,
+        rounds=5,
+        local_steps=3,
+        cell_floor=8,
+        compare_centralized=False,
+        out=str(out),
+        quiet=True,
+        audit=True,
+    )
     base.update(kw)
     job = {k: base.pop(k, v) for k, v in JOB_DEFAULTS.items()}
     job["audit"] = base.pop("audit")
@@ -54,9 +65,18 @@ def tsne_run(tmp_path_factory):
 
 def test_tsne_run_folder_contents(tsne_run):
     out, _ = tsne_run
-    for name in ("embedding.npy", "embedding.csv", "embedding.png", "metrics.json", "config.json", "history.json",
-                 "y_true.npy", "result.json", os.path.join("audit", "mia.json"),
-                 os.path.join("audit", "reconstruction.json")):
+    for name in (
+        "embedding.npy",
+        "embedding.csv",
+        "embedding.png",
+        "metrics.json",
+        "config.json",
+        "history.json",
+        "y_true.npy",
+        "result.json",
+        os.path.join("audit", "mia.json"),
+        os.path.join("audit", "reconstruction.json"),
+    ):
         assert os.path.isfile(out / name), name
     assert not (out / "labels.npy").exists()
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
@@ -67,7 +87,13 @@ def test_metrics_json_has_the_issue2_form(tsne_run):
     m = json.loads((out / "metrics.json").read_text())
     assert m == json.loads(json.dumps(returned))  # the file is what run() returned
     assert ISSUE2_KEYS | {"centralized"} <= set(m)
-    assert (m["method"], m["dataset"], m["n_samples"], m["n_clients"], m["partition"]) == ("tsne", "iris", 150, 3, "iid")
+    assert (m["method"], m["dataset"], m["n_samples"], m["n_clients"], m["partition"]) == (
+        "tsne",
+        "iris",
+        150,
+        3,
+        "iid",
+    )
     assert set(m["federated"]) == set(METRIC_KEYS)
     assert set(m["centralized"]) == set(METRIC_KEYS)
     for block in (m["federated"], m["centralized"]):
@@ -116,8 +142,18 @@ def test_plot_puts_federated_beside_centralized(tsne_run, tmp_path):
 
 
 def test_spectral_run_writes_labels_and_nmi_ari(tmp_path):
-    m = run(_cfg(tmp_path, method="spectral", dataset="wine", partition="label", landmarks=30, rounds=10,
-                 compare_centralized=True, audit=False))
+    m = run(
+        _cfg(
+            tmp_path,
+            method="spectral",
+            dataset="wine",
+            partition="label",
+            landmarks=30,
+            rounds=10,
+            compare_centralized=True,
+            audit=False,
+        )
+    )
     assert (tmp_path / "labels.npy").is_file() and not (tmp_path / "embedding.npy").exists()
     assert (tmp_path / "embedding.png").is_file()
     labels = np.load(tmp_path / "labels.npy")

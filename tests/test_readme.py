@@ -24,8 +24,9 @@ def _block(readme: str, marker: str) -> str:
 
 def _fenced_command(block: str) -> str:
     lines = [ln for ln in block.strip().splitlines()]
-    assert len(lines) == 3 and re.fullmatch(r"```\w*", lines[0]) and lines[2] == "```", \
+    assert len(lines) == 3 and re.fullmatch(r"```\w*", lines[0]) and lines[2] == "```", (
         f"expected one fenced one-line command, got: {block!r}"
+    )
     cmd = lines[1].strip()
     assert cmd and not cmd.startswith("#")
     return cmd
@@ -48,8 +49,9 @@ def test_ci_extraction_yields_the_readme_test_command(repo_root):
     ci = _read(repo_root, ".ci", "run")
     lines = [ln for ln in ci.splitlines() if ln.startswith("cmd=$(")]
     assert len(lines) == 1, ".ci/run should extract the command in one `cmd=$(...)` line"
-    p = subprocess.run(["bash", "-c", lines[0] + '\nprintf "%s" "$cmd"'], cwd=repo_root, capture_output=True,
-                       text=True, timeout=30)
+    p = subprocess.run(
+        ["bash", "-c", lines[0] + '\nprintf "%s" "$cmd"'], cwd=repo_root, capture_output=True, text=True, timeout=30
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == expected
 
@@ -72,8 +74,9 @@ def fake_repo(tmp_path, repo_root):
             f"<!-- test-command -->\n```\n{test_command}\n```\n<!-- /test-command -->\n"
         )
         env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-        return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60,
-                              env=env, cwd=tmp_path)
+        return subprocess.run(
+            ["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
+        )
 
     return run_with
 

@@ -231,20 +231,33 @@ class Accountant:
         and a sampling this accountant accounts soundly."""
         from .events import leaves
 
-        return all(e.noise.kind in self.noise_kinds and (self.subsampling or e.sampling.rate == 1.0)
-                   for e in leaves(event))
+        return all(
+            e.noise.kind in self.noise_kinds and (self.subsampling or e.sampling.rate == 1.0) for e in leaves(event)
+        )
 
     def _refuse_unsupported(self, event) -> None:
         from .events import leaves
 
         for e in leaves(event):
             if e.noise.kind not in self.noise_kinds:
-                raise ConfigError(bad_value("accountant", self.name, f"does not account {e.noise.kind} noise "
-                                            f"({e.mechanism}); use " + ("'rdp'" if e.noise.kind != "gaussian" else
-                                                                       "'exact', 'prv' or 'rdp'")))
+                raise ConfigError(
+                    bad_value(
+                        "accountant",
+                        self.name,
+                        f"does not account {e.noise.kind} noise "
+                        f"({e.mechanism}); use "
+                        + ("'rdp'" if e.noise.kind != "gaussian" else "'exact', 'prv' or 'rdp'"),
+                    )
+                )
             if not self.subsampling and e.sampling.rate != 1.0:
-                raise ConfigError(bad_value("sample_rate", e.sampling.rate, f"the {self.name} accountant covers full "
-                                            "participation only; use accountant='prv' or 'rdp' for subsampled steps"))
+                raise ConfigError(
+                    bad_value(
+                        "sample_rate",
+                        e.sampling.rate,
+                        f"the {self.name} accountant covers full "
+                        "participation only; use accountant='prv' or 'rdp' for subsampled steps",
+                    )
+                )
 
     def compose(self, event, count: int = 1) -> "Accountant":
         """Add ``count`` times ``event`` to what this accountant has composed (ConfigError if it does not
@@ -294,8 +307,14 @@ class ExactGDPAccountant(Accountant):
         total = 0.0
         for z, q, c in history:
             if q != 1.0:
-                raise ConfigError(bad_value("sample_rate", q, "the exact accountant covers full participation only; "
-                                            "use accountant='prv' or 'rdp' for subsampled steps"))
+                raise ConfigError(
+                    bad_value(
+                        "sample_rate",
+                        q,
+                        "the exact accountant covers full participation only; "
+                        "use accountant='prv' or 'rdp' for subsampled steps",
+                    )
+                )
             total += c / (z * z)
         return math.sqrt(total)
 
@@ -429,7 +448,12 @@ def gdp_estimate_noise_multiplier(epsilon, delta, releases, sample_rate=1.0) -> 
     """A starting point for calibration: the exact μ-GDP noise multiplier at full participation
     (``z = √R/μ(ε, δ)``), or under Poisson subsampling the CLT estimate of Dong, Roth & Su (2022, Thm 3.5 /
     Cor. 5.4): ``μ ≈ q √(R (e^{1/z²} − 1))``, i.e. ``z = 1/√(log(1 + μ²/(q² R)))``. Only a bracket start."""
-    epsilon, delta, R, q = check_epsilon(epsilon), check_delta(delta), check_releases(releases), check_sample_rate(sample_rate)
+    epsilon, delta, R, q = (
+        check_epsilon(epsilon),
+        check_delta(delta),
+        check_releases(releases),
+        check_sample_rate(sample_rate),
+    )
     mu = gdp_mu(epsilon, delta)
     if not math.isfinite(mu):
         return 0.1
@@ -463,7 +487,9 @@ def calibrate_noise_multiplier(epsilon, delta, releases, accountant="exact", sam
     acc = get_accountant(accountant)
     if acc.name == "exact":
         if q != 1.0:
-            raise ConfigError(bad_value("sample_rate", q, "the exact accountant covers full participation only; use 'prv' or 'rdp'"))
+            raise ConfigError(
+                bad_value("sample_rate", q, "the exact accountant covers full participation only; use 'prv' or 'rdp'")
+            )
         z = math.sqrt(R) / gdp_mu(epsilon, delta)
         while acc.epsilon(z, R, delta) > epsilon:
             z *= 1 + 1e-12
@@ -484,9 +510,15 @@ def calibrate_noise_multiplier(epsilon, delta, releases, accountant="exact", sam
     while eps_at(hi) > epsilon:
         hi *= 2.0
         if hi > _Z_MAX:
-            raise ConfigError(bad_value("epsilon", epsilon, f"is unreachable: even noise multiplier {_Z_MAX:g} gives "
-                                        f"ε = {eps_at(_Z_MAX):.3g} with {R} releases at sample rate {q}, δ = {delta:g}; "
-                                        "raise epsilon or delta, or lower the number of releases"))
+            raise ConfigError(
+                bad_value(
+                    "epsilon",
+                    epsilon,
+                    f"is unreachable: even noise multiplier {_Z_MAX:g} gives "
+                    f"ε = {eps_at(_Z_MAX):.3g} with {R} releases at sample rate {q}, δ = {delta:g}; "
+                    "raise epsilon or delta, or lower the number of releases",
+                )
+            )
     lo = hi
     step = 1.25 if acc.name == "prv" else 2.0  # PRV starts from RDP's z, which is close
     while eps_at(lo) <= epsilon:

@@ -89,8 +89,14 @@ def default_tau_x(n_features: int, value_range=None, *, tau_x=None) -> float:
     if tau_x is not None:
         return check_bound("tau_x", tau_x)
     if value_range is None:
-        raise ConfigError(bad_value("tau_x", None, "give a public clip norm (--clip-norm T) or the public feature range; "
-                                    "a norm read off the records would leak and is not accounted"))
+        raise ConfigError(
+            bad_value(
+                "tau_x",
+                None,
+                "give a public clip norm (--clip-norm T) or the public feature range; "
+                "a norm read off the records would leak and is not accounted",
+            )
+        )
     try:
         lo, hi = (float(v) for v in value_range)
     except (TypeError, ValueError):

@@ -13,7 +13,9 @@ from .accountants import calibrate_noise_multiplier, epsilon_from_noise, paper_e
 __all__ = ["budget_figures"]
 
 
-def budget_figures(*, epsilon=None, noise_multiplier=None, releases, delta, sample_rate=1.0, accountant="exact") -> dict:
+def budget_figures(
+    *, epsilon=None, noise_multiplier=None, releases, delta, sample_rate=1.0, accountant="exact"
+) -> dict:
     """The JSON object ``securefed budget`` prints (one of ``epsilon`` / ``noise_multiplier`` given).
 
     Keys: ``epsilon`` (the accountant's ε; with ``--epsilon``, the target), ``delta``, ``noise_multiplier``,
@@ -22,7 +24,9 @@ def budget_figures(*, epsilon=None, noise_multiplier=None, releases, delta, samp
     formula is below the accountant's ε at that noise multiplier, e.g. z = 0.5, R = 1000: 762 < 2269).
     """
     if (epsilon is None) == (noise_multiplier is None):
-        raise ConfigError(bad_value("--epsilon/--noise-multiplier", (epsilon, noise_multiplier), "give exactly one of them"))
+        raise ConfigError(
+            bad_value("--epsilon/--noise-multiplier", (epsilon, noise_multiplier), "give exactly one of them")
+        )
     if noise_multiplier is None:
         z = calibrate_noise_multiplier(epsilon, delta, releases, accountant, sample_rate)
         eps = float(epsilon)
@@ -34,6 +38,13 @@ def budget_figures(*, epsilon=None, noise_multiplier=None, releases, delta, samp
         eps_at_z = epsilon_from_noise(z, releases, delta, accountant, sample_rate)
     else:
         eps_at_z = eps
-    return {"epsilon": eps, "delta": float(delta), "noise_multiplier": z, "releases": int(releases),
-            "accountant": accountant, "sample_rate": float(sample_rate),
-            "epsilon_paper_formula": paper, "paper_formula_below_true_epsilon": bool(paper < eps_at_z)}
+    return {
+        "epsilon": eps,
+        "delta": float(delta),
+        "noise_multiplier": z,
+        "releases": int(releases),
+        "accountant": accountant,
+        "sample_rate": float(sample_rate),
+        "epsilon_paper_formula": paper,
+        "paper_formula_below_true_epsilon": bool(paper < eps_at_z),
+    }

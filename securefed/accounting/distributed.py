@@ -128,7 +128,9 @@ def rotation_signs(seed: str, round: int, step: int, dim: int) -> np.ndarray:
     diagonal for every aggregation.
     """
     if not isinstance(seed, str) or not seed:
-        raise ConfigError(bad_value("rotation_seed", seed, "give a non-empty public string shared by all sites (e.g. the run id)"))
+        raise ConfigError(
+            bad_value("rotation_seed", seed, "give a non-empty public string shared by all sites (e.g. the run id)")
+        )
     d = int(dim)
     raw = hashlib.shake_256(f"securefed-rotation|{seed}|{int(round)}|{int(step)}|{d}".encode()).digest((d + 7) // 8)
     bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:d]
@@ -181,8 +183,9 @@ def rounded_l2_bound(norm: float, dim: int, beta: float) -> float:
     return min(b1, b2)
 
 
-def conditional_randomized_round(x: np.ndarray, *, beta: float, norm: float, max_tries: int = 10_000,
-                                 src=None) -> np.ndarray:
+def conditional_randomized_round(
+    x: np.ndarray, *, beta: float, norm: float, max_tries: int = 10_000, src=None
+) -> np.ndarray:
     """KLS Algorithm 1, step 3: randomized rounding, retried until ``‖x̃‖₂ ≤ rounded_l2_bound(norm, d, β)``.
 
     Each try succeeds with probability ≥ 1 − β (KLS Theorem 1); ``β = 0`` never retries (the bound
@@ -193,12 +196,24 @@ def conditional_randomized_round(x: np.ndarray, *, beta: float, norm: float, max
         r = randomized_round(x, src)
         if beta <= 0 or float(np.linalg.norm(r.astype(np.float64))) <= bound:
             return r
-    raise ConfigError(bad_value("beta", beta, f"conditional rounding failed {max_tries} times: the input's norm exceeds "
-                                "`norm` (clip it first)"))
+    raise ConfigError(
+        bad_value(
+            "beta",
+            beta,
+            f"conditional rounding failed {max_tries} times: the input's norm exceeds `norm` (clip it first)",
+        )
+    )
 
 
-def integer_sensitivity(*, dim: int, granularity: float, adjacency: str, l2_sensitivity: float | None = None,
-                        clip: float | None = None, beta: float = 0.0) -> tuple[float, float]:
+def integer_sensitivity(
+    *,
+    dim: int,
+    granularity: float,
+    adjacency: str,
+    l2_sensitivity: float | None = None,
+    clip: float | None = None,
+    beta: float = 0.0,
+) -> tuple[float, float]:
     """``(Δ₂, Δ₁)`` of the rounded, scaled vector in integer units (module docstring).
 
     ``adjacency="record"``: ``Δ₂ = Δ/γ + √d``, ``Δ₁ = min(√d·Δ/γ + d, Δ₂²)`` (coupled rounding; ``β`` must be 0).
@@ -207,15 +222,23 @@ def integer_sensitivity(*, dim: int, granularity: float, adjacency: str, l2_sens
     d = float(dim)
     if adjacency == "record":
         if beta != 0:
-            raise ConfigError(bad_value("beta", beta, "record adjacency needs unconditional rounding (beta=0): conditioning "
-                                        "on the norm breaks the coupling of neighbouring data sets' roundings"))
+            raise ConfigError(
+                bad_value(
+                    "beta",
+                    beta,
+                    "record adjacency needs unconditional rounding (beta=0): conditioning "
+                    "on the norm breaks the coupling of neighbouring data sets' roundings",
+                )
+            )
         s = float(l2_sensitivity) / granularity
         l2 = s + math.sqrt(d)
         return l2, min(math.sqrt(d) * s + d, l2 * l2)
     if adjacency == "site":
         l2 = rounded_l2_bound(float(clip) / granularity, int(d), beta)
         return l2, l2 * min(math.sqrt(d), l2)
-    raise ConfigError(bad_value("adjacency", adjacency, "use 'record' (one record of a site) or 'site' (a whole site's vector)"))
+    raise ConfigError(
+        bad_value("adjacency", adjacency, "use 'record' (one record of a site) or 'site' (a whole site's vector)")
+    )
 
 
 # ---------------------------------------------------------------------------------------------- accounting
@@ -260,8 +283,9 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float, orders: np.ndarray = RDP_ORDER
     return float(max(eps[i], 0.0)), float(a[i])
 
 
-def ddg_epsilon(*, l2: float, l1: float, sigma2: float, n_sites: int, min_survivors: int, dim: int, releases: int,
-                delta: float) -> float:
+def ddg_epsilon(
+    *, l2: float, l1: float, sigma2: float, n_sites: int, min_survivors: int, dim: int, releases: int, delta: float
+) -> float:
     """ε after ``releases`` DDG releases, worst over ``k ∈ [min_survivors, n_sites]`` survivors (integer units)."""
     worst = 0.0
     for k in range(int(min_survivors), int(n_sites) + 1):
@@ -281,8 +305,9 @@ def skellam_epsilon(*, l2: float, l1: float, lam: float, min_survivors: int, rel
 # ---------------------------------------------------------------------------------------------- modulus
 
 
-def wrap_probability(bits: int, *, n_sites: int, dim: int, clip_int: float, sigma2: float = 0.0, lam: float = 0.0,
-                     beta: float = 0.0) -> float:
+def wrap_probability(
+    bits: int, *, n_sites: int, dim: int, clip_int: float, sigma2: float = 0.0, lam: float = 0.0, beta: float = 0.0
+) -> float:
     """Upper bound on P[some coordinate of the integer sum leaves ``[−2^{bits−1}, 2^{bits−1})``] (module docstring).
 
     Parameters
@@ -317,17 +342,35 @@ def wrap_probability(bits: int, *, n_sites: int, dim: int, clip_int: float, sigm
     return math.exp(min(log_p, 0.0))
 
 
-def choose_modulus_bits(*, n_sites: int, dim: int, clip_int: float, sigma2: float = 0.0, lam: float = 0.0,
-                        beta: float = 0.0, target: float = _DEFAULT_WRAP, max_bits: int = 64) -> int:
+def choose_modulus_bits(
+    *,
+    n_sites: int,
+    dim: int,
+    clip_int: float,
+    sigma2: float = 0.0,
+    lam: float = 0.0,
+    beta: float = 0.0,
+    target: float = _DEFAULT_WRAP,
+    max_bits: int = 64,
+) -> int:
     """The fewest bits ``b`` with :func:`wrap_probability` ``≤ target``; :class:`OverflowRiskError` above ``max_bits``."""
     if not (0 < target < 1):
         raise ConfigError(bad_value("wrap_probability", target, "give a probability in (0, 1), e.g. 2**-40"))
     for b in range(2, int(max_bits) + 1):
-        if wrap_probability(b, n_sites=n_sites, dim=dim, clip_int=clip_int, sigma2=sigma2, lam=lam, beta=beta) <= target:
+        if (
+            wrap_probability(b, n_sites=n_sites, dim=dim, clip_int=clip_int, sigma2=sigma2, lam=lam, beta=beta)
+            <= target
+        ):
             return b
-    raise OverflowRiskError(bad_value("max_bits", max_bits, f"the integer sum needs more bits for wrap probability ≤ "
-                                      f"{target:.3g}; coarsen the granularity (larger γ / rounding_slack), lower the clip "
-                                      "norm, or accept a larger wrap probability"))
+    raise OverflowRiskError(
+        bad_value(
+            "max_bits",
+            max_bits,
+            f"the integer sum needs more bits for wrap probability ≤ "
+            f"{target:.3g}; coarsen the granularity (larger γ / rounding_slack), lower the clip "
+            "norm, or accept a larger wrap probability",
+        )
+    )
 
 
 _wrap_probability_fn = wrap_probability  # the mechanisms' parameter of the same name shadows it
@@ -354,9 +397,25 @@ class _DistributedInteger:
     _noise: Callable[..., np.ndarray]
     epsilon_accounted: float
 
-    def __init__(self, *, dim, n_sites, rotation_seed, epsilon, delta=1e-5, releases=1, l2_sensitivity=None, clip,
-                 min_survivors=None, adjacency="record", granularity=None, rounding_slack=0.01, beta=None,
-                 wrap_probability=_DEFAULT_WRAP, max_bits=64):
+    def __init__(
+        self,
+        *,
+        dim,
+        n_sites,
+        rotation_seed,
+        epsilon,
+        delta=1e-5,
+        releases=1,
+        l2_sensitivity=None,
+        clip,
+        min_survivors=None,
+        adjacency="record",
+        granularity=None,
+        rounding_slack=0.01,
+        beta=None,
+        wrap_probability=_DEFAULT_WRAP,
+        max_bits=64,
+    ):
         self.dim = int(dim) if not isinstance(dim, bool) and isinstance(dim, (int, np.integer)) and dim >= 1 else None
         if self.dim is None:
             raise ConfigError(bad_value("dim", dim, "use the positive number of coordinates (e.g. n_y × m = 19200)"))
@@ -366,7 +425,9 @@ class _DistributedInteger:
         self.n_sites = int(n_sites)
         t = self.n_sites if min_survivors is None else min_survivors
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not (1 <= t <= self.n_sites):
-            raise ConfigError(bad_value("min_survivors", min_survivors, f"use the secure sum's threshold, 1..{self.n_sites}"))
+            raise ConfigError(
+                bad_value("min_survivors", min_survivors, f"use the secure sum's threshold, 1..{self.n_sites}")
+            )
         self.min_survivors = int(t)
         rotation_signs(rotation_seed, 0, 0, 1)  # validates the seed
         self.rotation_seed = rotation_seed
@@ -374,14 +435,22 @@ class _DistributedInteger:
         self.delta = check_delta(delta)
         self.releases = check_releases(releases)
         if adjacency not in ("record", "site"):
-            raise ConfigError(bad_value("adjacency", adjacency, "use 'record' (one record of a site) or 'site' (a whole site)"))
+            raise ConfigError(
+                bad_value("adjacency", adjacency, "use 'record' (one record of a site) or 'site' (a whole site)")
+            )
         self.adjacency = adjacency
         self.clip = _pos("clip", clip)
         if adjacency == "record":
             self.l2_sensitivity = _pos("l2_sensitivity", l2_sensitivity)
             if self.l2_sensitivity > 2 * self.clip:
-                raise ConfigError(bad_value("l2_sensitivity", l2_sensitivity, f"exceeds 2·clip = {2 * self.clip:g}, the most "
-                                            "a clipped vector can change; check the clip norm"))
+                raise ConfigError(
+                    bad_value(
+                        "l2_sensitivity",
+                        l2_sensitivity,
+                        f"exceeds 2·clip = {2 * self.clip:g}, the most "
+                        "a clipped vector can change; check the clip norm",
+                    )
+                )
         else:
             self.l2_sensitivity = None
         self.beta = (0.0 if adjacency == "record" else math.exp(-0.5)) if beta is None else float(beta)
@@ -395,17 +464,34 @@ class _DistributedInteger:
         else:
             self.granularity = _pos("granularity", granularity)
             self.rounding_slack = math.sqrt(self.padded_dim) * self.granularity / base
-        self.l2_int, self.l1_int = integer_sensitivity(dim=self.padded_dim, granularity=self.granularity,
-                                                       adjacency=adjacency, l2_sensitivity=self.l2_sensitivity,
-                                                       clip=self.clip, beta=self.beta)
+        self.l2_int, self.l1_int = integer_sensitivity(
+            dim=self.padded_dim,
+            granularity=self.granularity,
+            adjacency=adjacency,
+            l2_sensitivity=self.l2_sensitivity,
+            clip=self.clip,
+            beta=self.beta,
+        )
         self.wrap_target = float(wrap_probability)
         self.max_bits = int(max_bits)
         self._calibrate()
-        self.modulus_bits = choose_modulus_bits(n_sites=self.n_sites, dim=self.padded_dim, clip_int=self.clip / self.granularity,
-                                                beta=self.beta, target=self.wrap_target, max_bits=self.max_bits,
-                                                **self._noise_kw())
-        self.wrap_probability_bound = _wrap_probability_fn(self.modulus_bits, n_sites=self.n_sites, dim=self.padded_dim,
-                                                       clip_int=self.clip / self.granularity, beta=self.beta, **self._noise_kw())
+        self.modulus_bits = choose_modulus_bits(
+            n_sites=self.n_sites,
+            dim=self.padded_dim,
+            clip_int=self.clip / self.granularity,
+            beta=self.beta,
+            target=self.wrap_target,
+            max_bits=self.max_bits,
+            **self._noise_kw(),
+        )
+        self.wrap_probability_bound = _wrap_probability_fn(
+            self.modulus_bits,
+            n_sites=self.n_sites,
+            dim=self.padded_dim,
+            clip_int=self.clip / self.granularity,
+            beta=self.beta,
+            **self._noise_kw(),
+        )
         self.modulus = 1 << self.modulus_bits
 
     # subclasses: _calibrate (sets the noise parameter and self.epsilon_accounted), _noise_kw, _noise, epsilon
@@ -415,8 +501,14 @@ class _DistributedInteger:
         while eps_of(hi) > self.epsilon_target:
             hi *= 4.0
             if hi > 1e40:
-                raise ConfigError(bad_value("epsilon", self.epsilon_target, "is unreachable with this sensitivity and "
-                                            "dimension (the τ term of the distributed discrete Gaussian does not vanish)"))
+                raise ConfigError(
+                    bad_value(
+                        "epsilon",
+                        self.epsilon_target,
+                        "is unreachable with this sensitivity and "
+                        "dimension (the τ term of the distributed discrete Gaussian does not vanish)",
+                    )
+                )
         while lo > 1e-12 and eps_of(lo) <= self.epsilon_target:
             lo /= 4.0
         while hi / lo > 1 + 1e-6:
@@ -456,7 +548,9 @@ class _DistributedInteger:
         un-rotate, multiply by the granularity, drop the padding (and reshape to ``shape``)."""
         t = np.asarray(total)
         if t.shape != (self.padded_dim,) or t.dtype.kind not in "ui":
-            raise ConfigError(bad_value("total", f"{t.dtype}{t.shape}", f"give the secure sum's {self.padded_dim} unsigned integers"))
+            raise ConfigError(
+                bad_value("total", f"{t.dtype}{t.shape}", f"give the secure sum's {self.padded_dim} unsigned integers")
+            )
         u = t.astype(np.uint64)
         if self.modulus_bits < 64:
             u = u & np.uint64(self.modulus - 1)
@@ -464,7 +558,9 @@ class _DistributedInteger:
             c = np.where(c >= self.modulus // 2, c - self.modulus, c)
         else:
             c = u.view(np.int64)
-        out = self.granularity * unrotate(c.astype(np.float64), rotation_signs(self.rotation_seed, round, step, self.padded_dim), self.dim)
+        out = self.granularity * unrotate(
+            c.astype(np.float64), rotation_signs(self.rotation_seed, round, step, self.padded_dim), self.dim
+        )
         return out if shape is None else out.reshape(shape)
 
     # ------------------------------------------------------------------ accounting
@@ -474,20 +570,38 @@ class _DistributedInteger:
         (so composing releases in a ledger with the ``"rdp"`` accountant at ``sample_rate = 1`` is an upper bound)."""
         raise NotImplementedError  # pragma: no cover
 
-    def record_release(self, ledger, *, site: int, round: int, step: int, attempt: int = 0,
-                       noise_source: str = "secure") -> dict:
+    def record_release(
+        self, ledger, *, site: int, round: int, step: int, attempt: int = 0, noise_source: str = "secure"
+    ) -> dict:
         """Write-ahead ledger event of one site's release (before :meth:`encode`'s output leaves the site).
 
         The ledger must use the ``"rdp"`` accountant: the event carries the RDP-dominating Gaussian noise
         multiplier (:meth:`ledger_noise_multiplier`) at ``sample_rate = 1``; the exact μ-GDP and PRV
         accountants are tight for Gaussian noise only and would not be upper bounds here.
         """
-        if getattr(ledger, "accountant_name", None) != "rdp":  # the ledger would refuse the event (it does not support it)
-            raise ConfigError(bad_value("ledger accountant", getattr(ledger, "accountant_name", None),
-                                        f"{self.mechanism} releases compose by Rényi DP: open the ledger with accountant='rdp'"))
-        return ledger.record(self.release_event(), site=site, round=round, step=step, attempt=attempt,
-                             noise="distributed-integer", noise_source=noise_source, min_survivors=self.min_survivors,
-                             modulus_bits=self.modulus_bits, granularity=self.granularity, adjacency=self.adjacency)
+        if (
+            getattr(ledger, "accountant_name", None) != "rdp"
+        ):  # the ledger would refuse the event (it does not support it)
+            raise ConfigError(
+                bad_value(
+                    "ledger accountant",
+                    getattr(ledger, "accountant_name", None),
+                    f"{self.mechanism} releases compose by Rényi DP: open the ledger with accountant='rdp'",
+                )
+            )
+        return ledger.record(
+            self.release_event(),
+            site=site,
+            round=round,
+            step=step,
+            attempt=attempt,
+            noise="distributed-integer",
+            noise_source=noise_source,
+            min_survivors=self.min_survivors,
+            modulus_bits=self.modulus_bits,
+            granularity=self.granularity,
+            adjacency=self.adjacency,
+        )
 
     def release_event(self, count: int = 1):
         """The event of one site's release (:mod:`.events`): integer noise (``discrete-gaussian`` / ``skellam``) on
@@ -496,8 +610,13 @@ class _DistributedInteger:
         from .events import gaussian_release
 
         z = float(self.ledger_noise_multiplier())
-        return gaussian_release(self.mechanism, sigma=float(z * self.l2_int), sensitivity=float(self.l2_int),
-                                noise_multiplier=z, count=int(count))
+        return gaussian_release(
+            self.mechanism,
+            sigma=float(z * self.l2_int),
+            sensitivity=float(self.l2_int),
+            noise_multiplier=z,
+            count=int(count),
+        )
 
     def release(self, x, *, site: int, round: int, step: int, ledger=None, attempt: int = 0) -> np.ndarray:
         """:meth:`record_release` (when a ledger is given), then :meth:`encode` — the write-ahead order."""
@@ -585,15 +704,25 @@ class DistributedDiscreteGaussian(_DistributedInteger):
         d, n, t = self.padded_dim, self.n_sites, self.min_survivors
 
         def eps_of(s2):
-            return ddg_epsilon(l2=self.l2_int, l1=self.l1_int, sigma2=s2, n_sites=n, min_survivors=t, dim=d,
-                               releases=self.releases, delta=self.delta)
+            return ddg_epsilon(
+                l2=self.l2_int,
+                l1=self.l1_int,
+                sigma2=s2,
+                n_sites=n,
+                min_survivors=t,
+                dim=d,
+                releases=self.releases,
+                delta=self.delta,
+            )
 
         s2 = self._bisect(eps_of, 1e-2, max(1.0, self.l2_int**2))
         # an exact rational a little above (more noise only helps): 2^-8 granularity
         self.sigma2 = Fraction(math.ceil(s2 * 256), 256)
         self.epsilon_accounted = eps_of(float(self.sigma2))
         if self.epsilon_accounted > self.epsilon_target * (1 + 1e-12):
-            raise ConfigError(bad_value("epsilon", self.epsilon_target, "calibration failed to meet the target"))  # pragma: no cover
+            raise ConfigError(
+                bad_value("epsilon", self.epsilon_target, "calibration failed to meet the target")
+            )  # pragma: no cover
 
     def _noise_kw(self):
         return {"sigma2": float(self.sigma2)}
@@ -604,22 +733,36 @@ class DistributedDiscreteGaussian(_DistributedInteger):
     def epsilon(self, releases: int | None = None) -> float:
         """ε after ``releases`` releases (default: the planned number), worst over the survivors ``k ≥ t``."""
         R = self.releases if releases is None else check_releases(releases)
-        return ddg_epsilon(l2=self.l2_int, l1=self.l1_int, sigma2=float(self.sigma2), n_sites=self.n_sites,
-                           min_survivors=self.min_survivors, dim=self.padded_dim, releases=R, delta=self.delta)
+        return ddg_epsilon(
+            l2=self.l2_int,
+            l1=self.l1_int,
+            sigma2=float(self.sigma2),
+            n_sites=self.n_sites,
+            min_survivors=self.min_survivors,
+            dim=self.padded_dim,
+            releases=R,
+            delta=self.delta,
+        )
 
     def ledger_noise_multiplier(self) -> float:
         """``1/√(Δ₂²/(tσ²) + 2τd')`` — dominates KLS Prop. 14's first term for every ``α ≥ 1`` (worst survivors)."""
-        worst = max(self.l2_int**2 / (k * float(self.sigma2)) + 2 * ddg_tau(float(self.sigma2), k) * self.padded_dim
-                    for k in range(self.min_survivors, self.n_sites + 1))
+        worst = max(
+            self.l2_int**2 / (k * float(self.sigma2)) + 2 * ddg_tau(float(self.sigma2), k) * self.padded_dim
+            for k in range(self.min_survivors, self.n_sites + 1)
+        )
         return 1.0 / math.sqrt(worst)
 
     def report(self) -> dict:
         """Every number of the plan (JSON-able): goes into the run's privacy report."""
         out = self._report_common()
-        out.update({"paper": "Kairouz, Liu & Steinke, ICML 2021 (Prop. 14 / Thm 1); sampler: Canonne, Kamath & Steinke 2020, Alg. 1-3",
-                    "sigma2_site_integer": str(self.sigma2),
-                    "tau": ddg_tau(float(self.sigma2), self.n_sites),
-                    "central_std": self.granularity * math.sqrt(self.min_survivors * float(self.sigma2))})
+        out.update(
+            {
+                "paper": "Kairouz, Liu & Steinke, ICML 2021 (Prop. 14 / Thm 1); sampler: Canonne, Kamath & Steinke 2020, Alg. 1-3",
+                "sigma2_site_integer": str(self.sigma2),
+                "tau": ddg_tau(float(self.sigma2), self.n_sites),
+                "central_std": self.granularity * math.sqrt(self.min_survivors * float(self.sigma2)),
+            }
+        )
         return out
 
 
@@ -642,8 +785,9 @@ class DistributedSkellam(_DistributedInteger):
         t = self.min_survivors
 
         def eps_of(lam):
-            return skellam_epsilon(l2=self.l2_int, l1=self.l1_int, lam=lam, min_survivors=t, releases=self.releases,
-                                   delta=self.delta)
+            return skellam_epsilon(
+                l2=self.l2_int, l1=self.l1_int, lam=lam, min_survivors=t, releases=self.releases, delta=self.delta
+            )
 
         self.lam = float(self._bisect(eps_of, 1e-2, max(1.0, self.l2_int**2)))
         self.epsilon_accounted = eps_of(self.lam)
@@ -657,8 +801,9 @@ class DistributedSkellam(_DistributedInteger):
     def epsilon(self, releases: int | None = None) -> float:
         """ε after ``releases`` releases (default: the planned number) with ``t`` survivors (the worst case)."""
         R = self.releases if releases is None else check_releases(releases)
-        return skellam_epsilon(l2=self.l2_int, l1=self.l1_int, lam=self.lam, min_survivors=self.min_survivors, releases=R,
-                               delta=self.delta)
+        return skellam_epsilon(
+            l2=self.l2_int, l1=self.l1_int, lam=self.lam, min_survivors=self.min_survivors, releases=R, delta=self.delta
+        )
 
     def ledger_noise_multiplier(self) -> float:
         """``√(μ/(Δ₂² + 3Δ₁))`` with ``μ = 2tλ``: dominates AKL's bound for every ``α ≥ 1``."""
@@ -668,10 +813,14 @@ class DistributedSkellam(_DistributedInteger):
     def report(self) -> dict:
         """Every number of the plan (JSON-able)."""
         out = self._report_common()
-        out.update({"paper": "Agarwal, Kairouz & Liu, NeurIPS 2021 (Skellam RDP bound)",
-                    "lambda_site_integer": self.lam,
-                    "central_std": self.granularity * math.sqrt(2 * self.lam * self.min_survivors),
-                    "poisson_sampler": "PTRS (Hörmann 1993) on os.urandom uniforms; double-precision acceptance test"})
+        out.update(
+            {
+                "paper": "Agarwal, Kairouz & Liu, NeurIPS 2021 (Skellam RDP bound)",
+                "lambda_site_integer": self.lam,
+                "central_std": self.granularity * math.sqrt(2 * self.lam * self.min_survivors),
+                "poisson_sampler": "PTRS (Hörmann 1993) on os.urandom uniforms; double-precision acceptance test",
+            }
+        )
         return out
 
 
@@ -696,23 +845,35 @@ def fit_integer_mechanism(gp, kind: str, *, n_features: int, rotation_seed: str,
     R = int(gp.releases_planned)
     eps = target
     for _ in range(40):
-        mech = gp.distributed_mechanism(kind, n_features=int(n_features), rotation_seed=str(rotation_seed),
-                                        weights=weights, epsilon=eps)
+        mech = gp.distributed_mechanism(
+            kind, n_features=int(n_features), rotation_seed=str(rotation_seed), weights=weights, epsilon=eps
+        )
         led = float(gp.ledger.epsilon_of(history_of(mech.release_event(count=R))))  # the ledger's ε of the whole plan
         if led <= target * (1 - 1e-9):
             mech.ledger_epsilon = led
             mech.epsilon_plan_target = target
             return mech
         eps *= min(0.999, target * (1 - 1e-6) / led)
-    raise ConfigError(bad_value("epsilon", target, f"the {kind} mechanism's ledger bound does not fit this ε; "
-                                "raise it or use distributed-mechanism gaussian"))  # pragma: no cover
+    raise ConfigError(
+        bad_value(
+            "epsilon",
+            target,
+            f"the {kind} mechanism's ledger bound does not fit this ε; raise it or use distributed-mechanism gaussian",
+        )
+    )  # pragma: no cover
 
 
 def integer_claim(mech) -> dict:
     """What the coordinator tells the sites it computed (they check it against their own computation)."""
     noise = str(mech.sigma2) if hasattr(mech, "sigma2") else repr(float(mech.lam))
-    return {"mechanism": mech.mechanism, "noise": noise, "modulus_bits": int(mech.modulus_bits),
-            "granularity": float(mech.granularity), "padded_dim": int(mech.padded_dim), "clip": float(mech.clip)}
+    return {
+        "mechanism": mech.mechanism,
+        "noise": noise,
+        "modulus_bits": int(mech.modulus_bits),
+        "granularity": float(mech.granularity),
+        "padded_dim": int(mech.padded_dim),
+        "clip": float(mech.clip),
+    }
 
 
 def noise_of(mech) -> float:
@@ -730,14 +891,24 @@ def check_integer_claim(mech, claim) -> None:
     if claim is None:
         raise ProtocolError("the DP plan names an integer mechanism but carries no claim of its parameters; refusing")
     if claim.get("mechanism") != mech.mechanism:
-        raise ProtocolError(f"the server claims mechanism {claim.get('mechanism')!r}, the plan gives {mech.mechanism!r}; refusing")
+        raise ProtocolError(
+            f"the server claims mechanism {claim.get('mechanism')!r}, the plan gives {mech.mechanism!r}; refusing"
+        )
     if float(Fraction(str(claim["noise"]))) < noise_of(mech) * (1 - 1e-9):
-        raise ProtocolError(f"the server asks for per-site noise {claim['noise']} but this site's own calibration of "
-                            f"{mech.mechanism} gives {noise_of(mech):.6g} (integer units); refusing")
+        raise ProtocolError(
+            f"the server asks for per-site noise {claim['noise']} but this site's own calibration of "
+            f"{mech.mechanism} gives {noise_of(mech):.6g} (integer units); refusing"
+        )
     if int(claim["modulus_bits"]) < mech.modulus_bits:
-        raise ProtocolError(f"the server announces a modulus of 2^{claim['modulus_bits']} but this site's wrap-around "
-                            f"bound needs 2^{mech.modulus_bits}; refusing")
-    if not np.isclose(float(claim["granularity"]), mech.granularity, rtol=1e-12) or \
-            int(claim["padded_dim"]) != mech.padded_dim:
-        raise ProtocolError(f"the server's granularity {claim['granularity']} / dimension {claim['padded_dim']} differ "
-                            f"from this site's {mech.granularity} / {mech.padded_dim}; refusing")
+        raise ProtocolError(
+            f"the server announces a modulus of 2^{claim['modulus_bits']} but this site's wrap-around "
+            f"bound needs 2^{mech.modulus_bits}; refusing"
+        )
+    if (
+        not np.isclose(float(claim["granularity"]), mech.granularity, rtol=1e-12)
+        or int(claim["padded_dim"]) != mech.padded_dim
+    ):
+        raise ProtocolError(
+            f"the server's granularity {claim['granularity']} / dimension {claim['padded_dim']} differ "
+            f"from this site's {mech.granularity} / {mech.padded_dim}; refusing"
+        )

@@ -36,12 +36,29 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError, bad_value
 
-__all__ = ["Noise", "Sampling", "ReleaseEvent", "ComposedEvent", "FULL_BATCH", "MECHANISMS", "NOISE_KINDS",
-           "gaussian_release", "leaves", "history_of"]
+__all__ = [
+    "Noise",
+    "Sampling",
+    "ReleaseEvent",
+    "ComposedEvent",
+    "FULL_BATCH",
+    "MECHANISMS",
+    "NOISE_KINDS",
+    "gaussian_release",
+    "leaves",
+    "history_of",
+]
 
 NOISE_KINDS = ("gaussian", "discrete-gaussian", "skellam")
-MECHANISMS = ("gaussian-gradient", "gaussian-rff", "gaussian-counts", "gaussian-density", "gaussian-data",
-              "distributed-discrete-gaussian", "distributed-skellam")
+MECHANISMS = (
+    "gaussian-gradient",
+    "gaussian-rff",
+    "gaussian-counts",
+    "gaussian-density",
+    "gaussian-data",
+    "distributed-discrete-gaussian",
+    "distributed-skellam",
+)
 _INTEGER_KIND = {"distributed-discrete-gaussian": "discrete-gaussian", "distributed-skellam": "skellam"}
 
 
@@ -123,16 +140,20 @@ class ReleaseEvent:
     def settled(self, multiplier: float) -> "ReleaseEvent":
         """The same release accounted at another noise multiplier (a distributed-noise settlement)."""
         n = self.noise
-        return ReleaseEvent(self.mechanism, Noise(n.kind, n.sigma, multiplier, n.share), self.sensitivity, self.sampling,
-                            self.count)
+        return ReleaseEvent(
+            self.mechanism, Noise(n.kind, n.sigma, multiplier, n.share), self.sensitivity, self.sampling, self.count
+        )
 
     def as_dict(self) -> dict:
         """The JSON object the ledger stores (``"event"``)."""
         n = self.noise
-        return {"mechanism": self.mechanism, "noise": {"kind": n.kind, "sigma": n.sigma, "multiplier": n.multiplier,
-                                                       "share": n.share},
-                "sensitivity": self.sensitivity, "sampling": {"kind": "poisson", "rate": self.sampling.rate},
-                "count": self.count}
+        return {
+            "mechanism": self.mechanism,
+            "noise": {"kind": n.kind, "sigma": n.sigma, "multiplier": n.multiplier, "share": n.share},
+            "sensitivity": self.sensitivity,
+            "sampling": {"kind": "poisson", "rate": self.sampling.rate},
+            "count": self.count,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "ReleaseEvent":
@@ -140,8 +161,13 @@ class ReleaseEvent:
             n, s = d["noise"], d["sampling"]
             if s.get("kind", "poisson") != "poisson":
                 raise ConfigError(bad_value("sampling kind", s.get("kind"), "only Poisson sampling is accounted"))
-            return cls(str(d["mechanism"]), Noise(n["kind"], n["sigma"], n["multiplier"], n.get("share")),
-                       d["sensitivity"], Sampling(s["rate"]), int(d.get("count", 1)))
+            return cls(
+                str(d["mechanism"]),
+                Noise(n["kind"], n["sigma"], n["multiplier"], n.get("share")),
+                d["sensitivity"],
+                Sampling(s["rate"]),
+                int(d.get("count", 1)),
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(bad_value("event", d, f"is not a release event ({type(exc).__name__}: {exc})")) from None
 
@@ -149,9 +175,14 @@ class ReleaseEvent:
     def from_ledger_fields(cls, ev: dict) -> "ReleaseEvent":
         """The event of a ledger line written without ``"event"`` (older securefed): its flat fields."""
         share = ev.get("noise_share")
-        return gaussian_release(ev["mechanism"], sigma=ev["sigma"], sensitivity=ev["sensitivity"],
-                                noise_multiplier=ev["noise_multiplier"], sample_rate=ev.get("sample_rate", 1.0),
-                                share=None if share is None else float(share))
+        return gaussian_release(
+            ev["mechanism"],
+            sigma=ev["sigma"],
+            sensitivity=ev["sensitivity"],
+            noise_multiplier=ev["noise_multiplier"],
+            sample_rate=ev.get("sample_rate", 1.0),
+            share=None if share is None else float(share),
+        )
 
 
 @dataclass(frozen=True)
@@ -167,8 +198,16 @@ class ComposedEvent:
                 raise ConfigError(bad_value("event", type(e).__name__, "compose ReleaseEvent or ComposedEvent objects"))
 
 
-def gaussian_release(mechanism: str, *, sigma: float, sensitivity: float, noise_multiplier: float | None = None,
-                     sample_rate: float = 1.0, count: int = 1, share: float | None = None) -> ReleaseEvent:
+def gaussian_release(
+    mechanism: str,
+    *,
+    sigma: float,
+    sensitivity: float,
+    noise_multiplier: float | None = None,
+    sample_rate: float = 1.0,
+    count: int = 1,
+    share: float | None = None,
+) -> ReleaseEvent:
     """The event of a release with noise std ``sigma`` on a query of sensitivity Δ. ``noise_multiplier`` defaults
     to ``σ/Δ`` (give it where the release is accounted at another z: distributed shares, integer mechanisms).
     The noise kind follows the mechanism (the integer mechanisms' kinds; Gaussian otherwise)."""

@@ -115,11 +115,15 @@ _SETTLE_FIELDS = {
     "round": (_is_coord, "null or a non-negative integer"),
     "step": (_is_coord, "null or a non-negative integer"),
     "survivors": (lambda v: isinstance(v, list) and all(_is_int(k) and k >= 0 for k in v), "a list of site indices"),
-    "releases": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_num(z) and z > 0 for k, z in v.items()),
-                 "an object {release id: positive noise multiplier}"),
+    "releases": (
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_num(z) and z > 0 for k, z in v.items()),
+        "an object {release id: positive noise multiplier}",
+    ),
 }
-_FIX_LINE = ("restore the ledger from its backup (spent budget cannot be reconstructed from a damaged file); "
-             "never edit a ledger by hand")
+_FIX_LINE = (
+    "restore the ledger from its backup (spent budget cannot be reconstructed from a damaged file); "
+    "never edit a ledger by hand"
+)
 
 
 def _fsync_dir(path: str) -> None:
@@ -165,8 +169,18 @@ class PrivacyLedger:
             ...
     """
 
-    def __init__(self, path, run_id: str, budget_epsilon=None, delta: float = 1e-5, accountant: str = "exact",
-                 site_budgets=None, *, read_only: bool = False, site_budget=None):
+    def __init__(
+        self,
+        path,
+        run_id: str,
+        budget_epsilon=None,
+        delta: float = 1e-5,
+        accountant: str = "exact",
+        site_budgets=None,
+        *,
+        read_only: bool = False,
+        site_budget=None,
+    ):
         if not isinstance(run_id, str) or not run_id or "/" in run_id:
             raise ConfigError(bad_value("run_id", run_id, "use a non-empty string without '/'"))
         if accountant not in ACCOUNTANTS:
@@ -190,7 +204,9 @@ class PrivacyLedger:
         self.site_budget = site_budget
         self._lock_fd: int | None = None
         if self.read_only and (self.path is None or not os.path.exists(self.path)):
-            raise LedgerError(bad_value("path", self.path, "read_only=True opens an existing ledger file; it does not exist"))
+            raise LedgerError(
+                bad_value("path", self.path, "read_only=True opens an existing ledger file; it does not exist")
+            )
         if self.path is not None and not self.read_only:
             self._acquire_lock()
         try:
@@ -203,10 +219,16 @@ class PrivacyLedger:
         if self.path is not None and os.path.exists(self.path):
             self._load()
         else:
-            self._header = {"type": "header", "v": _VERSION, "run_id": run_id, "delta": self.delta,
-                            "accountant": accountant, "budget_epsilon": self.budget_epsilon,
-                            "site_budgets": {str(k): v for k, v in self.site_budgets.items()},
-                            "created": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+            self._header = {
+                "type": "header",
+                "v": _VERSION,
+                "run_id": run_id,
+                "delta": self.delta,
+                "accountant": accountant,
+                "budget_epsilon": self.budget_epsilon,
+                "site_budgets": {str(k): v for k, v in self.site_budgets.items()},
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            }
             if self.site_budget is not None:
                 self._header["site_index"] = os.path.basename(self.site_budget.index_path)
             if self.path is not None:
@@ -224,8 +246,13 @@ class PrivacyLedger:
         try:
             fd = os.open(lp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:
-            raise LedgerError(bad_value("path", self.path, f"cannot open its lock file {lp} ({exc.strerror}); "
-                                        "make the ledger directory writable")) from None
+            raise LedgerError(
+                bad_value(
+                    "path",
+                    self.path,
+                    f"cannot open its lock file {lp} ({exc.strerror}); make the ledger directory writable",
+                )
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):
@@ -239,9 +266,15 @@ class PrivacyLedger:
                 holder = holder or "unknown"
             finally:
                 os.close(fd)
-            raise LedgerError(bad_value("path", self.path, f"is held by another writer (pid {holder}, lock {lp}); one "
-                                        "writer per ledger — wait for that run to finish (or stop it), use another "
-                                        "ledger path, or open it with read_only=True to read it")) from None
+            raise LedgerError(
+                bad_value(
+                    "path",
+                    self.path,
+                    f"is held by another writer (pid {holder}, lock {lp}); one "
+                    "writer per ledger — wait for that run to finish (or stop it), use another "
+                    "ledger path, or open it with read_only=True to read it",
+                )
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         os.fsync(fd)
@@ -276,9 +309,13 @@ class PrivacyLedger:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise LedgerError(bad_value("ledger", self.path, "was opened read_only=True; open it as the (single) writer to append"))
+            raise LedgerError(
+                bad_value("ledger", self.path, "was opened read_only=True; open it as the (single) writer to append")
+            )
         if self.path is not None and self._lock_fd is None:
-            raise LedgerError(bad_value("ledger", self.path, "is closed (its writer's lock was released); reopen it to append"))
+            raise LedgerError(
+                bad_value("ledger", self.path, "is closed (its writer's lock was released); reopen it to append")
+            )
 
     # ------------------------------------------------------------------ persistence
 
@@ -286,7 +323,9 @@ class PrivacyLedger:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            raise LedgerError(bad_value("path", self.path, "was created concurrently; use one writer per ledger")) from None
+            raise LedgerError(
+                bad_value("path", self.path, "was created concurrently; use one writer per ledger")
+            ) from None
         try:
             os.write(fd, (json.dumps(self._header, sort_keys=True) + "\n").encode())
             os.fsync(fd)
@@ -298,8 +337,13 @@ class PrivacyLedger:
         self._check_writable()
         self._validate(event, None)
         if event["id"] in self._by_id:
-            raise LedgerError(bad_value("event id", event["id"], "is already in the ledger; an event is written once "
-                                        "(reuse the existing one)"))
+            raise LedgerError(
+                bad_value(
+                    "event id",
+                    event["id"],
+                    "is already in the ledger; an event is written once (reuse the existing one)",
+                )
+            )
         line = (json.dumps(event, sort_keys=True, allow_nan=False) + "\n").encode()
         if self.path is not None:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -318,18 +362,28 @@ class PrivacyLedger:
         with open(self.path, "rb") as fh:
             data = fh.read()
         if not data:
-            raise LedgerError(bad_value("path", self.path, "is an empty file, not a ledger; remove it or use another path"))
+            raise LedgerError(
+                bad_value("path", self.path, "is an empty file, not a ledger; remove it or use another path")
+            )
         parsed, tail, repair = self._parse_lines(data)
         if not parsed or not isinstance(parsed[0][1], dict) or parsed[0][1].get("type") != "header":
-            raise LedgerError(bad_value("path", self.path, "has no ledger header on line 1; it is not a securefed ledger"))
+            raise LedgerError(
+                bad_value("path", self.path, "has no ledger header on line 1; it is not a securefed ledger")
+            )
         self._adopt_header(parsed[0][1])
         first_line: dict[str, int] = {}
         for lineno, ev in parsed[1:]:
             self._validate(ev, lineno)
             if ev["id"] in first_line:
-                raise LedgerError(bad_value(f"{self.path}:line {lineno}", ev["id"], f"duplicates the event id of line "
-                                            f"{first_line[ev['id']]}: a line written twice would be counted twice; "
-                                            f"{_FIX_LINE}"))
+                raise LedgerError(
+                    bad_value(
+                        f"{self.path}:line {lineno}",
+                        ev["id"],
+                        f"duplicates the event id of line "
+                        f"{first_line[ev['id']]}: a line written twice would be counted twice; "
+                        f"{_FIX_LINE}",
+                    )
+                )
             first_line[ev["id"]] = lineno
             self._ingest(ev)
         if repair is not None and not self.read_only:  # only once the whole file has been validated
@@ -347,8 +401,13 @@ class PrivacyLedger:
             try:
                 parsed.append((i + 1, json.loads(raw)))
             except (ValueError, UnicodeDecodeError):
-                raise LedgerError(bad_value(f"{self.path}:line {i + 1}", raw[:60], "corrupt ledger line (not the last "
-                                            f"one: not valid JSON); {_FIX_LINE}")) from None
+                raise LedgerError(
+                    bad_value(
+                        f"{self.path}:line {i + 1}",
+                        raw[:60],
+                        f"corrupt ledger line (not the last one: not valid JSON); {_FIX_LINE}",
+                    )
+                ) from None
         repair = None
         if tail:
             try:
@@ -368,24 +427,47 @@ class PrivacyLedger:
         """Check the header line ``h`` against this ledger's run id, version, delta and accountant, and take in the
         budgets the ledger was started with."""
         if h.get("run_id") != self.run_id:
-            raise LedgerError(bad_value("run_id", self.run_id, f"the ledger at {self.path} belongs to run {h.get('run_id')!r}; "
-                                        "use that run id or another ledger path"))
+            raise LedgerError(
+                bad_value(
+                    "run_id",
+                    self.run_id,
+                    f"the ledger at {self.path} belongs to run {h.get('run_id')!r}; "
+                    "use that run id or another ledger path",
+                )
+            )
         if h.get("v") != _VERSION:
             raise LedgerError(bad_value("ledger version", h.get("v"), f"this securefed reads version {_VERSION}"))
         for key, mine in (("delta", self.delta), ("accountant", self.accountant_name)):
             if h.get(key) != mine:
-                raise LedgerError(bad_value(key, mine, f"the ledger was started with {key}={h.get(key)!r}; resume with the same value"))
+                raise LedgerError(
+                    bad_value(
+                        key, mine, f"the ledger was started with {key}={h.get(key)!r}; resume with the same value"
+                    )
+                )
         hb = h.get("budget_epsilon")
         if hb is not None and not (_is_num(hb) and hb > 0):
-            raise LedgerError(bad_value(f"{self.path}:line 1 budget_epsilon", hb, f"must be a positive number; {_FIX_LINE}"))
+            raise LedgerError(
+                bad_value(f"{self.path}:line 1 budget_epsilon", hb, f"must be a positive number; {_FIX_LINE}")
+            )
         if self.budget_epsilon is not None and hb is not None and not math.isclose(hb, self.budget_epsilon):
-            raise LedgerError(bad_value("budget_epsilon", self.budget_epsilon, f"the ledger was started with budget {hb}; a budget cannot change mid-run"))
+            raise LedgerError(
+                bad_value(
+                    "budget_epsilon",
+                    self.budget_epsilon,
+                    f"the ledger was started with budget {hb}; a budget cannot change mid-run",
+                )
+            )
         self.budget_epsilon = hb if hb is not None else self.budget_epsilon
         try:
             hs = {int(k): float(v) for k, v in (h.get("site_budgets") or {}).items()}
         except (TypeError, ValueError, AttributeError):
-            raise LedgerError(bad_value(f"{self.path}:line 1 site_budgets", h.get("site_budgets"),
-                                        f"must be an object {{site: epsilon}}; {_FIX_LINE}")) from None
+            raise LedgerError(
+                bad_value(
+                    f"{self.path}:line 1 site_budgets",
+                    h.get("site_budgets"),
+                    f"must be an object {{site: epsilon}}; {_FIX_LINE}",
+                )
+            ) from None
         self.site_budgets = {**hs, **self.site_budgets}
         self._header = h
 
@@ -419,36 +501,74 @@ class PrivacyLedger:
         elif t == "settle":
             fields = _SETTLE_FIELDS
         else:
-            raise LedgerError(bad_value(f"{where} type", t, "unknown ledger event type (expected 'release' or 'settle'; "
-                                        f"the header only on line 1); {_FIX_LINE}"))
+            raise LedgerError(
+                bad_value(
+                    f"{where} type",
+                    t,
+                    "unknown ledger event type (expected 'release' or 'settle'; "
+                    f"the header only on line 1); {_FIX_LINE}",
+                )
+            )
         for name, (ok, what) in fields.items():
             if name not in ev:
-                raise LedgerError(bad_value(f"{where} {name}", None, f"a {t} event needs the field {name!r} ({what}); {_FIX_LINE}"))
+                raise LedgerError(
+                    bad_value(f"{where} {name}", None, f"a {t} event needs the field {name!r} ({what}); {_FIX_LINE}")
+                )
             if not ok(ev[name]):
                 raise LedgerError(bad_value(f"{where} {name}", ev[name], f"must be {what}; {_FIX_LINE}"))
         if ev.get("run_id", self.run_id) != self.run_id:
-            raise LedgerError(bad_value(f"{where} run_id", ev.get("run_id"), f"this ledger is run {self.run_id!r}; "
-                                        f"an event of another run does not belong here; {_FIX_LINE}"))
+            raise LedgerError(
+                bad_value(
+                    f"{where} run_id",
+                    ev.get("run_id"),
+                    f"this ledger is run {self.run_id!r}; an event of another run does not belong here; {_FIX_LINE}",
+                )
+            )
         if t == "release":
             want = release_id(self.run_id, ev["site"], ev["round"], ev["step"], ev["attempt"])
             if ev["id"] != want:
-                raise LedgerError(bad_value(f"{where} id", ev["id"], f"does not match its coordinates (expected {want!r}); {_FIX_LINE}"))
+                raise LedgerError(
+                    bad_value(
+                        f"{where} id", ev["id"], f"does not match its coordinates (expected {want!r}); {_FIX_LINE}"
+                    )
+                )
             if "event" in ev:
                 try:
                     e = ReleaseEvent.from_dict(ev["event"])
                 except ConfigError as exc:
-                    raise LedgerError(bad_value(f"{where} event", ev["event"], f"is not a release event ({exc}); "
-                                                f"{_FIX_LINE}")) from None
-                flat = (ev["mechanism"], float(ev["sensitivity"]), float(ev["sigma"]), float(ev["noise_multiplier"]),
-                        float(ev["sample_rate"]))
-                if (e.mechanism, e.sensitivity, e.noise.sigma, e.noise_multiplier, e.sample_rate) != flat or e.count != 1:
-                    raise LedgerError(bad_value(f"{where} event", ev["event"], "disagrees with the line's mechanism, "
-                                                f"sensitivity, sigma, noise_multiplier or sample_rate; {_FIX_LINE}"))
+                    raise LedgerError(
+                        bad_value(f"{where} event", ev["event"], f"is not a release event ({exc}); {_FIX_LINE}")
+                    ) from None
+                flat = (
+                    ev["mechanism"],
+                    float(ev["sensitivity"]),
+                    float(ev["sigma"]),
+                    float(ev["noise_multiplier"]),
+                    float(ev["sample_rate"]),
+                )
+                if (
+                    e.mechanism,
+                    e.sensitivity,
+                    e.noise.sigma,
+                    e.noise_multiplier,
+                    e.sample_rate,
+                ) != flat or e.count != 1:
+                    raise LedgerError(
+                        bad_value(
+                            f"{where} event",
+                            ev["event"],
+                            "disagrees with the line's mechanism, "
+                            f"sensitivity, sigma, noise_multiplier or sample_rate; {_FIX_LINE}",
+                        )
+                    )
         else:
             for rid in ev["releases"]:
                 if rid not in self._by_id or self._by_id[rid]["type"] != "release":
-                    raise LedgerError(bad_value(f"{where} releases", rid, "names a release that is not earlier in the "
-                                                f"ledger; {_FIX_LINE}"))
+                    raise LedgerError(
+                        bad_value(
+                            f"{where} releases", rid, f"names a release that is not earlier in the ledger; {_FIX_LINE}"
+                        )
+                    )
 
     def _ingest(self, ev: dict) -> None:
         """Add a validated event to the in-memory indexes (callers validate and refuse duplicates first)."""
@@ -466,7 +586,9 @@ class PrivacyLedger:
                 if rid in self._z:
                     self._z[rid] = float(z)
         else:
-            raise LedgerError(bad_value("event type", t, "unknown ledger event; the file is not a securefed ledger of this version"))
+            raise LedgerError(
+                bad_value("event type", t, "unknown ledger event; the file is not a securefed ledger of this version")
+            )
 
     # ------------------------------------------------------------------ queries
 
@@ -477,8 +599,13 @@ class PrivacyLedger:
 
     def release_events(self, site: int) -> ComposedEvent:
         """Everything ``site`` released in this run, as one event tree (settled noise multipliers)."""
-        return ComposedEvent(tuple(self._release[e["id"]].settled(self._z[e["id"]]) for e in self._events
-                                   if e["type"] == "release" and e["site"] == int(site)))
+        return ComposedEvent(
+            tuple(
+                self._release[e["id"]].settled(self._z[e["id"]])
+                for e in self._events
+                if e["type"] == "release" and e["site"] == int(site)
+            )
+        )
 
     def check_event(self, site: int, event) -> float:
         """Refuse (:class:`BudgetExceededError`, before anything is released) when what ``site`` spent plus ``event``
@@ -492,11 +619,15 @@ class PrivacyLedger:
         budget = self.budget_for(site)
         if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
             n = sum(c for _, _, c in self.history(int(site)))
-            raise BudgetExceededError(bad_value("planned releases", f"site {site}: {n} release(s) already spent + the "
-                                                f"plan's reach ε={eps:.4g} at δ={self.delta:g}"
-                                                + _elsewhere_note(other, runs),
-                                                f"exceeds the budget ε={budget:g}; nothing was released — start a new "
-                                                "run with a larger budget or more noise"))
+            raise BudgetExceededError(
+                bad_value(
+                    "planned releases",
+                    f"site {site}: {n} release(s) already spent + the "
+                    f"plan's reach ε={eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
+                    f"exceeds the budget ε={budget:g}; nothing was released — start a new "
+                    "run with a larger budget or more noise",
+                )
+            )
         return eps
 
     def events(self, type: str | None = None) -> list[dict]:
@@ -557,8 +688,11 @@ class PrivacyLedger:
         # one pass per site: releases sorted by round, the history accumulated (same as history(p, max_round=r))
         per_site = {}
         for p in sites:
-            mine = sorted((e["round"], self._z[e["id"]], float(e["sample_rate"])) for e in rels
-                          if e["site"] == p and e["round"] is not None)
+            mine = sorted(
+                (e["round"], self._z[e["id"]], float(e["sample_rate"]))
+                for e in rels
+                if e["site"] == p and e["round"] is not None
+            )
             c: Counter = Counter()
             eps_at, i = {}, 0
             for r in rounds:
@@ -584,10 +718,14 @@ class PrivacyLedger:
         with self._site_locked():
             other, runs = self._elsewhere()
         if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("privacy plan", f"site {site}: ε={eps:.4g} at δ={self.delta:g}"
-                                                + _elsewhere_note(other, runs),
-                                                f"exceeds the budget ε={budget:g}; raise the noise multiplier, "
-                                                "lower rounds/local steps or raise the budget"))
+            raise BudgetExceededError(
+                bad_value(
+                    "privacy plan",
+                    f"site {site}: ε={eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
+                    f"exceeds the budget ε={budget:g}; raise the noise multiplier, "
+                    "lower rounds/local steps or raise the budget",
+                )
+            )
         self._plan[int(site)] = (float(noise_multiplier), float(sample_rate), int(count), eps)
         return eps
 
@@ -608,7 +746,9 @@ class PrivacyLedger:
             ``count`` is not a non-negative integer.
         """
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-            raise ConfigError(bad_value("count", count, "use the number of releases the remaining plan will make (≥ 0)"))
+            raise ConfigError(
+                bad_value("count", count, "use the number of releases the remaining plan will make (≥ 0)")
+            )
         site, count = int(site), int(count)
         spent_n = sum(c for _, _, c in self.history(site))
         eps, _ = self._epsilon_with(site, [(float(noise_multiplier), float(sample_rate), count)])
@@ -616,11 +756,16 @@ class PrivacyLedger:
         with self._site_locked():
             other, runs = self._elsewhere()
         if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("remaining plan", f"site {site}: {spent_n} release(s) already spent + {count} "
-                                                f"planned reach ε={eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
-                                                f"exceeds the budget ε={budget:g}; nothing was released — the run cannot "
-                                                "finish within its budget (a resumed run redoes releases that were already "
-                                                "sent). Start a new run with a larger budget or more noise"))
+            raise BudgetExceededError(
+                bad_value(
+                    "remaining plan",
+                    f"site {site}: {spent_n} release(s) already spent + {count} "
+                    f"planned reach ε={eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
+                    f"exceeds the budget ε={budget:g}; nothing was released — the run cannot "
+                    "finish within its budget (a resumed run redoes releases that were already "
+                    "sent). Start a new run with a larger budget or more noise",
+                )
+            )
         return eps
 
     def _epsilon_with(self, site: int, extra) -> tuple[float, bool]:
@@ -669,20 +814,42 @@ class PrivacyLedger:
         budget = self.budget_for(site)
         other, runs = self._elsewhere()
         if budget is not None and eps + other > budget * (1 + _TOL) + 1e-12:
-            raise BudgetExceededError(bad_value("release", f"site {site}: ε would reach {eps:.4g} at δ={self.delta:g}"
-                                                + _elsewhere_note(other, runs),
-                                                f"exceeds the budget ε={budget:g}; nothing was sent — stop here, "
-                                                "or start a new run with a larger budget or more noise"))
+            raise BudgetExceededError(
+                bad_value(
+                    "release",
+                    f"site {site}: ε would reach {eps:.4g} at δ={self.delta:g}" + _elsewhere_note(other, runs),
+                    f"exceeds the budget ε={budget:g}; nothing was sent — stop here, "
+                    "or start a new run with a larger budget or more noise",
+                )
+            )
 
     # ------------------------------------------------------------------ writing
 
-    def record_release(self, *, site: int, round, step, attempt: int, mechanism: str, sensitivity: float, sigma: float,
-                       noise_multiplier: float, sample_rate: float = 1.0, **extra) -> dict:
+    def record_release(
+        self,
+        *,
+        site: int,
+        round,
+        step,
+        attempt: int,
+        mechanism: str,
+        sensitivity: float,
+        sigma: float,
+        noise_multiplier: float,
+        sample_rate: float = 1.0,
+        **extra,
+    ) -> dict:
         """:meth:`record` of the release these flat fields describe (:func:`.events.gaussian_release`; the noise
         share, if any, from ``extra["noise_share"]``) — the form a site's reported line arrives in."""
         share = extra.get("noise_share")
-        event = gaussian_release(mechanism, sigma=sigma, sensitivity=sensitivity, noise_multiplier=noise_multiplier,
-                                 sample_rate=sample_rate, share=None if share is None else float(share))
+        event = gaussian_release(
+            mechanism,
+            sigma=sigma,
+            sensitivity=sensitivity,
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            share=None if share is None else float(share),
+        )
         return self.record(event, site=site, round=round, step=step, attempt=attempt, **extra)
 
     def record(self, event: ReleaseEvent, *, site: int, round, step, attempt: int, **extra) -> dict:
@@ -703,19 +870,33 @@ class PrivacyLedger:
         step = None if step is None else int(step)
         rid = release_id(self.run_id, site, round, step, attempt)
         if rid in self._by_id:
-            raise LedgerError(bad_value("release id", rid, "is already in the ledger; reuse the existing event (idempotent redo)"))
+            raise LedgerError(
+                bad_value("release id", rid, "is already in the ledger; reuse the existing event (idempotent redo)")
+            )
         z, q = event.noise_multiplier, event.sample_rate
         eps_after, exact = self.prospective_epsilon(site, z, q)
         with self._site_locked():  # checked and booked atomically against every run of this site
             self._refuse_over_budget(site, eps_after)
             hist = self.history(site, extra=[(z, q)])
             ev = {
-                "type": "release", "id": rid, "run_id": self.run_id, "site": site, "round": round, "step": step,
-                "attempt": int(attempt), "mechanism": event.mechanism, "sensitivity": event.sensitivity,
-                "sigma": event.noise.sigma, "noise_multiplier": z, "sample_rate": q,
-                "accountant_state": {"accountant": self.accountant_name, "delta": self.delta,
-                                     "history": [list(h) for h in hist],
-                                     ("epsilon_after" if exact else "epsilon_after_at_most"): eps_after},
+                "type": "release",
+                "id": rid,
+                "run_id": self.run_id,
+                "site": site,
+                "round": round,
+                "step": step,
+                "attempt": int(attempt),
+                "mechanism": event.mechanism,
+                "sensitivity": event.sensitivity,
+                "sigma": event.noise.sigma,
+                "noise_multiplier": z,
+                "sample_rate": q,
+                "accountant_state": {
+                    "accountant": self.accountant_name,
+                    "delta": self.delta,
+                    "history": [list(h) for h in hist],
+                    ("epsilon_after" if exact else "epsilon_after_at_most"): eps_after,
+                },
                 "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             }
             ev.update(extra)
@@ -737,13 +918,22 @@ class PrivacyLedger:
         if old is not None:
             if old["releases"] == clean:
                 return None
-            return self.record_settlement(round=round, step=step, survivors=survivors, releases=releases, attempt=attempt + 1)
+            return self.record_settlement(
+                round=round, step=step, survivors=survivors, releases=releases, attempt=attempt + 1
+            )
         for rid in clean:
             if rid not in self._by_id:
                 raise LedgerError(bad_value("settlement", rid, "names a release that is not in the ledger"))
-        ev = {"type": "settle", "id": sid, "run_id": self.run_id, "round": round, "step": step,
-              "survivors": [int(s) for s in survivors], "releases": clean,
-              "time": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+        ev = {
+            "type": "settle",
+            "id": sid,
+            "run_id": self.run_id,
+            "round": round,
+            "step": step,
+            "survivors": [int(s) for s in survivors],
+            "releases": clean,
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        }
         with self._site_locked():
             self._append(ev)
         for rid in clean:
@@ -752,20 +942,34 @@ class PrivacyLedger:
             if budget is not None:
                 eps = self.epsilon_of(self.history(site))
                 if eps > budget * (1 + _TOL) + 1e-12:
-                    raise BudgetExceededError(bad_value("aggregation", f"round {round} step {step}: only {len(survivors)} sites survived",
-                                                        f"site {site} has now spent ε={eps:.4g} > budget {budget:g}; the run stops. "
-                                                        "Set min_survivors to the secure aggregator's threshold to prevent this"))
+                    raise BudgetExceededError(
+                        bad_value(
+                            "aggregation",
+                            f"round {round} step {step}: only {len(survivors)} sites survived",
+                            f"site {site} has now spent ε={eps:.4g} > budget {budget:g}; the run stops. "
+                            "Set min_survivors to the secure aggregator's threshold to prevent this",
+                        )
+                    )
         return dict(ev)
 
     def summary(self) -> dict:
         """Small dict for reports: spent ε per site and global, δ, accountant, budget, recovery note."""
         per_site = {str(p): self.spent(p)[0] for p in self.sites()}
-        seeded = sum(1 for e in self._events if e["type"] == "release" and e.get("noise_source") in ("seeded-testing", "seeded"))
-        return {"epsilon": max(per_site.values(), default=0.0), "delta": self.delta, "accountant": self.accountant_name,
-                "budget_epsilon": self.budget_epsilon, "epsilon_per_site": per_site,
-                "releases": sum(1 for e in self._events if e["type"] == "release"),
-                "seeded_testing_releases": seeded, "epsilon_void": seeded > 0,
-                "path": self.path, "recovered": self.recovered or None}
+        seeded = sum(
+            1 for e in self._events if e["type"] == "release" and e.get("noise_source") in ("seeded-testing", "seeded")
+        )
+        return {
+            "epsilon": max(per_site.values(), default=0.0),
+            "delta": self.delta,
+            "accountant": self.accountant_name,
+            "budget_epsilon": self.budget_epsilon,
+            "epsilon_per_site": per_site,
+            "releases": sum(1 for e in self._events if e["type"] == "release"),
+            "seeded_testing_releases": seeded,
+            "epsilon_void": seeded > 0,
+            "path": self.path,
+            "recovered": self.recovered or None,
+        }
 
 
 def memo_ledger(memo: dict, *args, **kw):
@@ -773,6 +977,7 @@ def memo_ledger(memo: dict, *args, **kw):
     deterministic function of it). A site rebuilds its mechanism for every Flower message (fresh ClientApp
     process), and the numerical accountants (PRV, RDP) take seconds per ε; the memo lives in the site's
     own SuperNode state, so the site still computes every figure itself, once."""
+
     class _MemoLedger(PrivacyLedger):
         def epsilon_of(self, history) -> float:
             key = json.dumps([self.accountant_name, self.delta, [[float(z), float(q), int(n)] for z, q, n in history]])

@@ -86,9 +86,16 @@ from .ledger import PrivacyLedger, array_digest
 from .noise import secure_standard_normal, secure_uniform, seed_entropy, seed_tag, seeded_standard_normal
 from .sensitivity import SENSITIVITY_RULES, data_sensitivity, gradient_sensitivity
 
-__all__ = ["GradientPerturbation", "DataPerturbation", "perturb_data", "DataPerturbationEvent", "data_perturbation_sigma",
-           "data_perturbation_event",
-           "classical_gaussian_sigma", "analytic_gaussian_sigma"]
+__all__ = [
+    "GradientPerturbation",
+    "DataPerturbation",
+    "perturb_data",
+    "DataPerturbationEvent",
+    "data_perturbation_sigma",
+    "data_perturbation_event",
+    "classical_gaussian_sigma",
+    "analytic_gaussian_sigma",
+]
 
 _DATA_ROUND = None  # data perturbation is one-shot, outside the FedDL rounds
 _DATA_KEY = 2**31  # seeded-noise key component for data releases
@@ -104,8 +111,13 @@ def _check_testing_seed(seed):
     if seed is None:
         return None
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
-        raise ConfigError(bad_value("insecure_noise_seed_for_testing", seed, "use None (secret CSPRNG noise, the default) or, "
-                                    "for reproducible tests only, a non-negative int"))
+        raise ConfigError(
+            bad_value(
+                "insecure_noise_seed_for_testing",
+                seed,
+                "use None (secret CSPRNG noise, the default) or, for reproducible tests only, a non-negative int",
+            )
+        )
     return int(seed)
 
 
@@ -114,9 +126,15 @@ def _check_legacy_secure_mode(secure_mode):
     ``False`` is refused with the fix, since it used to mean seeded noise."""
     if secure_mode is None or secure_mode is True:
         return
-    raise ConfigError(bad_value("secure_mode", secure_mode, "noise is now drawn from the CSPRNG by default and secure_mode "
-                                "was removed; for reproducible tests pass insecure_noise_seed_for_testing=<int> (the "
-                                "report then marks the ε void)"))
+    raise ConfigError(
+        bad_value(
+            "secure_mode",
+            secure_mode,
+            "noise is now drawn from the CSPRNG by default and secure_mode "
+            "was removed; for reproducible tests pass insecure_noise_seed_for_testing=<int> (the "
+            "report then marks the ε void)",
+        )
+    )
 
 
 class _NoiseSource:
@@ -144,7 +162,9 @@ class _NoiseSource:
             return secure_standard_normal(tuple(shape))
         return seeded_standard_normal(self.entropy, key, shape)
 
-    def release(self, ledger: PrivacyLedger, value: np.ndarray, *, event: ReleaseEvent, site, round, step, key, **fields):
+    def release(
+        self, ledger: PrivacyLedger, value: np.ndarray, *, event: ReleaseEvent, site, round, step, key, **fields
+    ):
         """Return ``value + N(0, σ²)`` (σ: the event's noise share, else its σ) after the release's ``event`` is on disk
         (or the identical earlier release)."""
         sigma = event.noise.share if event.noise.share is not None else event.noise.sigma
@@ -168,23 +188,41 @@ def _mechanism_ledger(ledger, budget, delta, accountant, epsilon_target) -> Priv
     """The ledger a :class:`GradientPerturbation` writes to: ``ledger`` once checked to agree with the mechanism's
     delta, accountant and budget, or a new in-memory one (budget: ``budget``, else the ε target) when it is None."""
     if ledger is None:
-        ledger = PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}",
-                               budget_epsilon=budget if budget is not None else epsilon_target,
-                               delta=delta, accountant=accountant)
+        ledger = PrivacyLedger(
+            None,
+            f"mem-{uuid.uuid4().hex[:12]}",
+            budget_epsilon=budget if budget is not None else epsilon_target,
+            delta=delta,
+            accountant=accountant,
+        )
     elif not isinstance(ledger, PrivacyLedger):
-        raise ConfigError(bad_value("ledger", type(ledger).__name__,
-                                    "pass a PrivacyLedger (or None for an in-memory one)"))
+        raise ConfigError(
+            bad_value("ledger", type(ledger).__name__, "pass a PrivacyLedger (or None for an in-memory one)")
+        )
     else:
         if ledger.delta != delta or ledger.accountant_name != accountant:
-            raise ConfigError(bad_value("ledger", ledger.path, f"was opened with delta={ledger.delta}, "
-                                        f"accountant={ledger.accountant_name!r}; "
-                                        f"use the same as the mechanism (delta={delta}, accountant={accountant!r})"))
+            raise ConfigError(
+                bad_value(
+                    "ledger",
+                    ledger.path,
+                    f"was opened with delta={ledger.delta}, "
+                    f"accountant={ledger.accountant_name!r}; "
+                    f"use the same as the mechanism (delta={delta}, accountant={accountant!r})",
+                )
+            )
         if budget is not None and ledger.budget_epsilon is not None and not math.isclose(budget, ledger.budget_epsilon):
-            raise ConfigError(bad_value("budget", budget,
-                                        f"the ledger's budget is {ledger.budget_epsilon}; give one budget"))
+            raise ConfigError(
+                bad_value("budget", budget, f"the ledger's budget is {ledger.budget_epsilon}; give one budget")
+            )
         if budget is not None and ledger.budget_epsilon is None:
-            raise ConfigError(bad_value("budget", budget, "the ledger has no budget; pass budget_epsilon when creating "
-                                        "the PrivacyLedger (it is stored in the ledger's header)"))
+            raise ConfigError(
+                bad_value(
+                    "budget",
+                    budget,
+                    "the ledger has no budget; pass budget_epsilon when creating "
+                    "the PrivacyLedger (it is stored in the ledger's header)",
+                )
+            )
     return ledger
 
 
@@ -239,14 +277,35 @@ class GradientPerturbation:
 
     mechanism = "gaussian-gradient"
 
-    def __init__(self, epsilon=None, delta=1e-5, noise_multiplier=None, accountant="exact", noise="local", tau_x=None,
-                 tau_y=None, sample_rate=1.0, ledger=None, budget=None, random_state=None,
-                 sensitivity_rule="min", min_survivors=None, landmark_radius="tau_x", *,
-                 insecure_noise_seed_for_testing=None, secure_mode=None):
+    def __init__(
+        self,
+        epsilon=None,
+        delta=1e-5,
+        noise_multiplier=None,
+        accountant="exact",
+        noise="local",
+        tau_x=None,
+        tau_y=None,
+        sample_rate=1.0,
+        ledger=None,
+        budget=None,
+        random_state=None,
+        sensitivity_rule="min",
+        min_survivors=None,
+        landmark_radius="tau_x",
+        *,
+        insecure_noise_seed_for_testing=None,
+        secure_mode=None,
+    ):
         _check_legacy_secure_mode(secure_mode)
         if (epsilon is None) == (noise_multiplier is None):
-            raise ConfigError(bad_value("epsilon/noise_multiplier", (epsilon, noise_multiplier),
-                                        "give exactly one: a target epsilon (e.g. 1.0) or a noise multiplier"))
+            raise ConfigError(
+                bad_value(
+                    "epsilon/noise_multiplier",
+                    (epsilon, noise_multiplier),
+                    "give exactly one: a target epsilon (e.g. 1.0) or a noise multiplier",
+                )
+            )
         self.epsilon_target = None if epsilon is None else check_epsilon(epsilon)
         self.delta = check_delta(delta)
         self.noise_multiplier_given = None if noise_multiplier is None else check_noise_multiplier(noise_multiplier)
@@ -254,11 +313,23 @@ class GradientPerturbation:
             raise ConfigError(bad_value("accountant", accountant, f"use one of {', '.join(ACCOUNTANTS)}"))
         self.accountant = accountant
         if noise not in ("local", "distributed"):
-            raise ConfigError(bad_value("noise", noise, "use 'local' (full σ per site) or 'distributed' (σ²/P shares under secure aggregation)"))
+            raise ConfigError(
+                bad_value(
+                    "noise",
+                    noise,
+                    "use 'local' (full σ per site) or 'distributed' (σ²/P shares under secure aggregation)",
+                )
+            )
         self.noise = noise
         if tau_x is None:
-            raise ConfigError(bad_value("tau_x", None, "give a public clip norm for the records (see securefed.accounting.default_tau_x); "
-                                        "a norm read off the data would leak"))
+            raise ConfigError(
+                bad_value(
+                    "tau_x",
+                    None,
+                    "give a public clip norm for the records (see securefed.accounting.default_tau_x); "
+                    "a norm read off the data would leak",
+                )
+            )
         self.tau_x = check_bound("tau_x", tau_x)
         self.tau_y_given = None if tau_y is None else check_bound("tau_y", tau_y)
         if landmark_radius == "tau_x":
@@ -269,14 +340,30 @@ class GradientPerturbation:
             self.landmark_radius = check_bound("landmark_radius", landmark_radius)
         self.sample_rate = check_sample_rate(sample_rate)
         if self.sample_rate < 1.0 and accountant == "exact":
-            raise ConfigError(bad_value("accountant", "exact", "covers full participation only; with sample_rate < 1 use 'prv' or 'rdp'"))
+            raise ConfigError(
+                bad_value(
+                    "accountant", "exact", "covers full participation only; with sample_rate < 1 use 'prv' or 'rdp'"
+                )
+            )
         if sensitivity_rule not in SENSITIVITY_RULES:
-            raise ConfigError(bad_value("sensitivity_rule", sensitivity_rule, f"use one of {', '.join(SENSITIVITY_RULES)}"))
+            raise ConfigError(
+                bad_value("sensitivity_rule", sensitivity_rule, f"use one of {', '.join(SENSITIVITY_RULES)}")
+            )
         if self.sample_rate < 1.0 and sensitivity_rule not in ("min", "kernel_shape"):
-            raise ConfigError(bad_value("sensitivity_rule", sensitivity_rule, "with subsampling (add/remove adjacency) use 'min' or 'kernel_shape'"))
+            raise ConfigError(
+                bad_value(
+                    "sensitivity_rule",
+                    sensitivity_rule,
+                    "with subsampling (add/remove adjacency) use 'min' or 'kernel_shape'",
+                )
+            )
         self.sensitivity_rule = sensitivity_rule
-        if min_survivors is not None and (isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or min_survivors < 1):
-            raise ConfigError(bad_value("min_survivors", min_survivors, "use a positive integer (the secure aggregator's threshold)"))
+        if min_survivors is not None and (
+            isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or min_survivors < 1
+        ):
+            raise ConfigError(
+                bad_value("min_survivors", min_survivors, "use a positive integer (the secure aggregator's threshold)")
+            )
         self.min_survivors_given = None if min_survivors is None else int(min_survivors)
         budget = None if budget is None else check_epsilon(budget)
         self.ledger = _mechanism_ledger(ledger, budget, self.delta, accountant, self.epsilon_target)
@@ -300,7 +387,9 @@ class GradientPerturbation:
 
     # ------------------------------------------------------------------ LandmarkPrivacy protocol
 
-    def prepare(self, sites, *, gamma, n_landmarks, rounds, local_steps, rule, n_clients, weights=None, aggregator=None):
+    def prepare(
+        self, sites, *, gamma, n_landmarks, rounds, local_steps, rule, n_clients, weights=None, aggregator=None
+    ):
         """Clip, derive Δ per site and σ, check the configuration and the budget; return the clipped sites."""
         if len(sites) != int(n_clients):
             raise ConfigError(bad_value("n_clients", n_clients, f"must equal the number of sites ({len(sites)})"))
@@ -309,14 +398,33 @@ class GradientPerturbation:
             Xc, nc = clip_records(X, self.tau_x)
             clipped.append(Xc)
             counts.append(nc)
-        self.calibrate([len(X) for X in clipped], gamma=gamma, n_landmarks=n_landmarks, rounds=rounds,
-                       local_steps=local_steps, rule=rule, weights=weights, aggregator=aggregator)
+        self.calibrate(
+            [len(X) for X in clipped],
+            gamma=gamma,
+            n_landmarks=n_landmarks,
+            rounds=rounds,
+            local_steps=local_steps,
+            rule=rule,
+            weights=weights,
+            aggregator=aggregator,
+        )
         self.clipped_per_site = counts
         self.clipped_records = int(sum(counts))
         return clipped
 
-    def calibrate(self, sizes, *, gamma, n_landmarks, rounds, local_steps, rule, weights=None, aggregator=None,
-                  noise_multiplier=None):
+    def calibrate(
+        self,
+        sizes,
+        *,
+        gamma,
+        n_landmarks,
+        rounds,
+        local_steps,
+        rule,
+        weights=None,
+        aggregator=None,
+        noise_multiplier=None,
+    ):
         """Everything :meth:`prepare` derives from **public numbers** only — Δ per site, z, σ per site, the
         plan in the ledger — given the site sizes instead of the sites (no clipping; the clipping counts
         stay unknown, ``None``, until a site reports them). Over Flower the server and every site call this
@@ -345,11 +453,26 @@ class GradientPerturbation:
         self.sizes = list(sizes)
         self.n_norm = [n if q == 1.0 else q * n for n in self.sizes]
         # Δ valid at every Y (y_domain="any"): it does not rely on the caller projecting before each release
-        self.sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, None,
-                                          rule=self.sensitivity_rule, adjacency=self.adjacency, y_domain="any")
-                     for n in self.n_norm]
-        self.paper_sens = [gradient_sensitivity(n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon,
-                                                rule="theorem5", y_domain="ball").value for n in self.sizes]
+        self.sens = [
+            gradient_sensitivity(
+                n,
+                self.n_landmarks,
+                self.gamma,
+                self.tau_x,
+                self.tau_y,
+                None,
+                rule=self.sensitivity_rule,
+                adjacency=self.adjacency,
+                y_domain="any",
+            )
+            for n in self.n_norm
+        ]
+        self.paper_sens = [
+            gradient_sensitivity(
+                n, self.n_landmarks, self.gamma, self.tau_x, self.tau_y, self.upsilon, rule="theorem5", y_domain="ball"
+            ).value
+            for n in self.sizes
+        ]
         R = self.releases_planned
         if self.noise_multiplier_given is not None:
             self.z = self.noise_multiplier_given
@@ -366,21 +489,35 @@ class GradientPerturbation:
         what makes the sum secure."""
         if self.noise == "distributed":
             if rule == "model":
-                why = (f"with local_steps={local_steps} each site's hidden local trajectory carries only its noise "
-                       "share"
-                       if local_steps > 1 else
-                       "each site projects its own Y_p onto the τ_Y ball before upload, so the revealed sum is not a "
-                       "function of the noisy gradient sum")
-                raise ConfigError(bad_value("noise", "distributed", f"is unsound with model averaging: {why}; "
-                                            "use rule='gradient' (every noisy step summed, projected by the server) "
-                                            "or noise='local'"))
+                why = (
+                    f"with local_steps={local_steps} each site's hidden local trajectory carries only its noise share"
+                    if local_steps > 1
+                    else "each site projects its own Y_p onto the τ_Y ball before upload, so the revealed sum is not a "
+                    "function of the noisy gradient sum"
+                )
+                raise ConfigError(
+                    bad_value(
+                        "noise",
+                        "distributed",
+                        f"is unsound with model averaging: {why}; "
+                        "use rule='gradient' (every noisy step summed, projected by the server) "
+                        "or noise='local'",
+                    )
+                )
             name = aggregator if isinstance(aggregator, str) else getattr(aggregator, "name", None)
             if name == "plain":
-                raise ConfigError(bad_value("aggregation", "plain", "distributed noise needs a secure sum (the server "
-                                            "would see each site's upload with only its noise share); use 'secagg' or "
-                                            "'ckks', or noise='local'"))
-            self.secure_sum = ("asserted by aggregator " + repr(name) if name else
-                               "assumed (aggregator not passed to prepare)")
+                raise ConfigError(
+                    bad_value(
+                        "aggregation",
+                        "plain",
+                        "distributed noise needs a secure sum (the server "
+                        "would see each site's upload with only its noise share); use 'secagg' or "
+                        "'ckks', or noise='local'",
+                    )
+                )
+            self.secure_sum = (
+                "asserted by aggregator " + repr(name) if name else "assumed (aggregator not passed to prepare)"
+            )
         else:
             self.secure_sum = "not needed (local noise)"
 
@@ -403,8 +540,10 @@ class GradientPerturbation:
                     raise ConfigError(bad_value("weights", weights, f"give {P} finite non-negative weights"))
                 self.weights = w / w.sum()
                 M = float(np.max(self.weights * deltas))
-                self.sigma = [float(self.z * M / (wp * math.sqrt(t))) if wp > 0 else float(self.z * d / math.sqrt(t))
-                              for wp, d in zip(self.weights, deltas)]
+                self.sigma = [
+                    float(self.z * M / (wp * math.sqrt(t))) if wp > 0 else float(self.z * d / math.sqrt(t))
+                    for wp, d in zip(self.weights, deltas)
+                ]
             else:
                 self.weights = None
                 self.sigma = [float(self.z * deltas.max() / math.sqrt(t))] * P
@@ -431,8 +570,14 @@ class GradientPerturbation:
         n_pub = self.sizes[site]
         if self.sample_rate == 1.0:
             if len(X) != n_pub:
-                raise ConfigError(bad_value("len(X)", len(X), f"site {site} announced {n_pub} records and its noise was "
-                                            "calibrated for that count; pass the site's announced records"))
+                raise ConfigError(
+                    bad_value(
+                        "len(X)",
+                        len(X),
+                        f"site {site} announced {n_pub} records and its noise was "
+                        "calibrated for that count; pass the site's announced records",
+                    )
+                )
             return X, n_pub
         mask = self._noise.uniform((site, int(round), int(step), _SAMPLE_KEY), len(X)) < self.sample_rate
         return X[mask], self.sample_rate * n_pub
@@ -461,9 +606,19 @@ class GradientPerturbation:
         if not self._plan_rechecked:
             self.check_remaining_plan(round=round, step=step)
         noisy, ev, _ = self._noise.release(
-            self.ledger, g, event=self.release_event(site), site=site, round=round, step=step, key=(site, round, step),
-            noise=self.noise, nominal_noise_multiplier=float(self.z), min_survivors=self.t,
-            sensitivity_rule=self.sens[site].rule, adjacency=self.adjacency)
+            self.ledger,
+            g,
+            event=self.release_event(site),
+            site=site,
+            round=round,
+            step=step,
+            key=(site, round, step),
+            noise=self.noise,
+            nominal_noise_multiplier=float(self.z),
+            min_survivors=self.t,
+            sensitivity_rule=self.sens[site].rule,
+            adjacency=self.adjacency,
+        )
         self._pending.setdefault((round, step), {})[site] = ev["id"]
         return noisy
 
@@ -472,8 +627,14 @@ class GradientPerturbation:
         distributed noise) on Δ_p, accounted at the plan's z (under distributed noise the worst case over every
         survivor set of at least t sites), at the Poisson rate q."""
         self._need_prepared()
-        return gaussian_release(self.mechanism, sigma=float(self.sigma[int(site)]), sensitivity=float(self.sens[int(site)].value),
-                                noise_multiplier=float(self.z), sample_rate=self.sample_rate, count=int(count))
+        return gaussian_release(
+            self.mechanism,
+            sigma=float(self.sigma[int(site)]),
+            sensitivity=float(self.sens[int(site)].value),
+            noise_multiplier=float(self.z),
+            sample_rate=self.sample_rate,
+            count=int(count),
+        )
 
     def remaining_releases(self, round: int, step: int, site: int) -> int:
         """Releases ``site`` will still make from ``(round, step)`` on (this one included), counting a
@@ -484,8 +645,10 @@ class GradientPerturbation:
         n = 0
         for k in range(max(first, 0), self.releases_planned):
             r, t = divmod(k, self.local_steps)
-            if not self._noise.secure and any(ev.get("noise_source") in (SEEDED_NOISE, "seeded") and ev.get("seed_tag") == self._noise.tag
-                                              for ev in self.ledger.releases_at(int(site), r, t)):
+            if not self._noise.secure and any(
+                ev.get("noise_source") in (SEEDED_NOISE, "seeded") and ev.get("seed_tag") == self._noise.tag
+                for ev in self.ledger.releases_at(int(site), r, t)
+            ):
                 continue
             n += 1
         return n
@@ -517,8 +680,17 @@ class GradientPerturbation:
         ratio = 1.0 if q == 1.0 else 1.0 + 4.0 * math.sqrt((1.0 - q) / (q * n))
         return 4.0 * self.gamma * h / math.sqrt(self.n_landmarks) * (ratio + 1.0)
 
-    def distributed_mechanism(self, kind: str = "ddg", *, n_features: int, rotation_seed: str, weights=None, clip=None,
-                              epsilon=None, **options):
+    def distributed_mechanism(
+        self,
+        kind: str = "ddg",
+        *,
+        n_features: int,
+        rotation_seed: str,
+        weights=None,
+        clip=None,
+        epsilon=None,
+        **options,
+    ):
         """The integer distributed-noise mechanism for this run's landmark gradients (:mod:`securefed.accounting.distributed`).
 
         Each site ``p`` sends ``w_p · g_p`` (its batched gradient times its aggregation weight, default 1) through
@@ -555,12 +727,24 @@ class GradientPerturbation:
         if kind not in ("ddg", "skellam"):
             raise ConfigError(bad_value("kind", kind, "use 'ddg' (distributed discrete Gaussian) or 'skellam'"))
         if self.rule != "gradient":
-            raise ConfigError(bad_value("rule", self.rule, "integer distributed noise needs rule='gradient' (every noisy step "
-                                        "is summed and the server steps); with model averaging each site's hidden local "
-                                        "trajectory carries only its noise share"))
+            raise ConfigError(
+                bad_value(
+                    "rule",
+                    self.rule,
+                    "integer distributed noise needs rule='gradient' (every noisy step "
+                    "is summed and the server steps); with model averaging each site's hidden local "
+                    "trajectory carries only its noise share",
+                )
+            )
         if self.epsilon_target is None:
-            raise ConfigError(bad_value("epsilon", None, "the integer mechanisms calibrate their own noise: build "
-                                        "GradientPerturbation with a target epsilon"))
+            raise ConfigError(
+                bad_value(
+                    "epsilon",
+                    None,
+                    "the integer mechanisms calibrate their own noise: build "
+                    "GradientPerturbation with a target epsilon",
+                )
+            )
         P = self.n_clients
         w = np.ones(P) if weights is None else np.asarray(weights, dtype=float)
         if w.shape != (P,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
@@ -569,17 +753,28 @@ class GradientPerturbation:
         c = float(max(w[p] * self.gradient_norm_bound(p) for p in range(P))) if clip is None else clip
         cls = DistributedDiscreteGaussian if kind == "ddg" else DistributedSkellam
         t = self.min_survivors_given if self.min_survivors_given is not None else P
-        return cls(dim=self.n_landmarks * int(n_features), n_sites=P, min_survivors=t, rotation_seed=rotation_seed,
-                   epsilon=self.epsilon_target if epsilon is None else epsilon, delta=self.delta,
-                   releases=self.releases_planned, l2_sensitivity=sens,
-                   clip=c, adjacency="record", **options)
+        return cls(
+            dim=self.n_landmarks * int(n_features),
+            n_sites=P,
+            min_survivors=t,
+            rotation_seed=rotation_seed,
+            epsilon=self.epsilon_target if epsilon is None else epsilon,
+            delta=self.delta,
+            releases=self.releases_planned,
+            l2_sensitivity=sens,
+            clip=c,
+            adjacency="record",
+            **options,
+        )
 
     def _mu_sum(self, site: int, survivors) -> float:
         """μ of ``site``'s record in the revealed sum of the survivors' noisy uploads."""
         deltas = np.array([s.value for s in self.sens])
         sig = np.array(self.sigma)
         K = np.array(sorted(int(k) for k in survivors))
-        weightings = [self.weights] if self.weights is not None else [np.ones(self.n_clients), np.array(self.n_norm, float)]
+        weightings = (
+            [self.weights] if self.weights is not None else [np.ones(self.n_clients), np.array(self.n_norm, float)]
+        )
         mus = []
         for w in weightings:
             w = w / w.sum()
@@ -623,8 +818,13 @@ class GradientPerturbation:
         """
         self._need_prepared()
         eps, delta = self.ledger.spent()
-        releases = max((sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == self.mechanism)
-                        for p in range(self.n_clients)), default=0)
+        releases = max(
+            (
+                sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == self.mechanism)
+                for p in range(self.n_clients)
+            ),
+            default=0,
+        )
         R = max(releases, 1)
         worst = int(np.argmax([s.value for s in self.sens]))
         sigma_sum = self.z * max(s.value for s in self.sens)
@@ -643,7 +843,9 @@ class GradientPerturbation:
             "sensitivity": self.sens[worst].value,
             "sensitivity_rule": self.sens[worst].rule,
             "sensitivity_per_site": [s.value for s in self.sens],
-            "sensitivity_bounds": {k: v for k, v in asdict(self.sens[worst]).items() if k in ("theorem5", "kernel_shape", "lipschitz")},
+            "sensitivity_bounds": {
+                k: v for k, v in asdict(self.sens[worst]).items() if k in ("theorem5", "kernel_shape", "lipschitz")
+            },
             "sensitivity_domain": "any Y (valid whether or not the landmarks were projected)",
             "normaliser": ("announced site size" if self.sample_rate == 1.0 else "sample_rate × announced site size"),
             "adjacency": self.adjacency,
@@ -661,8 +863,11 @@ class GradientPerturbation:
             "noise": self.noise,
             "min_survivors": self.t,
             "secure_sum": self.secure_sum,
-            "noise_source": ("secure (ChaCha20 / os.urandom, Box-Muller; float caveat)" if self._noise.secure else
-                             f"{SEEDED_NOISE} (insecure_noise_seed_for_testing: anyone who knows the seed can subtract it)"),
+            "noise_source": (
+                "secure (ChaCha20 / os.urandom, Box-Muller; float caveat)"
+                if self._noise.secure
+                else f"{SEEDED_NOISE} (insecure_noise_seed_for_testing: anyone who knows the seed can subtract it)"
+            ),
             "epsilon_by_round": [[r, e] for r, e in self.ledger.epsilon_by_round()],
             "epsilon_per_site": self.ledger.summary()["epsilon_per_site"],
             "budget_epsilon": self.ledger.budget_epsilon,
@@ -681,8 +886,14 @@ def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -
     ``c² > 2 ln(1.25/δ)`` (c is taken one ulp above the root); valid only for ``ε < 1``."""
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     if epsilon >= 1.0:
-        raise ConfigError(bad_value("epsilon", epsilon, "the classical Gaussian mechanism (Theorem 3) needs epsilon < 1; "
-                                    "use method='analytic' (Balle & Wang 2018)"))
+        raise ConfigError(
+            bad_value(
+                "epsilon",
+                epsilon,
+                "the classical Gaussian mechanism (Theorem 3) needs epsilon < 1; "
+                "use method='analytic' (Balle & Wang 2018)",
+            )
+        )
     c = np.nextafter(math.sqrt(2.0 * math.log(1.25 / delta)), math.inf)
     return float(c * sensitivity / epsilon)
 
@@ -737,8 +948,18 @@ def data_perturbation_event(sigma: float, sensitivity: float) -> ReleaseEvent:
     return gaussian_release("gaussian-data", sigma=sigma, sensitivity=sensitivity)
 
 
-def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: int = 0,
-                 insecure_noise_seed_for_testing=None, secure_mode=None):
+def perturb_data(
+    X,
+    epsilon,
+    delta,
+    tau_x,
+    *,
+    method="auto",
+    ledger=None,
+    site: int = 0,
+    insecure_noise_seed_for_testing=None,
+    secure_mode=None,
+):
     """Clip records to ``τ_X`` and add ``N(0, σ²)`` to every coordinate (Qiao et al. §5.1, Theorem 3).
 
     Each record appears in one row, so releasing all rows is one Gaussian mechanism per record with
@@ -759,16 +980,38 @@ def perturb_data(X, epsilon, delta, tau_x, *, method="auto", ledger=None, site: 
     sig_c = classical_gaussian_sigma(epsilon, delta, sens) if float(epsilon) < 1.0 else None
     _check_legacy_secure_mode(secure_mode)
     src = _NoiseSource(insecure_noise_seed_for_testing)
-    led = ledger if ledger is not None else PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", delta=check_delta(delta))
+    led = (
+        ledger if ledger is not None else PrivacyLedger(None, f"mem-{uuid.uuid4().hex[:12]}", delta=check_delta(delta))
+    )
     release = data_perturbation_event(float(sigma), float(sens))
-    noisy, ev, _ = src.release(led, Xc, event=release, site=int(site), round=_DATA_ROUND, step=None,
-                               key=(int(site), _DATA_KEY, 0), method=used, n_records=int(len(Xc)),
-                               epsilon_requested=float(epsilon))
-    event = DataPerturbationEvent(site=int(site), epsilon=float(epsilon), delta=float(delta), sigma=float(sigma),
-                                  sensitivity=float(sens), noise_multiplier=float(sigma / sens), method=used,
-                                  n_records=int(len(Xc)), n_clipped=nc, sigma_theorem3=sig_c, sigma_analytic=sig_a,
-                                  noise_source=src.name, ledger_id=ev["id"] if ledger is not None else None,
-                                  epsilon_void=not src.secure)
+    noisy, ev, _ = src.release(
+        led,
+        Xc,
+        event=release,
+        site=int(site),
+        round=_DATA_ROUND,
+        step=None,
+        key=(int(site), _DATA_KEY, 0),
+        method=used,
+        n_records=int(len(Xc)),
+        epsilon_requested=float(epsilon),
+    )
+    event = DataPerturbationEvent(
+        site=int(site),
+        epsilon=float(epsilon),
+        delta=float(delta),
+        sigma=float(sigma),
+        sensitivity=float(sens),
+        noise_multiplier=float(sigma / sens),
+        method=used,
+        n_records=int(len(Xc)),
+        n_clipped=nc,
+        sigma_theorem3=sig_c,
+        sigma_analytic=sig_a,
+        noise_source=src.name,
+        ledger_id=ev["id"] if ledger is not None else None,
+        epsilon_void=not src.secure,
+    )
     return noisy, event
 
 
@@ -798,13 +1041,27 @@ class DataPerturbation:
         Accepted for old callers; it never seeds noise any more.
     """
 
-    def __init__(self, epsilon, delta=1e-5, tau_x=None, method="auto", secure_mode=None, ledger=None, random_state=None, *,
-                 insecure_noise_seed_for_testing=None):
+    def __init__(
+        self,
+        epsilon,
+        delta=1e-5,
+        tau_x=None,
+        method="auto",
+        secure_mode=None,
+        ledger=None,
+        random_state=None,
+        *,
+        insecure_noise_seed_for_testing=None,
+    ):
         _check_legacy_secure_mode(secure_mode)
         self.epsilon = check_epsilon(epsilon)
         self.delta = check_delta(delta)
         if tau_x is None:
-            raise ConfigError(bad_value("tau_x", None, "give a public clip norm for the records (see securefed.accounting.default_tau_x)"))
+            raise ConfigError(
+                bad_value(
+                    "tau_x", None, "give a public clip norm for the records (see securefed.accounting.default_tau_x)"
+                )
+            )
         self.tau_x = check_bound("tau_x", tau_x)
         self.sigma, self.method = data_perturbation_sigma(self.epsilon, self.delta, self.tau_x, method)
         self.insecure_seed = _check_testing_seed(insecure_noise_seed_for_testing)
@@ -819,18 +1076,35 @@ class DataPerturbation:
 
         ``rng`` is accepted for the caller protocol and never used: the noise is secret (CSPRNG) unless the
         object was built with ``insecure_noise_seed_for_testing``."""
-        Xn, ev = perturb_data(X, self.epsilon, self.delta, self.tau_x, method=self.method, ledger=self.ledger, site=int(site),
-                              insecure_noise_seed_for_testing=self.insecure_seed)
+        Xn, ev = perturb_data(
+            X,
+            self.epsilon,
+            self.delta,
+            self.tau_x,
+            method=self.method,
+            ledger=self.ledger,
+            site=int(site),
+            insecure_noise_seed_for_testing=self.insecure_seed,
+        )
         self.events.append(ev)
         return Xn
 
     def report(self) -> dict:
         """The report block of the rows' data perturbation."""
-        out = {"mechanism": "gaussian-data (Qiao et al. Sec. 5.1, corrected Theorem 3)", "epsilon": self.epsilon,
-               "delta": self.delta, "method": self.method, "sigma": self.sigma, "sensitivity": data_sensitivity(self.tau_x),
-               "tau_x": self.tau_x, "sites": len(self.events), "clipped_records": int(sum(e.n_clipped for e in self.events)),
-               "noise_source": SECURE_NOISE if self.secure_mode else SEEDED_NOISE,
-               "epsilon_void": not self.secure_mode, "epsilon_void_reason": None if self.secure_mode else VOID_REASON}
+        out = {
+            "mechanism": "gaussian-data (Qiao et al. Sec. 5.1, corrected Theorem 3)",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "method": self.method,
+            "sigma": self.sigma,
+            "sensitivity": data_sensitivity(self.tau_x),
+            "tau_x": self.tau_x,
+            "sites": len(self.events),
+            "clipped_records": int(sum(e.n_clipped for e in self.events)),
+            "noise_source": SECURE_NOISE if self.secure_mode else SEEDED_NOISE,
+            "epsilon_void": not self.secure_mode,
+            "epsilon_void_reason": None if self.secure_mode else VOID_REASON,
+        }
         if self.ledger is not None:
             out["epsilon_total_with_ledger"] = self.ledger.spent()[0]
         return out

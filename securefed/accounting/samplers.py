@@ -302,8 +302,13 @@ def randomized_round(x, src: UrandomSource | None = None) -> np.ndarray:
     src = _SOURCE if src is None else src
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)) or (x.size and np.max(np.abs(x)) >= 2.0**52):
-        raise ConfigError(bad_value("x", "non-finite or |x| ≥ 2^52", "scale the vector so every coordinate is finite and "
-                                    "below 2^52 in magnitude"))
+        raise ConfigError(
+            bad_value(
+                "x",
+                "non-finite or |x| ≥ 2^52",
+                "scale the vector so every coordinate is finite and below 2^52 in magnitude",
+            )
+        )
     fl = np.floor(x)
     f = x - fl  # exact for |x| < 2^52
     scaled = np.ldexp(f, 64)  # exact (power-of-two scaling), in [0, 2^64)
@@ -375,8 +380,14 @@ def poisson(lam: float, size: int, src: UrandomSource | None = None) -> np.ndarr
     if not (math.isfinite(lam) and lam >= 0):
         raise ConfigError(bad_value("lam", lam, "give a finite rate λ ≥ 0"))
     if lam > 2.0**50:
-        raise ConfigError(bad_value("lam", lam, "is too large for a double-precision Poisson sampler (≤ 2^50); use more bits "
-                                    "of granularity instead of a larger noise rate"))
+        raise ConfigError(
+            bad_value(
+                "lam",
+                lam,
+                "is too large for a double-precision Poisson sampler (≤ 2^50); use more bits "
+                "of granularity instead of a larger noise rate",
+            )
+        )
     size = int(size)
     if lam == 0 or size == 0:
         return np.zeros(size, dtype=np.int64)

@@ -207,11 +207,21 @@ def gradient_sensitivity(
     tau_x = _pos("tau_x", tau_x)
     tau_y = _pos("tau_y", tau_y)
     if y_domain not in ("any", "ball"):
-        raise ConfigError(bad_value("y_domain", y_domain, "use 'any' (Δ valid at every Y) or 'ball' (Y projected before every release)"))
+        raise ConfigError(
+            bad_value(
+                "y_domain", y_domain, "use 'any' (Δ valid at every Y) or 'ball' (Y projected before every release)"
+            )
+        )
     cap = tau_x + tau_y
     if y_domain == "any" and upsilon is not None:
-        raise ConfigError(bad_value("upsilon", upsilon, "a bound on ‖y − x‖ is used only with y_domain='ball' (Y projected "
-                                    "before every release); drop it, or pass y_domain='ball'"))
+        raise ConfigError(
+            bad_value(
+                "upsilon",
+                upsilon,
+                "a bound on ‖y − x‖ is used only with y_domain='ball' (Y projected "
+                "before every release); drop it, or pass y_domain='ball'",
+            )
+        )
     ups = cap if upsilon is None else min(_pos("upsilon", upsilon), cap)
     if rule not in SENSITIVITY_RULES:
         raise ConfigError(bad_value("rule", rule, f"use one of {', '.join(SENSITIVITY_RULES)}"))
@@ -223,7 +233,9 @@ def gradient_sensitivity(
     lip = lipschitz_sensitivity(n, ny, gamma, tau_x)
     if adjacency == "add_remove":
         if rule not in ("min", "kernel_shape"):
-            raise ConfigError(bad_value("rule", rule, "with add/remove adjacency (subsampling) only 'min' or 'kernel_shape' apply"))
+            raise ConfigError(
+                bad_value("rule", rule, "with add/remove adjacency (subsampling) only 'min' or 'kernel_shape' apply")
+            )
         return Sensitivity(ks / 2.0, "kernel_shape_add_remove", t5, ks, lip, adjacency, ks_ups, y_domain)
     cands = {"theorem5": t5, "kernel_shape": ks, "lipschitz": lip}
     if rule == "min":

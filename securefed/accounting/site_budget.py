@@ -51,8 +51,10 @@ INDEX_NAME = "site-index.jsonl"
 LOCK_NAME = "site.lock"
 _GENESIS = "0" * 64
 _LOCK_WAIT = 60.0  # seconds a booking waits for another run of this site to finish its own
-_FIX = ("restore the folder from its backup; a site never grants its budget again on a ledger it cannot read back "
-        "(never edit, rename or delete a ledger by hand)")
+_FIX = (
+    "restore the folder from its backup; a site never grants its budget again on a ledger it cannot read back "
+    "(never edit, rename or delete a ledger by hand)"
+)
 
 
 def _sha(data: bytes) -> str:
@@ -126,9 +128,15 @@ class SiteBudget:
                 except (BlockingIOError, PermissionError):
                     if time.monotonic() - t0 > _LOCK_WAIT:
                         os.close(fd)
-                        raise LedgerError(bad_value("ledger-path", self.directory, f"its site lock {self.lock_path} has "
-                                                    f"been held for over {_LOCK_WAIT:g} s by another process; stop the "
-                                                    "stuck run of this site, then retry")) from None
+                        raise LedgerError(
+                            bad_value(
+                                "ledger-path",
+                                self.directory,
+                                f"its site lock {self.lock_path} has "
+                                f"been held for over {_LOCK_WAIT:g} s by another process; stop the "
+                                "stuck run of this site, then retry",
+                            )
+                        ) from None
                     time.sleep(0.01)
             self._fd = fd
         self._depth += 1
@@ -145,14 +153,18 @@ class SiteBudget:
 
     def _need_lock(self) -> None:
         if self._depth == 0:
-            raise LedgerError(bad_value("site budget", self.directory, "is read or booked only under its lock "
-                                        "(SiteBudget.locked())"))
+            raise LedgerError(
+                bad_value("site budget", self.directory, "is read or booked only under its lock (SiteBudget.locked())")
+            )
 
     # ------------------------------------------------------------------ the index
 
     def _ledger_files(self) -> list[str]:
-        return sorted(f for f in os.listdir(self.directory)
-                      if f.endswith(".jsonl") and f != INDEX_NAME and os.path.isfile(os.path.join(self.directory, f)))
+        return sorted(
+            f
+            for f in os.listdir(self.directory)
+            if f.endswith(".jsonl") and f != INDEX_NAME and os.path.isfile(os.path.join(self.directory, f))
+        )
 
     def _read_index(self) -> tuple[list[dict], str]:
         if not os.path.exists(self.index_path):
@@ -162,15 +174,25 @@ class SiteBudget:
             where = f"{self.index_path}:line {k}"
             try:
                 e = json.loads(raw)
-                ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("line"), int)
-                      and isinstance(e.get("sha256"), str) and isinstance(e.get("chain"), str))
+                ok = (
+                    isinstance(e, dict)
+                    and isinstance(e.get("file"), str)
+                    and isinstance(e.get("line"), int)
+                    and isinstance(e.get("sha256"), str)
+                    and isinstance(e.get("chain"), str)
+                )
             except (ValueError, UnicodeDecodeError):
                 ok = False
             if not ok:
                 raise LedgerError(bad_value(where, raw[:60], f"is not an index entry; {_FIX}"))
             if e["chain"] != chain_hash(prev, e["file"], e["line"], e["sha256"]):
-                raise LedgerError(bad_value(where, e["chain"][:16], f"breaks the index's hash chain (an entry was "
-                                            f"altered, removed or inserted); {_FIX}"))
+                raise LedgerError(
+                    bad_value(
+                        where,
+                        e["chain"][:16],
+                        f"breaks the index's hash chain (an entry was altered, removed or inserted); {_FIX}",
+                    )
+                )
             prev = e["chain"]
             entries.append(e)
         return entries, prev
@@ -193,8 +215,9 @@ class SiteBudget:
         for e in entries:
             indexed.setdefault(e["file"], []).append(e["sha256"])
             if len(indexed[e["file"]]) != e["line"]:
-                raise LedgerError(bad_value(f"{self.index_path} entry for {e['file']}", e["line"], "is out of order; "
-                                            f"{_FIX}"))
+                raise LedgerError(
+                    bad_value(f"{self.index_path} entry for {e['file']}", e["line"], f"is out of order; {_FIX}")
+                )
         present = self._ledger_files()
         if not os.path.exists(self.index_path):
             for f in present:
@@ -209,20 +232,34 @@ class SiteBudget:
         for f, hashes in indexed.items():
             path = os.path.join(self.directory, f)
             if not os.path.exists(path):
-                raise LedgerError(bad_value("ledger", path, f"is missing (deleted or renamed): the site's index "
-                                            f"{self.index_path} records {len(hashes)} line(s) of it; {_FIX}"))
+                raise LedgerError(
+                    bad_value(
+                        "ledger",
+                        path,
+                        f"is missing (deleted or renamed): the site's index "
+                        f"{self.index_path} records {len(hashes)} line(s) of it; {_FIX}",
+                    )
+                )
             lines = _complete_lines(path)
             if len(lines) < len(hashes):
                 what = "is empty" if not lines else f"holds {len(lines)} line(s)"
-                raise LedgerError(bad_value("ledger", path, f"{what} but the site's index recorded {len(hashes)} "
-                                            f"(emptied or truncated); {_FIX}"))
+                raise LedgerError(
+                    bad_value(
+                        "ledger",
+                        path,
+                        f"{what} but the site's index recorded {len(hashes)} (emptied or truncated); {_FIX}",
+                    )
+                )
             for k, (raw, h) in enumerate(zip(lines, hashes), start=1):
                 if _sha(raw) != h:
-                    raise LedgerError(bad_value("ledger", path, f"line {k} differs from what the site's index recorded "
-                                                f"(altered); {_FIX}"))
+                    raise LedgerError(
+                        bad_value(
+                            "ledger", path, f"line {k} differs from what the site's index recorded (altered); {_FIX}"
+                        )
+                    )
             if len(lines) > len(hashes):
                 self._check_lines(path, lines, len(hashes))
-                new += [(f, k, _sha(raw)) for k, raw in enumerate(lines[len(hashes):], start=len(hashes) + 1)]
+                new += [(f, k, _sha(raw)) for k, raw in enumerate(lines[len(hashes) :], start=len(hashes) + 1)]
             self._files[f] = hashes + [h for g, _, h in new if g == f]
         for f in present:
             if f in indexed:
@@ -263,8 +300,11 @@ class SiteBudget:
         except (ValueError, UnicodeDecodeError):
             head = None
         if not isinstance(head, dict) or head.get("type") != "header" or not isinstance(head.get("run_id"), str):
-            raise LedgerError(bad_value("ledger", path, f"has no ledger header on line 1 (not a securefed ledger, or "
-                                        f"damaged); {_FIX}"))
+            raise LedgerError(
+                bad_value(
+                    "ledger", path, f"has no ledger header on line 1 (not a securefed ledger, or damaged); {_FIX}"
+                )
+            )
         return head
 
     def _check_lines(self, path: str, lines: list, start: int) -> None:
@@ -293,8 +333,14 @@ class SiteBudget:
         except LedgerError:
             return  # _validate names it
         if head.get("site_index"):
-            raise LedgerError(bad_value("site index", self.index_path, f"is missing, but the ledger {path} was written "
-                                        f"under it; a deleted index could hide a deleted ledger; {_FIX}"))
+            raise LedgerError(
+                bad_value(
+                    "site index",
+                    self.index_path,
+                    f"is missing, but the ledger {path} was written "
+                    f"under it; a deleted index could hide a deleted ledger; {_FIX}",
+                )
+            )
 
     # ------------------------------------------------------------------ spending
 

@@ -9,8 +9,7 @@ The pipeline calls these as pure functions on arrays:
   test on the releases, empirical ε lower bound) and :func:`distinguishing_game` (the seed-knowing attacker).
 """
 
-from .canary import (CanaryAuditResult, CanaryTrials, canary_audit, choose_canary, distinguishing_game,
-                     run_canary_trials)
+from .canary import CanaryAuditResult, CanaryTrials, canary_audit, choose_canary, distinguishing_game, run_canary_trials
 from .gate import OVERRIDE_FLAG, AuditPolicy, GateDecision, audit_gate
 from .mia import SCORES, MIAResult, ShadowConfig, membership_audit, mia_from_counts
 from .reconstruction import (
@@ -20,8 +19,7 @@ from .reconstruction import (
     reconstruction_record,
     reconstruction_risk,
 )
-from .stats import (clopper_pearson, epsilon_lower_bound, gdp_mu_lower_bound, perfect_test_epsilon,
-                    trials_for_epsilon)
+from .stats import clopper_pearson, epsilon_lower_bound, gdp_mu_lower_bound, perfect_test_epsilon, trials_for_epsilon
 
 __all__ = [
     "SCORES",

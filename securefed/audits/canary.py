@@ -74,8 +74,17 @@ import numpy as np
 from ..errors import ConfigError, bad_value
 from .stats import best_threshold, epsilon_lower_bound, gdp_mu_lower_bound, perfect_test_epsilon
 
-__all__ = ["STATISTICS", "NOISES", "VERDICTS", "CanaryAuditResult", "CanaryTrials", "choose_canary",
-           "run_canary_trials", "canary_audit", "distinguishing_game"]
+__all__ = [
+    "STATISTICS",
+    "NOISES",
+    "VERDICTS",
+    "CanaryAuditResult",
+    "CanaryTrials",
+    "choose_canary",
+    "run_canary_trials",
+    "canary_audit",
+    "distinguishing_game",
+]
 
 STATISTICS = ("release", "seeded", "landmarks")
 NOISES = ("secret", "seeded", "none")
@@ -181,8 +190,15 @@ class CanaryTrials:
     def trials(self) -> int:
         return len(self.scores["release"][0])
 
-    def audit(self, statistic: str = "release", *, confidence: float = 0.95, threshold="select",
-              selection: float = 0.5, trials: int | None = None) -> CanaryAuditResult:
+    def audit(
+        self,
+        statistic: str = "release",
+        *,
+        confidence: float = 0.95,
+        threshold="select",
+        selection: float = 0.5,
+        trials: int | None = None,
+    ) -> CanaryAuditResult:
         """The empirical ε lower bound of ``statistic`` on the first ``trials`` pairs (default: all).
 
         ``threshold="select"``: chosen on the first ``selection`` share of the pairs, bound on the rest;
@@ -215,8 +231,11 @@ class CanaryTrials:
         tp, fp = int(np.sum(t_in >= thr)), int(np.sum(t_out >= thr))
         eps, direction = epsilon_lower_bound(tp, fp, m, m, delta=self.delta, confidence=confidence)
         eps = max(0.0, float(eps))
-        mu = max(float(gdp_mu_lower_bound(tp, fp, m, m, confidence)),
-                 float(gdp_mu_lower_bound(m - fp, m - tp, m, m, confidence)), 0.0)
+        mu = max(
+            float(gdp_mu_lower_bound(tp, fp, m, m, confidence)),
+            float(gdp_mu_lower_bound(m - fp, m - tp, m, m, confidence)),
+            0.0,
+        )
         if self.canary_mu == math.inf:
             attainable = math.inf
         else:
@@ -224,15 +243,29 @@ class CanaryTrials:
 
             attainable = gdp_epsilon(self.delta, self.canary_mu) if self.canary_mu > 0 else 0.0
         return CanaryAuditResult(
-            epsilon_lower_bound=eps, confidence=float(confidence), trials=n, test_trials=m, statistic=statistic,
+            epsilon_lower_bound=eps,
+            confidence=float(confidence),
+            trials=n,
+            test_trials=m,
+            statistic=statistic,
             threshold=float(thr),
-            direction=("canary in when statistic >= threshold" if int(direction) == 0 else
-                       "canary out when statistic < threshold"),
-            tpr=tp / m, fpr=fp / m, claimed_epsilon=float(self.claimed_epsilon), delta=float(self.delta),
+            direction=(
+                "canary in when statistic >= threshold"
+                if int(direction) == 0
+                else "canary out when statistic < threshold"
+            ),
+            tpr=tp / m,
+            fpr=fp / m,
+            claimed_epsilon=float(self.claimed_epsilon),
+            delta=float(self.delta),
             verdict=VERDICTS[1] if eps > self.claimed_epsilon else VERDICTS[0],
-            max_showable_epsilon=perfect_test_epsilon(m, confidence, self.delta), mu_lower_bound=mu,
-            attainable_epsilon=float(attainable), noise=self.noise, sigma_scale=float(self.sigma_scale),
-            seconds=float(self.seconds))
+            max_showable_epsilon=perfect_test_epsilon(m, confidence, self.delta),
+            mu_lower_bound=mu,
+            attainable_epsilon=float(attainable),
+            noise=self.noise,
+            sigma_scale=float(self.sigma_scale),
+            seconds=float(self.seconds),
+        )
 
 
 # ------------------------------------------------------------------------------------------------ canary
@@ -250,8 +283,16 @@ def _unit_directions(m: int, n: int, rng: np.random.Generator) -> np.ndarray:
     return U / np.linalg.norm(U, axis=1, keepdims=True)
 
 
-def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kind="kernel_shape", *,
-                  random_state=0, n_directions: int = 64) -> tuple[np.ndarray, np.ndarray, int, float]:
+def choose_canary(
+    X: np.ndarray,
+    Y0: np.ndarray,
+    gamma: float,
+    tau_x: float,
+    kind="kernel_shape",
+    *,
+    random_state=0,
+    n_directions: int = 64,
+) -> tuple[np.ndarray, np.ndarray, int, float]:
     """The canary pair: the record ``c`` the canary world holds and the record ``c'`` the other world holds in its
     place, at index ``r`` of the site's records, maximising ``‖pull(c) − pull(c')‖_F`` at the landmarks ``Y0``
     (:func:`_pull`) — the change of the site's gradient (Eq. 13) between the two neighbours.
@@ -279,8 +320,10 @@ def choose_canary(X: np.ndarray, Y0: np.ndarray, gamma: float, tau_x: float, kin
     if isinstance(kind, str) and kind == "kernel_shape":
         U = _unit_directions(m, n_directions, rng)
         step = U[None, :, :] / math.sqrt(2.0 * gamma)
-        C = clip_records(np.concatenate([(Y0[:, None, :] + step).reshape(-1, m), (Y0[:, None, :] - step).reshape(-1, m),
-                                         tau_x * U]), tau_x)[0]
+        C = clip_records(
+            np.concatenate([(Y0[:, None, :] + step).reshape(-1, m), (Y0[:, None, :] - step).reshape(-1, m), tau_x * U]),
+            tau_x,
+        )[0]
         GC = _pull(C, Y0, gamma).reshape(len(C), -1)
         D2 = np.sum(GC * GC, axis=1)[:, None] + np.sum(GC * GC, axis=1)[None, :] - 2.0 * GC @ GC.T
         i, j = map(int, np.unravel_index(int(np.argmax(D2)), D2.shape))
@@ -332,9 +375,16 @@ class _Tap:
         if address != self.site or request.get("task") != "gradient" or "update" not in reply:
             return
         events = reply.get("dp_events") or []
-        self.releases.append({"Y": get_array(request, "Y"), "o": get_array(reply, "update"),
-                              "gamma": float(request["gamma"]), "seed": int(request.get("seed", 0)),
-                              "plan": request.get("dp"), "event": json.loads(events[-1]) if events else None})
+        self.releases.append(
+            {
+                "Y": get_array(request, "Y"),
+                "o": get_array(reply, "update"),
+                "gamma": float(request["gamma"]),
+                "seed": int(request.get("seed", 0)),
+                "plan": request.get("dp"),
+                "event": json.loads(events[-1]) if events else None,
+            }
+        )
 
 
 def _run(sites, site: int, *, n_landmarks, rounds, local_steps, gamma, lr, seed, gp):
@@ -343,11 +393,28 @@ def _run(sites, site: int, *, n_landmarks, rounds, local_steps, gamma, lr, seed,
     from ..landmarks import fed_dl
 
     tap = _Tap(site)
-    res = fed_dl(sites, n_landmarks, rounds=rounds, local_steps=local_steps, rule="gradient", lr=lr, gamma=gamma,
-                 init="public", monitor=False, random_state=seed, privacy=gp, exchange={"after_reply": tap})
+    res = fed_dl(
+        sites,
+        n_landmarks,
+        rounds=rounds,
+        local_steps=local_steps,
+        rule="gradient",
+        lr=lr,
+        gamma=gamma,
+        init="public",
+        monitor=False,
+        random_state=seed,
+        privacy=gp,
+        exchange={"after_reply": tap},
+    )
     if len(tap.releases) != rounds * local_steps:
-        raise ConfigError(bad_value("canary site", site, f"released {len(tap.releases)} gradients, expected "
-                                    f"{rounds * local_steps} (did it drop out?)"))
+        raise ConfigError(
+            bad_value(
+                "canary site",
+                site,
+                f"released {len(tap.releases)} gradients, expected {rounds * local_steps} (did it drop out?)",
+            )
+        )
     return res.landmarks, tap.releases
 
 
@@ -393,22 +460,53 @@ def _neighbours(sites, canary_site: int, r: int, c, cp):
     return X_out, X_in, worlds
 
 
-def _claim(sites, canary_site, *, epsilon, noise_multiplier, noise, delta, tau_x, accountant, gamma, n_landmarks,
-           rounds, local_steps, claimed_epsilon):
+def _claim(
+    sites,
+    canary_site,
+    *,
+    epsilon,
+    noise_multiplier,
+    noise,
+    delta,
+    tau_x,
+    accountant,
+    gamma,
+    n_landmarks,
+    rounds,
+    local_steps,
+    claimed_epsilon,
+):
     """The claim: z, Δ of the canary site and the ε the verdict compares against, from public numbers only (the
     same code the run calibrates with); returns (the calibrated mechanism, z, Δ, claimed ε)."""
     from ..accounting import GradientPerturbation
 
     claim_eps = epsilon if epsilon is not None and math.isfinite(epsilon) else None
     if claim_eps is None and noise_multiplier is None and noise != "none":
-        raise ConfigError(bad_value("epsilon", epsilon, "give the claimed ε (or a noise multiplier) of the audited runs"))
-    gp0 = GradientPerturbation(epsilon=claim_eps, noise_multiplier=None if claim_eps is not None else (noise_multiplier or 1.0),
-                               delta=delta, tau_x=tau_x, accountant=accountant, **_noise_options(None))
-    gp0.calibrate([len(X) for X in sites], gamma=gamma, n_landmarks=n_landmarks, rounds=rounds,
-                  local_steps=local_steps, rule="gradient")
+        raise ConfigError(
+            bad_value("epsilon", epsilon, "give the claimed ε (or a noise multiplier) of the audited runs")
+        )
+    gp0 = GradientPerturbation(
+        epsilon=claim_eps,
+        noise_multiplier=None if claim_eps is not None else (noise_multiplier or 1.0),
+        delta=delta,
+        tau_x=tau_x,
+        accountant=accountant,
+        **_noise_options(None),
+    )
+    gp0.calibrate(
+        [len(X) for X in sites],
+        gamma=gamma,
+        n_landmarks=n_landmarks,
+        rounds=rounds,
+        local_steps=local_steps,
+        rule="gradient",
+    )
     if claimed_epsilon is None:
-        claimed_epsilon = claim_eps if claim_eps is not None else (
-            float(gp0.plan_epsilon[canary_site]) if noise_multiplier is not None else math.inf)
+        claimed_epsilon = (
+            claim_eps
+            if claim_eps is not None
+            else (float(gp0.plan_epsilon[canary_site]) if noise_multiplier is not None else math.inf)
+        )
     return gp0, float(gp0.z), float(gp0.sens[canary_site].value), claimed_epsilon
 
 
@@ -440,20 +538,31 @@ def _score_releases(rel, X_out, X_in, sens: float, sigma_run: float):
     return num, num_seed, den, att_max, sigma_run
 
 
-def _canary_worlds(sites, canary_site: int, kind, gp0, gamma: float, tau_x: float, n_landmarks: int, run_seed: int,
-                   rng: np.random.Generator):
+def _canary_worlds(
+    sites,
+    canary_site: int,
+    kind,
+    gp0,
+    gamma: float,
+    tau_x: float,
+    n_landmarks: int,
+    run_seed: int,
+    rng: np.random.Generator,
+):
     """The canary, chosen at the public initial landmarks (the coordinator draws them from the run seed), and the two
     neighbouring datasets; returns (canary, partner, replaced record, X_out, X_in, worlds) (:func:`_neighbours`)."""
     from ..landmarks.feddl import init_landmarks
 
-    Y0 = gp0.project(init_landmarks(n_landmarks, sites[0].shape[1], radius=float(tau_x),
-                                    rng=np.random.default_rng(run_seed)))
+    Y0 = gp0.project(
+        init_landmarks(n_landmarks, sites[0].shape[1], radius=float(tau_x), rng=np.random.default_rng(run_seed))
+    )
     c, cp, r, _ = choose_canary(sites[canary_site], Y0, gamma, tau_x, kind, random_state=rng.integers(2**31))
     return (c, cp, r, *_neighbours(sites, canary_site, r, c, cp))
 
 
-def _play_trials(worlds, canary_site: int, noise: str, noise_seeds, gp_kw: dict, run_kw: dict, X_out, X_in,
-                 sens: float, c, project) -> dict:
+def _play_trials(
+    worlds, canary_site: int, noise: str, noise_seeds, gp_kw: dict, run_kw: dict, X_out, X_in, sens: float, c, project
+) -> dict:
     """Every trial's two runs (canary in, then out; a fresh mechanism from ``gp_kw`` each, seeded from
     ``noise_seeds[trial, world]`` when the noise is seeded), scored; returns the measured fields of
     :class:`CanaryTrials` (the read-only scores, σ of the runs, μ, the attained sensitivity, the time taken)."""
@@ -470,14 +579,16 @@ def _play_trials(worlds, canary_site: int, noise: str, noise_seeds, gp_kw: dict,
             if noise == "none":
                 gp = None
             else:
-                gp = GradientPerturbation(**gp_kw,
-                                          **_noise_options(None if noise == "secret" else int(noise_seeds[i, b])))
+                gp = GradientPerturbation(
+                    **gp_kw, **_noise_options(None if noise == "secret" else int(noise_seeds[i, b]))
+                )
             Y_final, rel = _run(worlds[b], canary_site, **run_kw, gp=gp)
             num, num_seed, den, att, sigma_run = _score_releases(rel, X_out, X_in, sens, sigma_run)
             att_max = max(att_max, att)
             if den <= 0:
-                raise ConfigError(bad_value("canary", c.tolist(), "does not change the site's gradient at all; "
-                                            "choose another canary"))
+                raise ConfigError(
+                    bad_value("canary", c.tolist(), "does not change the site's gradient at all; choose another canary")
+                )
             scores["release"][b, i] = num / den
             scores["seeded"][b, i] = num_seed / den
             mus.append(math.inf if noise == "none" else math.sqrt(den) / sigma_run)
@@ -494,24 +605,54 @@ def _play_trials(worlds, canary_site: int, noise: str, noise_seeds, gp_kw: dict,
     for a, bb in frozen.values():
         a.flags.writeable = False
         bb.flags.writeable = False
-    return dict(scores=frozen, sigma=sigma_run, canary_mu=float(np.mean(mus)),
-                sensitivity_attained=float(math.sqrt(np.mean(attained))), sensitivity_max=float(att_max),
-                seconds=seconds)
+    return dict(
+        scores=frozen,
+        sigma=sigma_run,
+        canary_mu=float(np.mean(mus)),
+        sensitivity_attained=float(math.sqrt(np.mean(attained))),
+        sensitivity_max=float(att_max),
+        seconds=seconds,
+    )
 
 
 def _run_config(sites, run_kw: dict, tau_x: float, accountant: str, z: float) -> dict:
     """The public configuration of the audited runs (``CanaryTrials.config``), from the arguments of :func:`_run`."""
-    return {"sizes": [len(X) for X in sites], "n_features": int(sites[0].shape[1]),
-            "n_landmarks": run_kw["n_landmarks"], "rounds": run_kw["rounds"], "local_steps": run_kw["local_steps"],
-            "gamma": run_kw["gamma"], "lr": run_kw["lr"], "tau_x": float(tau_x), "accountant": accountant,
-            "claimed_noise_multiplier": z, "run_seed": run_kw["seed"]}
+    return {
+        "sizes": [len(X) for X in sites],
+        "n_features": int(sites[0].shape[1]),
+        "n_landmarks": run_kw["n_landmarks"],
+        "rounds": run_kw["rounds"],
+        "local_steps": run_kw["local_steps"],
+        "gamma": run_kw["gamma"],
+        "lr": run_kw["lr"],
+        "tau_x": float(tau_x),
+        "accountant": accountant,
+        "claimed_noise_multiplier": z,
+        "run_seed": run_kw["seed"],
+    }
 
 
-def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5, tau_x: float,
-                      noise_multiplier: float | None = None, accountant: str = "exact", noise: str = "secret",
-                      sigma_scale: float = 1.0, trials: int = 200, n_landmarks: int = 4, rounds: int = 3,
-                      local_steps: int = 1, gamma: float | None = None, lr="auto", canary="kernel_shape",
-                      canary_site: int = 0, claimed_epsilon: float | None = None, random_state=0) -> CanaryTrials:
+def run_canary_trials(
+    sites,
+    *,
+    epsilon: float | None = 1.0,
+    delta: float = 1e-5,
+    tau_x: float,
+    noise_multiplier: float | None = None,
+    accountant: str = "exact",
+    noise: str = "secret",
+    sigma_scale: float = 1.0,
+    trials: int = 200,
+    n_landmarks: int = 4,
+    rounds: int = 3,
+    local_steps: int = 1,
+    gamma: float | None = None,
+    lr="auto",
+    canary="kernel_shape",
+    canary_site: int = 0,
+    claimed_epsilon: float | None = None,
+    random_state=0,
+) -> CanaryTrials:
     """Run ``trials`` pairs of DP FedDL (canary in / canary out, fresh noise each run) and score every statistic.
 
     Parameters
@@ -537,50 +678,81 @@ def run_canary_trials(sites, *, epsilon: float | None = 1.0, delta: float = 1e-5
     """
     from ..landmarks.feddl import default_lr
 
-    sites = _checked_sites(sites, noise=noise, trials=trials, sigma_scale=sigma_scale, canary_site=canary_site,
-                           tau_x=tau_x)
+    sites = _checked_sites(
+        sites, noise=noise, trials=trials, sigma_scale=sigma_scale, canary_site=canary_site, tau_x=tau_x
+    )
     gamma = float(gamma) if gamma is not None else 1.0 / float(tau_x) ** 2
     lr = default_lr(n_landmarks, gamma) if lr == "auto" else float(lr)
     rng = np.random.default_rng(random_state)
     run_seed = int(rng.integers(0, 2**31 - 1))
     R = rounds * local_steps
 
-    gp0, z, sens, claimed_epsilon = _claim(sites, canary_site, epsilon=epsilon, noise_multiplier=noise_multiplier,
-                                           noise=noise, delta=delta, tau_x=tau_x, accountant=accountant, gamma=gamma,
-                                           n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps,
-                                           claimed_epsilon=claimed_epsilon)
+    gp0, z, sens, claimed_epsilon = _claim(
+        sites,
+        canary_site,
+        epsilon=epsilon,
+        noise_multiplier=noise_multiplier,
+        noise=noise,
+        delta=delta,
+        tau_x=tau_x,
+        accountant=accountant,
+        gamma=gamma,
+        n_landmarks=n_landmarks,
+        rounds=rounds,
+        local_steps=local_steps,
+        claimed_epsilon=claimed_epsilon,
+    )
 
-    c, cp, r, X_out, X_in, worlds = _canary_worlds(sites, canary_site, canary, gp0, gamma, tau_x, n_landmarks,
-                                                   run_seed, rng)
+    c, cp, r, X_out, X_in, worlds = _canary_worlds(
+        sites, canary_site, canary, gp0, gamma, tau_x, n_landmarks, run_seed, rng
+    )
     noise_seeds = rng.integers(0, 2**31 - 1, size=(trials, 2))
     gp_kw = dict(noise_multiplier=z * sigma_scale, delta=delta, tau_x=tau_x, accountant=accountant)
     run_kw = dict(n_landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, gamma=gamma, lr=lr, seed=run_seed)
     played = _play_trials(worlds, canary_site, noise, noise_seeds, gp_kw, run_kw, X_out, X_in, sens, c, gp0.project)
     return CanaryTrials(
-        **played, claimed_epsilon=float(claimed_epsilon), delta=float(delta), noise=noise,
+        **played,
+        claimed_epsilon=float(claimed_epsilon),
+        delta=float(delta),
+        noise=noise,
         sigma_scale=float(sigma_scale if noise != "none" else 0.0),
         noise_multiplier=z * sigma_scale if noise != "none" else 0.0,
-        sensitivity=sens, releases=R, canary=tuple(float(v) for v in c),
-        partner=tuple(float(v) for v in cp), replaced=r, canary_site=int(canary_site),
-        config=_run_config(sites, run_kw, tau_x, accountant, z))
+        sensitivity=sens,
+        releases=R,
+        canary=tuple(float(v) for v in c),
+        partner=tuple(float(v) for v in cp),
+        replaced=r,
+        canary_site=int(canary_site),
+        config=_run_config(sites, run_kw, tau_x, accountant, z),
+    )
 
 
-def canary_audit(sites, *, statistic: str = "release", confidence: float = 0.95, threshold="select",
-                 selection: float = 0.5, **run_options) -> CanaryAuditResult:
+def canary_audit(
+    sites,
+    *,
+    statistic: str = "release",
+    confidence: float = 0.95,
+    threshold="select",
+    selection: float = 0.5,
+    **run_options,
+) -> CanaryAuditResult:
     """Canary audit in one call: :func:`run_canary_trials` (``run_options``) then :meth:`CanaryTrials.audit`.
 
     Example: ``canary_audit(sites, epsilon=1.0, tau_x=3.0, sigma_scale=0.01, trials=200)`` flags a run whose σ is
     100× too small (bound ≈ 3.3 > 1 on 100 test pairs), while ``sigma_scale=1`` stays under ε = 1.
     """
-    return run_canary_trials(sites, **run_options).audit(statistic, confidence=confidence, threshold=threshold,
-                                                         selection=selection)
+    return run_canary_trials(sites, **run_options).audit(
+        statistic, confidence=confidence, threshold=threshold, selection=selection
+    )
 
 
-def distinguishing_game(sites, *, noise: str = "seeded", confidence: float = 0.95, threshold=0.5,
-                        **run_options) -> CanaryAuditResult:
+def distinguishing_game(
+    sites, *, noise: str = "seeded", confidence: float = 0.95, threshold=0.5, **run_options
+) -> CanaryAuditResult:
     """Issue 14 item 1: the adversary who knows the noise seed regenerates the noise, subtracts it and decides
     "canary in" when the residual is nearer the canary world (``T ≥ ½``, the a-priori threshold: every pair
     tests). Seeded noise → perfect distinguishing, the bound is :func:`~.stats.perfect_test_epsilon` of the pairs
     (50 pairs at 95 %: 2.57 against a claim of 1); secret noise → no better than the canary test."""
-    return run_canary_trials(sites, noise=noise, **run_options).audit("seeded", confidence=confidence,
-                                                                      threshold=threshold)
+    return run_canary_trials(sites, noise=noise, **run_options).audit(
+        "seeded", confidence=confidence, threshold=threshold
+    )

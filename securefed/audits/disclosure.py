@@ -49,31 +49,40 @@ def check_tree(nodes: list, floor: int) -> None:
     children: dict = {}
     for nid, (parent, idx, count) in by_id.items():
         if len(idx) > count + 0.5:
-            raise ProtocolError(f"set {nid!r}: the released count {count:.0f} is below this site's own "
-                                f"{len(idx)} records in it; the counts are not a sum of honest uploads")
+            raise ProtocolError(
+                f"set {nid!r}: the released count {count:.0f} is below this site's own "
+                f"{len(idx)} records in it; the counts are not a sum of honest uploads"
+            )
         if parent is None:
             continue
         if parent not in by_id:
             raise DisclosureRefused(f"set {nid!r}: its parent {parent!r} was never released; refusing")
         if not np.isin(idx, by_id[parent][1]).all():
-            raise DisclosureRefused(f"set {nid!r} holds records of this site outside its parent {parent!r}: the "
-                                    "released sets would not be nested (their differences could isolate records)")
+            raise DisclosureRefused(
+                f"set {nid!r} holds records of this site outside its parent {parent!r}: the "
+                "released sets would not be nested (their differences could isolate records)"
+            )
         children.setdefault(parent, []).append(nid)
     for parent, kids in children.items():
         seen = np.concatenate([by_id[k][1] for k in kids]) if kids else np.zeros(0, np.int64)
         if len(np.unique(seen)) != len(seen):
-            raise DisclosureRefused(f"two sets under {parent!r} share a record of this site: the family is not "
-                                    "laminar; refusing")
+            raise DisclosureRefused(
+                f"two sets under {parent!r} share a record of this site: the family is not laminar; refusing"
+            )
     for nid, (_parent, idx, count) in by_id.items():
         atom = count - sum(by_id[k][2] for k in children.get(nid, []))
         own = len(idx) - sum(len(by_id[k][1]) for k in children.get(nid, []))
         if atom < -0.5 or own > atom + 0.5:
-            raise ProtocolError(f"set {nid!r}: its children's counts exceed it ({atom:.0f} records left, {own} of "
-                                "them this site's); the counts are not a sum of honest uploads")
+            raise ProtocolError(
+                f"set {nid!r}: its children's counts exceed it ({atom:.0f} records left, {own} of "
+                "them this site's); the counts are not a sum of honest uploads"
+            )
         if 0.5 < atom < floor - 0.5:
-            raise DisclosureRefused(f"after this sum, set {nid!r} minus its released subsets would hold {atom:.0f} "
-                                    f"record(s) (fewer than the cell floor {floor}): their sum would be derivable from "
-                                    "the released sums; refusing")
+            raise DisclosureRefused(
+                f"after this sum, set {nid!r} minus its released subsets would hold {atom:.0f} "
+                f"record(s) (fewer than the cell floor {floor}): their sum would be derivable from "
+                "the released sums; refusing"
+            )
 
 
 def check_family(sets: list, floor: int, counts=None) -> None:
@@ -93,8 +102,10 @@ def check_family(sets: list, floor: int, counts=None) -> None:
     for j in order:
         labs = np.unique(label[idx[j]])
         if len(labs) > 1:
-            raise DisclosureRefused(f"set {j} cuts across sets {sorted(int(v) for v in labs if v >= 0)}: the family is "
-                                    "not laminar; refusing")
+            raise DisclosureRefused(
+                f"set {j} cuts across sets {sorted(int(v) for v in labs if v >= 0)}: the family is "
+                "not laminar; refusing"
+            )
         parent = int(labs[0]) if len(labs) == 1 and labs[0] >= 0 else None
         if parent is not None and len(idx[j]) == len(idx[parent]):
             # the same set twice: it adds nothing to the span

@@ -50,7 +50,9 @@ class AuditPolicy:
         if not (0.5 <= float(self.max_auc) <= 1.0):
             raise ConfigError(bad_value("max_auc", self.max_auc, "use a value in [0.5, 1], e.g. 0.6"))
         if not (float(self.max_empirical_epsilon) >= 0) or math.isnan(float(self.max_empirical_epsilon)):
-            raise ConfigError(bad_value("max_empirical_epsilon", self.max_empirical_epsilon, "use a non-negative number, e.g. 1.0"))
+            raise ConfigError(
+                bad_value("max_empirical_epsilon", self.max_empirical_epsilon, "use a non-negative number, e.g. 1.0")
+            )
 
 
 @dataclass
@@ -103,22 +105,43 @@ def _gate_checks(auc: float, eps: float, policy: AuditPolicy, claimed_epsilon: f
     """The gate's checks of an audit's AUC and empirical ε against ``policy`` (and the claimed ε, when the policy
     requires it and there is one), each with its value, limit, verdict and sentence."""
     checks: list[dict] = [
-        {"check": "auc", "value": auc, "limit": float(policy.max_auc), "ok": auc <= policy.max_auc,
-         "text": f"membership AUC {auc:.3f} <= max_auc {policy.max_auc:.3f}"},
-        {"check": "empirical_epsilon", "value": eps, "limit": float(policy.max_empirical_epsilon),
-         "ok": eps <= policy.max_empirical_epsilon,
-         "text": f"empirical epsilon lower bound {eps:.3f} <= max_empirical_epsilon "
-                 f"{policy.max_empirical_epsilon:.3f}"},
+        {
+            "check": "auc",
+            "value": auc,
+            "limit": float(policy.max_auc),
+            "ok": auc <= policy.max_auc,
+            "text": f"membership AUC {auc:.3f} <= max_auc {policy.max_auc:.3f}",
+        },
+        {
+            "check": "empirical_epsilon",
+            "value": eps,
+            "limit": float(policy.max_empirical_epsilon),
+            "ok": eps <= policy.max_empirical_epsilon,
+            "text": f"empirical epsilon lower bound {eps:.3f} <= max_empirical_epsilon "
+            f"{policy.max_empirical_epsilon:.3f}",
+        },
     ]
     if policy.require_within_claimed and claimed_epsilon is not None:
-        checks.append({"check": "within_claimed", "value": eps, "limit": claimed_epsilon, "ok": eps <= claimed_epsilon,
-                       "text": f"empirical epsilon lower bound {eps:.3f} <= accountant's epsilon {claimed_epsilon:.3f} "
-                               "(a higher empirical bound means the DP claim is wrong)"})
+        checks.append(
+            {
+                "check": "within_claimed",
+                "value": eps,
+                "limit": claimed_epsilon,
+                "ok": eps <= claimed_epsilon,
+                "text": f"empirical epsilon lower bound {eps:.3f} <= accountant's epsilon {claimed_epsilon:.3f} "
+                "(a higher empirical bound means the DP claim is wrong)",
+            }
+        )
     return checks
 
 
-def audit_gate(result, policy: AuditPolicy | None = None, claimed_epsilon: float | None = None,
-               allow_failure: bool = False, ledger=None) -> GateDecision:
+def audit_gate(
+    result,
+    policy: AuditPolicy | None = None,
+    claimed_epsilon: float | None = None,
+    allow_failure: bool = False,
+    ledger=None,
+) -> GateDecision:
     """Check an MIA result against ``policy``; raise :class:`AuditFailedError` on failure unless overridden.
 
     Parameters
@@ -145,17 +168,31 @@ def audit_gate(result, policy: AuditPolicy | None = None, claimed_epsilon: float
         auc = float(d["auc"])
         eps = float(d["empirical_epsilon"])
     except (KeyError, TypeError, ValueError):
-        raise ConfigError(bad_value("result", type(result).__name__, "pass the MIAResult returned by membership_audit")) from None
+        raise ConfigError(
+            bad_value("result", type(result).__name__, "pass the MIAResult returned by membership_audit")
+        ) from None
     if claimed_epsilon is not None:
         claimed_epsilon = float(claimed_epsilon)
         if not claimed_epsilon > 0:
-            raise ConfigError(bad_value("claimed_epsilon", claimed_epsilon, "pass the accountant's positive epsilon, or None without DP"))
+            raise ConfigError(
+                bad_value(
+                    "claimed_epsilon", claimed_epsilon, "pass the accountant's positive epsilon, or None without DP"
+                )
+            )
     checks = _gate_checks(auc, eps, policy, claimed_epsilon)
     failures = [c["text"].replace("<=", ">") for c in checks if not c["ok"]]
     passed = not failures
-    decision = GateDecision(passed=passed, proceed=passed or bool(allow_failure), overridden=(not passed) and bool(allow_failure),
-                            failures=failures, checks=checks, policy=asdict(policy), auc=auc, empirical_epsilon=eps,
-                            claimed_epsilon=claimed_epsilon)
+    decision = GateDecision(
+        passed=passed,
+        proceed=passed or bool(allow_failure),
+        overridden=(not passed) and bool(allow_failure),
+        failures=failures,
+        checks=checks,
+        policy=asdict(policy),
+        auc=auc,
+        empirical_epsilon=eps,
+        claimed_epsilon=claimed_epsilon,
+    )
     if passed:
         return decision
     summary = "; ".join(failures)
@@ -164,8 +201,16 @@ def audit_gate(result, policy: AuditPolicy | None = None, claimed_epsilon: float
             f"privacy audit failed: {summary}. Nothing more leaves the sites. Reduce leakage (add DP noise, fewer "
             f"landmarks, more records per site) or, knowingly, rerun with {OVERRIDE_FLAG} (recorded in the ledger and report)."
         )
-    event = {"kind": "audit_override", "flag": OVERRIDE_FLAG, "failures": failures, "auc": auc,
-             "empirical_epsilon": eps, "claimed_epsilon": claimed_epsilon, "policy": asdict(policy), "time": decision.time}
+    event = {
+        "kind": "audit_override",
+        "flag": OVERRIDE_FLAG,
+        "failures": failures,
+        "auc": auc,
+        "empirical_epsilon": eps,
+        "claimed_epsilon": claimed_epsilon,
+        "policy": asdict(policy),
+        "time": decision.time,
+    }
     decision.ledger_event = event
     if ledger is not None:
         decision.ledger_recorded = _record_in_ledger(ledger, event)

@@ -109,7 +109,9 @@ def kde_score(X: np.ndarray, Y: np.ndarray, gamma: float) -> np.ndarray:
     return (mx + np.log(np.exp(L - mx).mean(axis=1, keepdims=True)))[:, 0]
 
 
-def lira_score(X: np.ndarray, Y: np.ndarray, shadow_Ys: Sequence[np.ndarray], gamma: float, sigma_out: float) -> np.ndarray:
+def lira_score(
+    X: np.ndarray, Y: np.ndarray, shadow_Ys: Sequence[np.ndarray], gamma: float, sigma_out: float
+) -> np.ndarray:
     """Offline LiRA z-score ``(s(x; Y) − mean_k s(x; Y_k)) / σ_out`` (Carlini et al. 2022, §IV-C).
 
     ``s`` is the nearest-landmark score (:func:`nearest_landmark_score`). Every shadow fit ``Y_k`` excluded ``x``,
@@ -177,7 +179,9 @@ class ShadowConfig:
         return self
 
 
-def shadow_landmarks(pool_sites: Sequence[np.ndarray], n_landmarks: int, gamma: float, shadow: ShadowConfig, rng) -> list[np.ndarray]:
+def shadow_landmarks(
+    pool_sites: Sequence[np.ndarray], n_landmarks: int, gamma: float, shadow: ShadowConfig, rng
+) -> list[np.ndarray]:
     """Run the attacker's ``K`` shadow FedDL fits on the shadow pools (one pool per site) and return their landmarks."""
     Ys = []
     for _ in range(int(shadow.n_runs)):
@@ -196,9 +200,13 @@ def shadow_landmarks(pool_sites: Sequence[np.ndarray], n_landmarks: int, gamma: 
             try:
                 from ..landmarks import fed_dl
             except ImportError as exc:
-                raise ConfigError(bad_value(
-                    "scores", "lira", f"shadow runs need securefed.landmarks.feddl.fed_dl ({exc}); drop 'lira' or pass shadow.runner"
-                )) from None
+                raise ConfigError(
+                    bad_value(
+                        "scores",
+                        "lira",
+                        f"shadow runs need securefed.landmarks.feddl.fed_dl ({exc}); drop 'lira' or pass shadow.runner",
+                    )
+                ) from None
             kw = dict(shadow.fed_dl_kwargs)
             kw.setdefault("gamma", gamma)
             res = fed_dl(sites, n_landmarks, random_state=seed, **kw)
@@ -212,8 +220,19 @@ def _counts_ge(scores: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return (len(s) - np.searchsorted(s, grid, side="left")).astype(np.float64)
 
 
-def site_roc_counts(members, nonmembers, Y, gamma, *, scores=("nearest", "kde"), shadow_Ys=None, sigma_out=None,
-                    grid_size: int = GRID_SIZE, select_fraction: float = 0.5, rng=None) -> np.ndarray:
+def site_roc_counts(
+    members,
+    nonmembers,
+    Y,
+    gamma,
+    *,
+    scores=("nearest", "kde"),
+    shadow_Ys=None,
+    sigma_out=None,
+    grid_size: int = GRID_SIZE,
+    select_fraction: float = 0.5,
+    rng=None,
+) -> np.ndarray:
     """What one site computes and sends: per-threshold member / non-member counts, flattened.
 
     Layout (one block per score, in ``scores`` order): ``[TP_sel, FP_sel, TP_test, FP_test]`` (each of length
@@ -234,9 +253,13 @@ def site_roc_counts(members, nonmembers, Y, gamma, *, scores=("nearest", "kde"),
         else:
             sm = lira_score(members, Y, shadow_Ys, gamma, sigma_out)
             sn = lira_score(nonmembers, Y, shadow_Ys, gamma, sigma_out)
-        out += [_counts_ge(sm[sel_m], grid), _counts_ge(sn[sel_n], grid),
-                _counts_ge(sm[~sel_m], grid), _counts_ge(sn[~sel_n], grid),
-                np.array([sel_m.sum(), sel_n.sum(), (~sel_m).sum(), (~sel_n).sum()], dtype=np.float64)]
+        out += [
+            _counts_ge(sm[sel_m], grid),
+            _counts_ge(sn[sel_n], grid),
+            _counts_ge(sm[~sel_m], grid),
+            _counts_ge(sn[~sel_n], grid),
+            np.array([sel_m.sum(), sel_n.sum(), (~sel_m).sum(), (~sel_n).sum()], dtype=np.float64),
+        ]
     return np.concatenate(out)
 
 
@@ -335,8 +358,9 @@ def _checked_audit_args(member_sites, nonmember_sites, landmarks, gamma, scores,
     members = _check_sites("member_sites", member_sites, Y.shape[1])
     nonmembers = _check_sites("nonmember_sites", nonmember_sites, Y.shape[1])
     if len(members) != len(nonmembers):
-        raise DataError(bad_value("nonmember_sites", len(nonmembers),
-                                  f"give one held-out array per site ({len(members)})"))
+        raise DataError(
+            bad_value("nonmember_sites", len(nonmembers), f"give one held-out array per site ({len(members)})")
+        )
     return Y, g, scores, members, nonmembers
 
 
@@ -354,17 +378,32 @@ def _lira_shadow(members, nonmembers, Y, g: float, shadow: ShadowConfig | None, 
     nonmembers = evals
     shadow_Ys = shadow_landmarks(pools, Y.shape[0], g, shadow, rng)
     sigma_out = _pooled_out_sigma(members + nonmembers, shadow_Ys, g)
-    shadow_info = {"n_runs": int(shadow.n_runs), "pool_fraction": shadow.pool_fraction,
-                   "run_fraction": shadow.run_fraction, "pool_records": int(sum(len(p) for p in pools)),
-                   "sigma_out": sigma_out,
-                   "fed_dl_kwargs": {k: v for k, v in shadow.fed_dl_kwargs.items()
-                                     if isinstance(v, (int, float, str, bool))}}
+    shadow_info = {
+        "n_runs": int(shadow.n_runs),
+        "pool_fraction": shadow.pool_fraction,
+        "run_fraction": shadow.run_fraction,
+        "pool_records": int(sum(len(p) for p in pools)),
+        "sigma_out": sigma_out,
+        "fed_dl_kwargs": {k: v for k, v in shadow.fed_dl_kwargs.items() if isinstance(v, (int, float, str, bool))},
+    }
     return nonmembers, shadow_Ys, sigma_out, shadow_info
 
 
-def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=SCORES, aggregator=None,
-                     shadow: ShadowConfig | None = None, delta: float = 0.0, confidence: float = 0.95,
-                     select_fraction: float = 0.5, grid_size: int = GRID_SIZE, random_state=None) -> MIAResult:
+def membership_audit(
+    member_sites,
+    nonmember_sites,
+    landmarks,
+    gamma,
+    *,
+    scores=SCORES,
+    aggregator=None,
+    shadow: ShadowConfig | None = None,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+    select_fraction: float = 0.5,
+    grid_size: int = GRID_SIZE,
+    random_state=None,
+) -> MIAResult:
     """Federated membership-inference audit of the landmarks (see the module docstring for the threat model).
 
     Parameters
@@ -400,18 +439,31 @@ def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=
     MIAResult
     """
     rng = np.random.default_rng(random_state)
-    Y, g, scores, members, nonmembers = _checked_audit_args(member_sites, nonmember_sites, landmarks, gamma, scores,
-                                                            select_fraction)
+    Y, g, scores, members, nonmembers = _checked_audit_args(
+        member_sites, nonmember_sites, landmarks, gamma, scores, select_fraction
+    )
 
     shadow_Ys, sigma_out, shadow_info = None, None, None
     if "lira" in scores:
         nonmembers, shadow_Ys, sigma_out, shadow_info = _lira_shadow(members, nonmembers, Y, g, shadow, rng)
     if sum(len(M) for M in members) == 0 or sum(len(N) for N in nonmembers) == 0:
-        raise DataError(bad_value("member_sites/nonmember_sites", "no records", "each audit needs members and held-out non-members"))
+        raise DataError(
+            bad_value("member_sites/nonmember_sites", "no records", "each audit needs members and held-out non-members")
+        )
 
     site_counts = [
-        site_roc_counts(M, N, Y, g, scores=scores, shadow_Ys=shadow_Ys, sigma_out=sigma_out, grid_size=grid_size,
-                        select_fraction=select_fraction, rng=np.random.default_rng(int(rng.integers(2**63 - 1))))
+        site_roc_counts(
+            M,
+            N,
+            Y,
+            g,
+            scores=scores,
+            shadow_Ys=shadow_Ys,
+            sigma_out=sigma_out,
+            grid_size=grid_size,
+            select_fraction=select_fraction,
+            rng=np.random.default_rng(int(rng.integers(2**63 - 1))),
+        )
         for M, N in zip(members, nonmembers)
     ]
     if aggregator is None:
@@ -419,19 +471,32 @@ def membership_audit(member_sites, nonmember_sites, landmarks, gamma, *, scores=
     else:
         res = aggregator.aggregate(site_counts)
         total, agg_name, n_sites = np.asarray(res.total, dtype=np.float64), res.protocol, len(res.survivors)
-    return mia_from_counts(total, scores, n_sites=n_sites, aggregation=agg_name, delta=delta, confidence=confidence,
-                           grid_size=grid_size, shadow_info=shadow_info)
+    return mia_from_counts(
+        total,
+        scores,
+        n_sites=n_sites,
+        aggregation=agg_name,
+        delta=delta,
+        confidence=confidence,
+        grid_size=grid_size,
+        shadow_info=shadow_info,
+    )
 
 
 def _score_summary(c, kind: str, G: int, delta: float, confidence: float) -> tuple[dict, float, float]:
     """One score's block ``c`` of the summed counts (:func:`site_roc_counts`) summarised: ROC, AUC and the ε / μ
     lower bounds on the test split at the thresholds the selection split chose; returns (the summary, the best ε and
     the best μ on the selection split)."""
-    tp_s, fp_s, tp_t, fp_t = (c[j * G:(j + 1) * G] for j in range(4))
-    P_s, N_s, P_t, N_t = (int(v) for v in c[4 * G:])
+    tp_s, fp_s, tp_t, fp_t = (c[j * G : (j + 1) * G] for j in range(4))
+    P_s, N_s, P_t, N_t = (int(v) for v in c[4 * G :])
     if min(P_s, N_s, P_t, N_t) < 1:
-        raise DataError(bad_value("records per split", (P_s, N_s, P_t, N_t),
-                                  "too few records: hold out more non-members or score more members"))
+        raise DataError(
+            bad_value(
+                "records per split",
+                (P_s, N_s, P_t, N_t),
+                "too few records: hold out more non-members or score more members",
+            )
+        )
     P, N = P_s + P_t, N_s + N_t
     fpr, tpr, roc = _roc_summary(tp_s + tp_t, fp_s + fp_t, P, N)
     auc = auc_from_roc(fpr, tpr)
@@ -442,17 +507,32 @@ def _score_summary(c, kind: str, G: int, delta: float, confidence: float) -> tup
     mu_t = gdp_mu_lower_bound(tp_t[j_mu], fp_t[j_mu], P_t, N_t, confidence)
     grid = score_grid(kind, G)
     summary = {
-        "auc": auc, "auc_se": auc_standard_error(auc, P, N),
-        "tpr_at_fpr_1e2": tpr_at_fpr(fpr, tpr, 1e-2), "tpr_at_fpr_1e3": tpr_at_fpr(fpr, tpr, 1e-3),
-        "epsilon_lb": float(max(0.0, float(eps_t))), "mu_lb": float(max(0.0, float(mu_t))),
-        "epsilon_threshold": float(grid[j_eps]), "epsilon_direction": int(dir_sel[j_eps]),
-        "n_members": P, "n_nonmembers": N, "roc": roc,
+        "auc": auc,
+        "auc_se": auc_standard_error(auc, P, N),
+        "tpr_at_fpr_1e2": tpr_at_fpr(fpr, tpr, 1e-2),
+        "tpr_at_fpr_1e3": tpr_at_fpr(fpr, tpr, 1e-3),
+        "epsilon_lb": float(max(0.0, float(eps_t))),
+        "mu_lb": float(max(0.0, float(mu_t))),
+        "epsilon_threshold": float(grid[j_eps]),
+        "epsilon_direction": int(dir_sel[j_eps]),
+        "n_members": P,
+        "n_nonmembers": N,
+        "roc": roc,
     }
     return summary, float(eps_sel[j_eps]), float(mu_sel[j_mu])
 
 
-def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: float = 0.0, confidence: float = 0.95,
-                    grid_size: int = GRID_SIZE, shadow_info: dict | None = None) -> MIAResult:
+def mia_from_counts(
+    total,
+    scores,
+    *,
+    n_sites: int,
+    aggregation: str,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+    grid_size: int = GRID_SIZE,
+    shadow_info: dict | None = None,
+) -> MIAResult:
     """The server half of :func:`membership_audit`: ROC, AUC and the empirical ε / μ lower bounds from the
     **summed** per-threshold counts (:func:`site_roc_counts` of every site, added by any secure sum).
 
@@ -473,20 +553,32 @@ def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: flo
     scores = _check_scores(scores)
     total = np.asarray(total, dtype=np.float64)
     if total.shape != (len(scores) * (4 * grid_size + 4),) or not np.all(np.isfinite(total)):
-        raise DataError(bad_value("total", f"array{total.shape}", f"pass the summed count vector of length "
-                                  f"{len(scores) * (4 * grid_size + 4)} (site_roc_counts per score)"))
+        raise DataError(
+            bad_value(
+                "total",
+                f"array{total.shape}",
+                f"pass the summed count vector of length "
+                f"{len(scores) * (4 * grid_size + 4)} (site_roc_counts per score)",
+            )
+        )
     agg_name = aggregation
     counts = np.rint(total)
     if np.max(np.abs(counts - total), initial=0.0) > 0.05:
-        raise ProtocolError(bad_value("aggregated counts", "non-integer sum", "the aggregator must sum integer counts exactly; "
-                                      "check its fixed-point precision"))
+        raise ProtocolError(
+            bad_value(
+                "aggregated counts",
+                "non-integer sum",
+                "the aggregator must sum integer counts exactly; check its fixed-point precision",
+            )
+        )
 
     G = grid_size
     block = 4 * G + 4
     per_score, best_sel = {}, None
     for i, kind in enumerate(scores):
-        per_score[kind], eps_best, mu_best = _score_summary(counts[i * block:(i + 1) * block], kind, G, delta,
-                                                            confidence)
+        per_score[kind], eps_best, mu_best = _score_summary(
+            counts[i * block : (i + 1) * block], kind, G, delta, confidence
+        )
         cand = (eps_best, mu_best, kind)
         if best_sel is None or cand[0] > best_sel[0]:
             best_sel = cand
@@ -495,14 +587,24 @@ def mia_from_counts(total, scores, *, n_sites: int, aggregation: str, delta: flo
     best = per_score[kind]
     top_auc = max(per_score, key=lambda k: per_score[k]["auc"])
     return MIAResult(
-        auc=per_score[top_auc]["auc"], auc_se=per_score[top_auc]["auc_se"],
+        auc=per_score[top_auc]["auc"],
+        auc_se=per_score[top_auc]["auc_se"],
         tpr_at_fpr_1e2=max(v["tpr_at_fpr_1e2"] for v in per_score.values()),
         tpr_at_fpr_1e3=max(v["tpr_at_fpr_1e3"] for v in per_score.values()),
-        empirical_epsilon=best["epsilon_lb"], empirical_mu=per_score[best_mu_kind]["mu_lb"],
-        delta=float(delta), confidence=float(confidence), best_score=kind,
-        threshold=best["epsilon_threshold"], direction=best["epsilon_direction"],
-        n_members=best["n_members"], n_nonmembers=best["n_nonmembers"], n_sites=n_sites,
-        per_score=per_score, scores=scores, aggregation=agg_name, shadow=shadow_info,
+        empirical_epsilon=best["epsilon_lb"],
+        empirical_mu=per_score[best_mu_kind]["mu_lb"],
+        delta=float(delta),
+        confidence=float(confidence),
+        best_score=kind,
+        threshold=best["epsilon_threshold"],
+        direction=best["epsilon_direction"],
+        n_members=best["n_members"],
+        n_nonmembers=best["n_nonmembers"],
+        n_sites=n_sites,
+        per_score=per_score,
+        scores=scores,
+        aggregation=agg_name,
+        shadow=shadow_info,
     )
 
 
@@ -517,6 +619,6 @@ def _direction_pair(tp, fp, P, N, delta, confidence):
 
 def _sel_mu(counts, scores, kind, G, confidence):
     i = scores.index(kind)
-    c = counts[i * (4 * G + 4):(i + 1) * (4 * G + 4)]
+    c = counts[i * (4 * G + 4) : (i + 1) * (4 * G + 4)]
     P_s, N_s = int(c[4 * G]), int(c[4 * G + 1])
-    return float(np.max(gdp_mu_lower_bound(c[:G], c[G:2 * G], P_s, N_s, confidence)))
+    return float(np.max(gdp_mu_lower_bound(c[:G], c[G : 2 * G], P_s, N_s, confidence)))

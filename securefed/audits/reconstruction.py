@@ -144,8 +144,14 @@ def kernel_rows_to_sq_distances(K_rows, gamma: float) -> np.ndarray:
     if K.ndim != 2 or not np.all(np.isfinite(K)):
         raise DataError(bad_value("K_rows", "non-finite or not 2-D", "pass the (n, n_y) kernel rows"))
     if np.any(K < 0) or np.any(K > 1.0 + 1e-9):
-        raise DataError(bad_value("K_rows", "values outside [0, 1]", "Gaussian kernel values lie in [0, 1]; "
-                                  "pass kernel rows, or use reconstruct_from_distance_rows for distances"))
+        raise DataError(
+            bad_value(
+                "K_rows",
+                "values outside [0, 1]",
+                "Gaussian kernel values lie in [0, 1]; "
+                "pass kernel rows, or use reconstruct_from_distance_rows for distances",
+            )
+        )
     with np.errstate(divide="ignore"):
         D2 = -np.log(np.minimum(K, 1.0)) / g
     return D2
@@ -235,10 +241,15 @@ def reconstruct_from_coordinates(coords_sites, landmark_coords, Y, *, bandwidths
     Y = _as_matrix("Y", Y)
     Zl = _as_matrix("landmark_coords", landmark_coords)
     if Zl.shape[0] != Y.shape[0]:
-        raise DataError(bad_value("landmark_coords.shape", Zl.shape, f"give one coordinate per landmark ({Y.shape[0]})"))
+        raise DataError(
+            bad_value("landmark_coords.shape", Zl.shape, f"give one coordinate per landmark ({Y.shape[0]})")
+        )
     as_list = isinstance(coords_sites, (list, tuple))
-    parts = [_as_matrix(f"coords_sites[{i}]", c, ncols=Zl.shape[1]) for i, c in enumerate(coords_sites)] if as_list \
+    parts = (
+        [_as_matrix(f"coords_sites[{i}]", c, ncols=Zl.shape[1]) for i, c in enumerate(coords_sites)]
+        if as_list
         else [_as_matrix("coords_sites", coords_sites, ncols=Zl.shape[1])]
+    )
     if Y.shape[0] < 3:
         raise ConfigError(bad_value("n_landmarks", Y.shape[0], "the coordinate attack needs at least 3 landmarks"))
     if bandwidths is None:

@@ -119,7 +119,9 @@ def roc_from_counts(tp, fp, n_pos, n_neg):
     tp = np.asarray(tp, dtype=np.float64)
     fp = np.asarray(fp, dtype=np.float64)
     if n_pos <= 0 or n_neg <= 0:
-        raise ConfigError(bad_value("n_members/n_nonmembers", (n_pos, n_neg), "score at least one member and one non-member"))
+        raise ConfigError(
+            bad_value("n_members/n_nonmembers", (n_pos, n_neg), "score at least one member and one non-member")
+        )
     fpr = np.concatenate([[0.0], fp / n_neg, [1.0]])
     tpr = np.concatenate([[0.0], tp / n_pos, [1.0]])
     order = np.lexsort((tpr, fpr))

@@ -19,7 +19,9 @@ def handle_audit(args) -> int:
     html_path, json_path = write_report(args.run_dir, args.out)
     with open(json_path, "r", encoding="utf-8") as fh:
         verdict = json.load(fh)["verdict"]
-    print(json.dumps({"html": html_path, "json": json_path, "verdict": verdict["status"], "reasons": verdict["reasons"]}))
+    print(
+        json.dumps({"html": html_path, "json": json_path, "verdict": verdict["status"], "reasons": verdict["reasons"]})
+    )
     from .main import EXIT_FAIL, EXIT_PASS
 
     return EXIT_PASS if verdict["status"] == "pass" else EXIT_FAIL
@@ -35,7 +37,8 @@ def register(subparsers) -> None:
         "audit",
         help="write report.html and report.json (verdict, what leaves each site, budget, MIA, reconstruction risk)",
         description="Read a `securefed run --out` folder and write a self-contained privacy report.",
-        epilog=exit_codes_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of `securefed run`")
     p.add_argument("--out", metavar="DIR", default=None, help="where to write the report (default: RUN_DIR)")

@@ -35,12 +35,20 @@ def parse_settings(items) -> dict:
 
 def register(subparsers) -> None:
     """Add the ``flower-app`` subcommand to an argparse subparsers object."""
-    p = subparsers.add_parser("flower-app", help="write the Flower App directory for a multi-site deployment",
-                              description="Write DIR/pyproject.toml naming securefed's ServerApp and ClientApp, "
-                                          "with the run configuration; then run `flwr run DIR <superlink>`.")
+    p = subparsers.add_parser(
+        "flower-app",
+        help="write the Flower App directory for a multi-site deployment",
+        description="Write DIR/pyproject.toml naming securefed's ServerApp and ClientApp, "
+        "with the run configuration; then run `flwr run DIR <superlink>`.",
+    )
     p.add_argument("directory")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"run configuration, keys: {', '.join(APP_CONFIG_DEFAULTS)}")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"run configuration, keys: {', '.join(APP_CONFIG_DEFAULTS)}",
+    )
     p.set_defaults(func=handle_flower_app)
 
 

@@ -27,7 +27,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_REFUSED, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3
 EXIT_CODES = {
     EXIT_PASS: "the privacy verdict is pass (or the command has no verdict and succeeded)",
     EXIT_FAIL: "the privacy verdict is not pass: fail, fail (overridden), not audited, or the run stopped at its "
-               "membership-audit gate",
+    "membership-audit gate",
     EXIT_REFUSED: "refused: bad input or a deliberate error, one line naming the option and the fix",
     EXIT_INTERNAL: "internal error: a bug in securefed (SECUREFED_DEBUG=1 shows the traceback; please report it)",
     EXIT_INTERRUPTED: "interrupted",
@@ -39,9 +39,13 @@ def exit_codes_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="securefed", description="Federated t-SNE, UMAP and spectral clustering with "
-                                     "secure aggregation, differential privacy and privacy audits.", epilog=exit_codes_epilog(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="securefed",
+        description="Federated t-SNE, UMAP and spectral clustering with "
+        "secure aggregation, differential privacy and privacy audits.",
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     from .run import register as register_run
@@ -91,8 +95,11 @@ def main(argv=None) -> int:
     except Exception as exc:  # an unexpected error is a bug: one line, the traceback on request
         if os.environ.get("SECUREFED_DEBUG"):
             raise
-        print(f"securefed {args.command}: internal error: {type(exc).__name__}: {exc} "
-              "(set SECUREFED_DEBUG=1 for the traceback and please report it)", file=sys.stderr)
+        print(
+            f"securefed {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(set SECUREFED_DEBUG=1 for the traceback and please report it)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
 
 

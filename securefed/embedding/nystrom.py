@@ -65,14 +65,20 @@ def _check_pair(R, W, rname: str) -> tuple[np.ndarray, np.ndarray]:
     R = as_float_matrix(R, rname)
     W = as_float_matrix(W, "W")
     if W.shape[0] != W.shape[1]:
-        raise DataError(bad_value("W", f"<array of shape {W.shape}>", "W is the landmark-by-landmark matrix; it must be square"))
+        raise DataError(
+            bad_value("W", f"<array of shape {W.shape}>", "W is the landmark-by-landmark matrix; it must be square")
+        )
     if R.shape[1] != W.shape[0]:
-        raise DataError(bad_value(rname, f"<{R.shape[1]} columns>", f"give one column per landmark, as W has ({W.shape[0]})"))
+        raise DataError(
+            bad_value(rname, f"<{R.shape[1]} columns>", f"give one column per landmark, as W has ({W.shape[0]})")
+        )
     if W.shape[0] < 2:
         raise DataError(bad_value("W", f"<{W.shape[0]} landmark>", "use at least 2 landmarks"))
     scale = max(float(np.abs(W).max()), 1e-300)
     if float(np.abs(W - W.T).max()) > 1e-8 * scale:
-        raise DataError(bad_value("W", "<non-symmetric matrix>", "W must be D(Y, Y) or K(Y, Y) of the same landmarks (symmetric)"))
+        raise DataError(
+            bad_value("W", "<non-symmetric matrix>", "W must be D(Y, Y) or K(Y, Y) of the same landmarks (symmetric)")
+        )
     return R, 0.5 * (W + W.T)
 
 
@@ -80,7 +86,11 @@ def _check_rank(rank, n_y: int) -> int | None:
     if rank is None:
         return None
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n_y:
-        raise ConfigError(bad_value("rank", rank, f"use an integer between 1 and the number of landmarks ({n_y}), or None for full rank"))
+        raise ConfigError(
+            bad_value(
+                "rank", rank, f"use an integer between 1 and the number of landmarks ({n_y}), or None for full rank"
+            )
+        )
     return int(rank)
 
 
@@ -110,8 +120,12 @@ def _check_dense(n: int, max_records: int) -> None:
     if n > max_records:
         gb = 8.0 * n * n / 1e9
         raise ConfigError(
-            bad_value("n_records", n, f"the dense n×n reconstruction would need {gb:.1f} GB; use the feature-map path "
-                      f"(reconstruction='features': kernel_feature_map/distance_feature_map + knn_graph) or raise max_records")
+            bad_value(
+                "n_records",
+                n,
+                f"the dense n×n reconstruction would need {gb:.1f} GB; use the feature-map path "
+                f"(reconstruction='features': kernel_feature_map/distance_feature_map + knn_graph) or raise max_records",
+            )
         )
 
 
@@ -146,8 +160,16 @@ def _nystrom_dense(R, W, rname: str, rank, reg, rtol, max_records: int) -> np.nd
 # --------------------------------------------------------------------------- paper forms (dense)
 
 
-def nystrom_distance(B, W, rank=None, reg=None, *, squared: bool = True, rtol: float = 1e-10,
-                     max_records: int = DEFAULT_MAX_DENSE_RECORDS) -> np.ndarray:
+def nystrom_distance(
+    B,
+    W,
+    rank=None,
+    reg=None,
+    *,
+    squared: bool = True,
+    rtol: float = 1e-10,
+    max_records: int = DEFAULT_MAX_DENSE_RECORDS,
+) -> np.ndarray:
     """Estimate all pairwise distances from landmark distances: Qiao et al. Eq. (21), ``D̂ = B W_k^† Bᵀ``.
 
     Parameters
@@ -186,8 +208,9 @@ def nystrom_distance(B, W, rank=None, reg=None, *, squared: bool = True, rtol: f
     return D
 
 
-def nystrom_kernel(C, W, rank=None, reg=None, *, rtol: float = 1e-10,
-                   max_records: int = DEFAULT_MAX_DENSE_RECORDS) -> np.ndarray:
+def nystrom_kernel(
+    C, W, rank=None, reg=None, *, rtol: float = 1e-10, max_records: int = DEFAULT_MAX_DENSE_RECORDS
+) -> np.ndarray:
     """Nyström kernel matrix ``K̂ = C W_k^† Cᵀ`` (Qiao et al. Algorithm 3 with Eq. 18).
 
     Parameters
@@ -245,7 +268,9 @@ def kernel_feature_map(C, W, rtol: float = 1e-10, rank=None, reg=None) -> np.nda
     evals, evecs = np.linalg.eigh(W + reg * np.eye(len(W)) if reg else W)
     evals, evecs = evals[::-1], evecs[:, ::-1]  # descending
     if evals[0] <= 0:
-        raise DataError(bad_value("W", "<no positive eigenvalue>", "W must be a positive semi-definite kernel matrix K(Y, Y)"))
+        raise DataError(
+            bad_value("W", "<no positive eigenvalue>", "W must be a positive semi-definite kernel matrix K(Y, Y)")
+        )
     keep = evals > rtol * evals[0]
     if rank is not None:
         keep[rank:] = False
@@ -284,8 +309,9 @@ def distance_feature_map(B, W, rtol: float = 1e-10, rank=None) -> np.ndarray:
     return np.ascontiguousarray(-0.5 * (B - col_mean[None, :]) @ (evecs[:, keep] / np.sqrt(evals[keep])))
 
 
-def knn_graph(Phi, k: int, random_state=None, method: str = "auto", include_self: bool = True,
-              n_jobs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def knn_graph(
+    Phi, k: int, random_state=None, method: str = "auto", include_self: bool = True, n_jobs: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """k-nearest-neighbour graph of the rows of ``Phi`` (Euclidean), without any n × n matrix.
 
     Parameters
@@ -316,7 +342,12 @@ def knn_graph(Phi, k: int, random_state=None, method: str = "auto", include_self
     """
     X = as_float_matrix(Phi, "Phi")
     n = len(X)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k < n or (include_self is False and k > n - 1):
+    if (
+        isinstance(k, bool)
+        or not isinstance(k, (int, np.integer))
+        or not 1 <= k < n
+        or (include_self is False and k > n - 1)
+    ):
         raise ConfigError(bad_value("k", k, f"use an integer with 1 ≤ k < n = {n}"))
     if include_self and k < 2:
         raise ConfigError(bad_value("k", k, "with include_self=True use k ≥ 2 (the point itself takes one column)"))
@@ -334,8 +365,9 @@ def knn_graph(Phi, k: int, random_state=None, method: str = "auto", include_self
     else:
         from pynndescent import NNDescent
 
-        index = NNDescent(X, n_neighbors=k_other + 1,
-                          metric="euclidean", random_state=seed, n_jobs=n_jobs, low_memory=True)
+        index = NNDescent(
+            X, n_neighbors=k_other + 1, metric="euclidean", random_state=seed, n_jobs=n_jobs, low_memory=True
+        )
         ind, dist = index.neighbor_graph
     ind = np.asarray(ind, dtype=np.int64)
     dist = np.asarray(dist, dtype=np.float64)
@@ -345,15 +377,20 @@ def knn_graph(Phi, k: int, random_state=None, method: str = "auto", include_self
     ind = np.take_along_axis(ind, order, axis=1)[:, :k_other]
     dist = np.take_along_axis(dist, order, axis=1)[:, :k_other]
     if np.any(ind < 0):
-        raise DataError(bad_value("Phi", "<incomplete neighbour graph>", "too few distinct points for k; lower k or use method='exact'"))
+        raise DataError(
+            bad_value(
+                "Phi", "<incomplete neighbour graph>", "too few distinct points for k; lower k or use method='exact'"
+            )
+        )
     if include_self:
         ind = np.hstack([rows[:, None], ind])
         dist = np.hstack([np.zeros((n, 1)), dist])
     return np.ascontiguousarray(ind), np.ascontiguousarray(dist)
 
 
-def choose_reconstruction(n: int, reconstruction: str = "auto", dense_limit: int = DEFAULT_DENSE_LIMIT, *,
-                          noisy_landmarks: bool = False) -> str:
+def choose_reconstruction(
+    n: int, reconstruction: str = "auto", dense_limit: int = DEFAULT_DENSE_LIMIT, *, noisy_landmarks: bool = False
+) -> str:
     """Pick the server's reconstruction path by data size and landmark kind.
 
     ``"paper"`` — the dense n × n forms of Algorithms 2–3 (:func:`nystrom_distance`,
@@ -374,12 +411,20 @@ def choose_reconstruction(n: int, reconstruction: str = "auto", dense_limit: int
     if isinstance(dense_limit, bool) or not isinstance(dense_limit, (int, np.integer)) or dense_limit < 2:
         raise ConfigError(bad_value("dense_limit", dense_limit, "use an integer number of records ≥ 2, e.g. 10000"))
     if reconstruction not in ("auto", "paper", "features"):
-        raise ConfigError(bad_value("reconstruction", reconstruction, "use 'auto', 'paper' (dense n×n, Alg. 2–3) or 'features' (scalable)"))
+        raise ConfigError(
+            bad_value(
+                "reconstruction", reconstruction, "use 'auto', 'paper' (dense n×n, Alg. 2–3) or 'features' (scalable)"
+            )
+        )
     if reconstruction == "auto":
         return "paper" if (n <= dense_limit and not noisy_landmarks) else "features"
     if reconstruction == "paper" and n > dense_limit:
         raise ConfigError(
-            bad_value("reconstruction", "paper", f"n={n} records need {8.0 * n * n / 1e9:.1f} GB per n×n matrix, above "
-                      f"dense_limit={dense_limit}; use 'features' or 'auto', or raise dense_limit explicitly")
+            bad_value(
+                "reconstruction",
+                "paper",
+                f"n={n} records need {8.0 * n * n / 1e9:.1f} GB per n×n matrix, above "
+                f"dense_limit={dense_limit}; use 'features' or 'auto', or raise dense_limit explicitly",
+            )
         )
     return reconstruction

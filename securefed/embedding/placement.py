@@ -17,10 +17,24 @@ import numpy as np
 
 from ..errors import ConfigError, ProtocolError, bad_value
 
-__all__ = ["CellField", "OwnRepulsion", "PlacementGradient", "cells_exact", "conditional_affinities",
-           "fit_landmark_tsne", "gradient_descent", "landmark_perplexity", "nearest_rows", "own_by_tree",
-           "place_records", "place_records_umap", "place_refine", "place_weighted", "placement_affinities",
-           "weighted_tsne"]
+__all__ = [
+    "CellField",
+    "OwnRepulsion",
+    "PlacementGradient",
+    "cells_exact",
+    "conditional_affinities",
+    "fit_landmark_tsne",
+    "gradient_descent",
+    "landmark_perplexity",
+    "nearest_rows",
+    "own_by_tree",
+    "place_records",
+    "place_records_umap",
+    "place_refine",
+    "place_weighted",
+    "placement_affinities",
+    "weighted_tsne",
+]
 
 
 def landmark_perplexity(perplexity: float, n_landmarks: int) -> float:
@@ -39,26 +53,43 @@ def fit_landmark_tsne(Y: np.ndarray, perplexity: float, seed: int, n_components:
     return tsne_landmark_model(Y, perplexity=perplexity, n_components=n_components, seed=int(seed), n_jobs=1)[0]
 
 
-def place_records(Y: np.ndarray, X: np.ndarray, perplexity: float, seed: int, expected: np.ndarray | None = None,
-                  n_components: int = 2) -> np.ndarray:
+def place_records(
+    Y: np.ndarray,
+    X: np.ndarray,
+    perplexity: float,
+    seed: int,
+    expected: np.ndarray | None = None,
+    n_components: int = 2,
+) -> np.ndarray:
     """Site side: refit the landmark model, check it against the server's, place ``X``; returns coordinates."""
     model = fit_landmark_tsne(Y, perplexity, seed, n_components)
     if expected is not None:
         mine = np.asarray(model)
         if mine.shape != expected.shape or not np.allclose(mine, expected, rtol=0, atol=1e-9):
-            raise ProtocolError("the landmark t-SNE model rebuilt on this site differs from the server's "
-                                "(different openTSNE version?); refusing to place records")
+            raise ProtocolError(
+                "the landmark t-SNE model rebuilt on this site differs from the server's "
+                "(different openTSNE version?); refusing to place records"
+            )
     return np.asarray(model.transform(X, perplexity=landmark_perplexity(perplexity, len(Y))))
 
 
 def _same(mine: np.ndarray, expected: np.ndarray, what: str) -> None:
     if mine.shape != expected.shape or not np.allclose(mine, expected, rtol=0, atol=1e-9):
-        raise ProtocolError(f"the landmark {what} model rebuilt on this site differs from the server's "
-                            "(different library version?); refusing to place records")
+        raise ProtocolError(
+            f"the landmark {what} model rebuilt on this site differs from the server's "
+            "(different library version?); refusing to place records"
+        )
 
 
-def place_records_umap(Y: np.ndarray, X: np.ndarray, n_neighbors: int, min_dist: float, seed: int,
-                       expected: np.ndarray | None = None, n_components: int = 2) -> np.ndarray:
+def place_records_umap(
+    Y: np.ndarray,
+    X: np.ndarray,
+    n_neighbors: int,
+    min_dist: float,
+    seed: int,
+    expected: np.ndarray | None = None,
+    n_components: int = 2,
+) -> np.ndarray:
     """Site side of ``umap-local``: refit the server's landmark UMAP (same seed; checked against the server's
     landmark embedding) and place ``X`` with ``transform``, as ``FedUMAP(nystrom="local")``."""
     import warnings
@@ -132,8 +163,17 @@ def gradient_descent(y0, grad, n_iter: int, lr: float, momentum: float):
     return y
 
 
-def weighted_tsne(Y: np.ndarray, c: np.ndarray, *, perplexity: float = 30.0, seed: int = 0, n_iter: int = 750,
-                  early_iter: int = 250, exaggeration: float = 12.0, n_components: int = 2):
+def weighted_tsne(
+    Y: np.ndarray,
+    c: np.ndarray,
+    *,
+    perplexity: float = 30.0,
+    seed: int = 0,
+    n_iter: int = 750,
+    early_iter: int = 250,
+    exaggeration: float = 12.0,
+    n_components: int = 2,
+):
     """The coordinator's map of the landmarks: exact t-SNE in which landmark L stands for ``c_L`` collapsed
     records (mass-weighted affinities; repulsion ∝ c_I c_J; openTSNE's schedule). Returns ``(Z, Zn)``: the 2-D
     coordinates and the normalisation ``Zn = Σ_{I≠J} c_I c_J w_IJ`` of the final map (both broadcast)."""
@@ -181,8 +221,9 @@ def place_weighted(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, *, perplexity: f
     return np.einsum("nk,nkc->nc", P, Z[idx])
 
 
-def nearest_rows(A: np.ndarray, B: np.ndarray | None, k: int, *,
-                 block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def nearest_rows(
+    A: np.ndarray, B: np.ndarray | None, k: int, *, block: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact ``k`` nearest rows of ``B`` for every row of ``A``: ``(indices, squared distances)``, each ``(n_A, k)``,
     nearest first. ``B=None``: among the rows of ``A`` themselves, each row's own index left out. Rows of ``A`` are
     taken ``block`` at a time (default: about 2 million distances, 16 MB, at a time; time ``n_A · n_B`` at
@@ -197,7 +238,7 @@ def nearest_rows(A: np.ndarray, B: np.ndarray | None, k: int, *,
     idx = np.empty((n, k), dtype=np.int64)
     dist = np.empty((n, k))
     for a in range(0, n, block):
-        Ab = A[a:a + block]
+        Ab = A[a : a + block]
         D = Ab @ B.T  # ‖a − b‖² − ‖a‖² = ‖b‖² − 2 a·b ranks the rows of B for each a
         D *= -2.0
         D += b2[None, :]
@@ -207,9 +248,10 @@ def nearest_rows(A: np.ndarray, B: np.ndarray | None, k: int, *,
         part = np.argpartition(D, k - 1, axis=1)[:, :k] if k < D.shape[1] else np.tile(np.arange(k), (len(D), 1))
         d = np.take_along_axis(D, part, axis=1)
         order = np.argsort(d, axis=1, kind="stable")
-        idx[a:a + block] = np.take_along_axis(part, order, axis=1)
-        dist[a:a + block] = np.maximum(np.take_along_axis(d, order, axis=1) + np.einsum("ij,ij->i", Ab, Ab)[:, None],
-                                       0.0)
+        idx[a : a + block] = np.take_along_axis(part, order, axis=1)
+        dist[a : a + block] = np.maximum(
+            np.take_along_axis(d, order, axis=1) + np.einsum("ij,ij->i", Ab, Ab)[:, None], 0.0
+        )
     return idx, dist
 
 
@@ -312,8 +354,7 @@ class _Grid:
         rx, ry, w = stencil
         L, G = self.L, self.G
         flat = (rx * L + ry).ravel()
-        grid = np.stack([np.bincount(flat, (w * q[:, None]).ravel(), minlength=L * L).reshape(L, L)
-                         for q in charges.T])
+        grid = np.stack([np.bincount(flat, (w * q[:, None]).ravel(), minlength=L * L).reshape(L, L) for q in charges.T])
         conv = scipy.fft.irfft2(scipy.fft.rfft2(grid) * self.spectrum, s=(L, L))[:, :G, :G]
         return np.ascontiguousarray(conv.reshape(len(charges.T), G * G).T)
 
@@ -341,19 +382,26 @@ class CellField:
     the grid for a few hundred records, :func:`cells_exact`). Each record's value depends on its own position and the
     broadcast only."""
 
-    def __init__(self, Z: np.ndarray, M: np.ndarray, *, exact: bool = False, p: int = 5, box: float = 1.0,
-                 margin: float = 0.1):
+    def __init__(
+        self, Z: np.ndarray, M: np.ndarray, *, exact: bool = False, p: int = 5, box: float = 1.0, margin: float = 0.1
+    ):
         Z = np.ascontiguousarray(Z, dtype=np.float64)
         if Z.ndim != 2 or Z.shape[1] != 2:
-            raise ConfigError(bad_value("n_components", Z.shape[1] if Z.ndim == 2 else Z.shape,
-                                        "the no-rows t-SNE placement draws 2-D maps; use n_components=2"))
+            raise ConfigError(
+                bad_value(
+                    "n_components",
+                    Z.shape[1] if Z.ndim == 2 else Z.shape,
+                    "the no-rows t-SNE placement draws 2-D maps; use n_components=2",
+                )
+            )
         self.Z, self.M = Z, np.asarray(M, dtype=np.float64)
         self.grid = None
         if not exact:
             lo, side = _square(Z, margin, box)
             self.grid = _Grid(lo, side, p=p, box=box)
-            self.potential = self.grid.potentials(self.grid.stencil(Z), np.stack([self.M, self.M * Z[:, 0],
-                                                                                   self.M * Z[:, 1]], axis=1))
+            self.potential = self.grid.potentials(
+                self.grid.stencil(Z), np.stack([self.M, self.M * Z[:, 0], self.M * Z[:, 1]], axis=1)
+            )
 
     @staticmethod
     def grid_size(Z: np.ndarray, *, p: int = 5, box: float = 1.0, margin: float = 0.1) -> int:
@@ -367,9 +415,9 @@ class CellField:
         """The repulsion summed landmark by landmark (records outside the grid; tests)."""
         out = np.empty_like(y)
         for a in range(0, len(y), 4096):
-            W = _student(y[a:a + 4096], self.Z)
+            W = _student(y[a : a + 4096], self.Z)
             A = self.M[None, :] * W * W
-            out[a:a + 4096] = A.sum(axis=1)[:, None] * y[a:a + 4096] - A @ self.Z
+            out[a : a + 4096] = A.sum(axis=1)[:, None] * y[a : a + 4096] - A @ self.Z
         return out
 
     def __call__(self, y: np.ndarray) -> np.ndarray:
@@ -478,8 +526,9 @@ def _attraction(P, y: np.ndarray, ref: np.ndarray) -> np.ndarray:
     from openTSNE import _tsne
 
     g = np.zeros_like(y)
-    _tsne.estimate_positive_gradient_nn(P.indices, P.indptr, P.data, y, ref, g, dof=1, num_threads=1,
-                                        should_eval_error=False)
+    _tsne.estimate_positive_gradient_nn(
+        P.indices, P.indptr, P.data, y, ref, g, dof=1, num_threads=1, should_eval_error=False
+    )
     return g
 
 
@@ -495,8 +544,19 @@ class PlacementGradient:
     records' repulsion: openTSNE's Barnes–Hut estimate or :class:`OwnRepulsion`, whichever :func:`own_by_tree` finds
     cheaper; the attraction: openTSNE's sparse sum. ``interact=False`` drops both sums over j and uses ``M = c``; ``counted=False`` uses ``M = c``."""
 
-    def __init__(self, F, Y, Z, c, Zn: float, *, perplexity: float, counted: bool = True, interact: bool = True,
-                 iterations: int = 250):
+    def __init__(
+        self,
+        F,
+        Y,
+        Z,
+        c,
+        Zn: float,
+        *,
+        perplexity: float,
+        counted: bool = True,
+        interact: bool = True,
+        iterations: int = 250,
+    ):
         from ..landmarks.cells import cell_counts
 
         n = len(F)
@@ -528,9 +588,22 @@ class PlacementGradient:
         return 4 * (_attraction(self._exag[exag], y, ref) - rep / self.Zn)
 
 
-def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn: float, *, perplexity: float = 30.0,
-                 n_iter: int = 150, early_iter: int = 100, exaggeration: float = 4.0, init_perplexity: float = 5.0,
-                 counted: bool = True, interact: bool = True, progress=None) -> np.ndarray:
+def place_refine(
+    F: np.ndarray,
+    Y: np.ndarray,
+    Z: np.ndarray,
+    c: np.ndarray,
+    Zn: float,
+    *,
+    perplexity: float = 30.0,
+    n_iter: int = 150,
+    early_iter: int = 100,
+    exaggeration: float = 4.0,
+    init_perplexity: float = 5.0,
+    counted: bool = True,
+    interact: bool = True,
+    progress=None,
+) -> np.ndarray:
     """A site's step: its records' t-SNE against the fixed cell map (``F`` its records in the landmarks' space).
 
     The affinities are the N-record t-SNE's restricted to this site's rows: over its own records (mass 1 each) and
@@ -556,8 +629,9 @@ def place_refine(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, c: np.ndarray, Zn:
     N = float(c.sum())
     y0 = place_weighted(F, Y, Z, perplexity=init_perplexity)
     total = int(early_iter) + int(n_iter)
-    grad = PlacementGradient(F, Y, Z, c, Zn, perplexity=perplexity, counted=counted, interact=interact,
-                             iterations=total)
+    grad = PlacementGradient(
+        F, Y, Z, c, Zn, perplexity=perplexity, counted=counted, interact=interact, iterations=total
+    )
     done = [0]
     if progress is not None:
         progress(0, total)

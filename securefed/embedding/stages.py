@@ -12,8 +12,17 @@ import numpy as np
 from ..kernels import gaussian_kernel, sq_dists
 from . import nystrom as _ny
 
-__all__ = ["knn_from_distance_rows", "tsne_from_distance_rows", "umap_from_distance_rows", "spectral_from_kernel_rows",
-           "tsne_landmark_model", "umap_landmark_model", "spectral_landmark_labels", "spectral_assign", "seed_from"]
+__all__ = [
+    "knn_from_distance_rows",
+    "tsne_from_distance_rows",
+    "umap_from_distance_rows",
+    "spectral_from_kernel_rows",
+    "tsne_landmark_model",
+    "umap_landmark_model",
+    "spectral_landmark_labels",
+    "spectral_assign",
+    "seed_from",
+]
 
 
 def seed_from(rng: np.random.Generator) -> int:
@@ -57,8 +66,18 @@ def knn_from_distance_rows(B, landmarks, k, *, reconstruction="auto", noisy_land
     return idx, dist, Z, path
 
 
-def tsne_from_distance_rows(B, landmarks, *, perplexity=30.0, n_components=2, n_iter=750, reconstruction="auto",
-                            noisy_landmarks=False, n_jobs=1, rng):
+def tsne_from_distance_rows(
+    B,
+    landmarks,
+    *,
+    perplexity=30.0,
+    n_components=2,
+    n_iter=750,
+    reconstruction="auto",
+    noisy_landmarks=False,
+    n_jobs=1,
+    rng,
+):
     """Fed-tSNE's server step (Qiao et al. Algorithm 2, rows mode): the t-SNE embedding of all records
     from their distance rows ``B`` (k-NN by :func:`knn_from_distance_rows`, then openTSNE).
 
@@ -71,11 +90,13 @@ def tsne_from_distance_rows(B, landmarks, *, perplexity=30.0, n_components=2, n_
 
     n = len(B)
     k = int(min(n - 1, max(3 * perplexity + 1, 10)))
-    idx, dist, _, path = knn_from_distance_rows(B, landmarks, k + 1, reconstruction=reconstruction,
-                                                noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng)
+    idx, dist, _, path = knn_from_distance_rows(
+        B, landmarks, k + 1, reconstruction=reconstruction, noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng
+    )
     nn = PrecomputedNeighbors(idx[:, 1:], dist[:, 1:])
-    P = affinity.PerplexityBasedNN(knn_index=nn, perplexity=float(min(perplexity, (k) / 3.0)),
-                                   n_jobs=n_jobs, random_state=_seed(rng))
+    P = affinity.PerplexityBasedNN(
+        knn_index=nn, perplexity=float(min(perplexity, (k) / 3.0)), n_jobs=n_jobs, random_state=_seed(rng)
+    )
     init = initialization.spectral(P.P, n_components=n_components, random_state=_seed(rng))
     E = TSNEEmbedding(init, P, n_jobs=n_jobs, random_state=_seed(rng))
     E = E.optimize(250, exaggeration=12, momentum=0.5)
@@ -83,8 +104,18 @@ def tsne_from_distance_rows(B, landmarks, *, perplexity=30.0, n_components=2, n_
     return np.asarray(E), path
 
 
-def umap_from_distance_rows(B, landmarks, *, n_neighbors=15, min_dist=0.1, n_components=2, reconstruction="auto",
-                            noisy_landmarks=False, n_jobs=1, rng):
+def umap_from_distance_rows(
+    B,
+    landmarks,
+    *,
+    n_neighbors=15,
+    min_dist=0.1,
+    n_components=2,
+    reconstruction="auto",
+    noisy_landmarks=False,
+    n_jobs=1,
+    rng,
+):
     """Fed-UMAP's server step (Qiao et al. Algorithm 2, rows mode): UMAP of all records from ``B``.
 
     Returns
@@ -101,19 +132,31 @@ def umap_from_distance_rows(B, landmarks, *, n_neighbors=15, min_dist=0.1, n_com
         warnings.filterwarnings("ignore", message=".*n_jobs value.*")
         warnings.filterwarnings("ignore", message=".*precomputed_knn.*")
         warnings.filterwarnings("ignore", message=".*inverse_transform will be unavailable.*")  # by design: no inverse
-        idx, dist, Z, path = knn_from_distance_rows(B, landmarks, k, reconstruction=reconstruction,
-                                                    noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng)
+        idx, dist, Z, path = knn_from_distance_rows(
+            B, landmarks, k, reconstruction=reconstruction, noisy_landmarks=noisy_landmarks, n_jobs=n_jobs, rng=rng
+        )
         if path == "paper":
-            model = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=min_dist,
-                              metric="precomputed", random_state=_seed(rng))
+            model = umap.UMAP(
+                n_components=n_components,
+                n_neighbors=k,
+                min_dist=min_dist,
+                metric="precomputed",
+                random_state=_seed(rng),
+            )
         else:
-            model = umap.UMAP(n_components=n_components, n_neighbors=k, min_dist=min_dist,
-                              precomputed_knn=(idx, dist, None), random_state=_seed(rng))
+            model = umap.UMAP(
+                n_components=n_components,
+                n_neighbors=k,
+                min_dist=min_dist,
+                precomputed_knn=(idx, dist, None),
+                random_state=_seed(rng),
+            )
         return model.fit_transform(Z), path
 
 
-def spectral_from_kernel_rows(C, landmarks, gamma, *, n_clusters=8, n_neighbors=15, reconstruction="auto", n_jobs=1,
-                              rng):
+def spectral_from_kernel_rows(
+    C, landmarks, gamma, *, n_clusters=8, n_neighbors=15, reconstruction="auto", n_jobs=1, rng
+):
     """Fed-SpeClust's server step (Qiao et al. Algorithm 3, rows mode): cluster labels of all records
     from their kernel rows ``C = K(X, Y)`` — dense ``C W^† Cᵀ`` (``"paper"``) or the kernel feature map +
     a sparse k-NN affinity graph (``"features"``).
@@ -138,8 +181,9 @@ def spectral_from_kernel_rows(C, landmarks, gamma, *, n_clusters=8, n_neighbors=
     from scipy.sparse import csr_matrix
 
     G = csr_matrix((dist[:, 1:].ravel(), idx[:, 1:].ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
-    labels = SpectralClustering(n_clusters, affinity="precomputed_nearest_neighbors",
-                                n_neighbors=k, random_state=_seed(rng)).fit_predict(G)
+    labels = SpectralClustering(
+        n_clusters, affinity="precomputed_nearest_neighbors", n_neighbors=k, random_state=_seed(rng)
+    ).fit_predict(G)
     return labels, path
 
 
@@ -165,7 +209,9 @@ def umap_landmark_model(landmarks, *, n_neighbors=15, min_dist=0.1, n_components
     nn = int(min(n_neighbors, len(landmarks) - 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*n_jobs value.*")
-        return umap.UMAP(n_components=n_components, n_neighbors=nn, min_dist=min_dist, random_state=int(seed)).fit(landmarks)
+        return umap.UMAP(n_components=n_components, n_neighbors=nn, min_dist=min_dist, random_state=int(seed)).fit(
+            landmarks
+        )
 
 
 def spectral_landmark_labels(landmarks, gamma, *, n_clusters=8, seed=0, masses=None):

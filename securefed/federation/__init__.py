@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {"Coordinator": "coordinator", "Request": "coordinator", "ListNodes": "coordinator",
-          "InMemoryExchange": "inprocess", "drive": "inprocess", "run_in_process": "inprocess",
-          "RunResult": "result", "SiteWorker": "site"}
+_WHERE = {
+    "Coordinator": "coordinator",
+    "Request": "coordinator",
+    "ListNodes": "coordinator",
+    "InMemoryExchange": "inprocess",
+    "drive": "inprocess",
+    "run_in_process": "inprocess",
+    "RunResult": "result",
+    "SiteWorker": "site",
+}
 
 __all__ = list(_WHERE)
 

@@ -64,15 +64,15 @@ class Sites:
     """The coordinator's view of the sites, in site order (sorted by site name)."""
 
     names: list
-    sizes: list            # FedDL members per site (public, announced at hello)
-    holdouts: list         # audit hold-out records per site
+    sizes: list  # FedDL members per site (public, announced at hello)
+    holdouts: list  # audit hold-out records per site
     n_features: int
-    identities: list       # Ed25519 public keys of this run
-    address: list          # transport address of each site
+    identities: list  # Ed25519 public keys of this run
+    address: list  # transport address of each site
     live: set = field(default_factory=set)
-    silent: dict = field(default_factory=dict)      # site → why it is not live
+    silent: dict = field(default_factory=dict)  # site → why it is not live
     readmitted: list = field(default_factory=list)
-    strangers: set = field(default_factory=set)     # addresses that are not sites of this run
+    strangers: set = field(default_factory=set)  # addresses that are not sites of this run
 
     def drop(self, i: int, reason: str | None = None) -> None:
         self.live.discard(i)
@@ -98,8 +98,11 @@ def with_site_reasons(exc: BaseException, sites) -> BaseException:
     any other error is returned unchanged."""
     if not isinstance(exc, ProtocolAbortedError) or sites is None:
         return exc
-    refusals = {sites.names[i]: r for i, r in sorted(sites.silent.items())
-                if 0 <= i < len(sites.names) and r.split(":", 1)[0].endswith("Error")}
+    refusals = {
+        sites.names[i]: r
+        for i, r in sorted(sites.silent.items())
+        if 0 <= i < len(sites.names) and r.split(":", 1)[0].endswith("Error")
+    }
     if not refusals:
         return exc
     said = "; ".join(f"{name}: {r}" for name, r in refusals.items())
@@ -156,10 +159,10 @@ class Coordinator:
         self._sec = None
         self._audit_relay: dict = {}
         self._clip_counts_named = False
-        self._prepared: list = []   # SecAgg+ rounds set up ahead of their inputs (federation.sums.PreparedRound)
-        self._proofs: dict = {}     # site → (round, proof of its last SecAgg+ sum): rides on its next request
+        self._prepared: list = []  # SecAgg+ rounds set up ahead of their inputs (federation.sums.PreparedRound)
+        self._proofs: dict = {}  # site → (round, proof of its last SecAgg+ sum): rides on its next request
         self._gen = None
-        self.guards: dict = {}      # each site's own conditions, as it reported them at hello
+        self.guards: dict = {}  # each site's own conditions, as it reported them at hello
         self._started = False
         self._t0 = time.perf_counter()
 
@@ -253,11 +256,19 @@ class Coordinator:
     def record_sum(self, label: str, agg, before: tuple, seconds: float) -> None:
         bt, bf, rt = before
         names = self.sites.names
-        self.steps.append({"label": label, "survivors": list(agg.survivors), "clipped": int(agg.clipped),
-                           "seconds": seconds, "protocol": agg.protocol, "round_trips": self.round_trips - rt,
-                           "bytes_to_site": {names[i]: self.bytes_to.get(i, 0) - bt.get(i, 0) for i in range(len(names))},
-                           "bytes_from_site": {names[i]: self.bytes_from.get(i, 0) - bf.get(i, 0) for i in range(len(names))},
-                           "details": agg.details})
+        self.steps.append(
+            {
+                "label": label,
+                "survivors": list(agg.survivors),
+                "clipped": int(agg.clipped),
+                "seconds": seconds,
+                "protocol": agg.protocol,
+                "round_trips": self.round_trips - rt,
+                "bytes_to_site": {names[i]: self.bytes_to.get(i, 0) - bt.get(i, 0) for i in range(len(names))},
+                "bytes_from_site": {names[i]: self.bytes_from.get(i, 0) - bf.get(i, 0) for i in range(len(names))},
+                "details": agg.details,
+            }
+        )
 
     def secagg_session(self):
         """The SecAgg+ session of this run (one session id, a round counter, the graph parameters).
@@ -273,9 +284,15 @@ class Coordinator:
 
             p = self.plan
             timeouts = {s: p.stage_timeout for s in STAGES} if p.stage_timeout else None
-            self._sec = SecAggAggregator(clip_range=1.0, modulus_bits=p.modulus_bits, fractional_bits=p.fractional_bits,
-                                         degree=p.degree, threshold=p.threshold, timeouts=timeouts,
-                                         colluders=getattr(p, "secagg_colluders", None))
+            self._sec = SecAggAggregator(
+                clip_range=1.0,
+                modulus_bits=p.modulus_bits,
+                fractional_bits=p.fractional_bits,
+                degree=p.degree,
+                threshold=p.threshold,
+                timeouts=timeouts,
+                colluders=getattr(p, "secagg_colluders", None),
+            )
         return self._sec
 
     # ------------------------------------------------------------------------------ the job
@@ -285,10 +302,14 @@ class Coordinator:
         yield from self._hello(addresses)
         warnings = self.warnings
         if plan.aggregation == "plain":
-            warnings.append("plain aggregation: the coordinator saw each site's own uploads, not only their sum (give a "
-                            f"public {plan.name('value_bound')} for the default secure sum)")
-        self.release("each site's record count, hold-out count and feature count (hello)",
-                     note="public by design: the DP calibration uses the sizes")
+            warnings.append(
+                "plain aggregation: the coordinator saw each site's own uploads, not only their sum (give a "
+                f"public {plan.name('value_bound')} for the default secure sum)"
+            )
+        self.release(
+            "each site's record count, hold-out count and feature count (hello)",
+            note="public by design: the DP calibration uses the sizes",
+        )
         lm = yield from self._landmarks()
         privacy = self.privacy.report() if self.privacy is not None else None  # the landmarks' ε, before any rows
         audit = None
@@ -308,8 +329,10 @@ class Coordinator:
         if privacy is not None:
             if plan.noise_seed_for_testing is not None:
                 privacy["epsilon_void"] = True
-                privacy["epsilon_void_reason"] = ("seeded noise (noise-seed-for-testing): anyone who knows the seed, the "
-                                                  "coordinator included, can subtract the noise; the ε holds for no one")
+                privacy["epsilon_void_reason"] = (
+                    "seeded noise (noise-seed-for-testing): anyone who knows the seed, the "
+                    "coordinator included, can subtract the noise; the ε holds for no one"
+                )
                 warnings.append("the DP noise was seeded for testing: the ε printed is void")
             if embedding is not None and embedding.get("rows_privacy") is not None:
                 privacy["rows"] = embedding.pop("rows_privacy")
@@ -317,28 +340,55 @@ class Coordinator:
         s = self.sites
         self.emit("done", seconds=time.perf_counter() - self._t0, round_trips=self.round_trips)
         return RunResult(
-            landmarks=lm.Y, landmark_space=lm.space, masses=lm.masses, gamma=lm.gamma, lr=lm.lr, rule=plan.rule, rounds_done=plan.rounds,
-            mmd_history=lm.history, run_id=self.run_id, sites=list(s.names), site_sizes=list(s.sizes),
-            holdouts=list(s.holdouts), n_features=s.n_features, released=[r["what"] for r in self.inventory],
-            inventory=list(self.inventory), warnings=warnings, privacy=privacy,
-            audit=audit, landmark_info=lm.info, embedding=embedding, survivors=sorted(s.live), steps=self.steps,
+            landmarks=lm.Y,
+            landmark_space=lm.space,
+            masses=lm.masses,
+            gamma=lm.gamma,
+            lr=lm.lr,
+            rule=plan.rule,
+            rounds_done=plan.rounds,
+            mmd_history=lm.history,
+            run_id=self.run_id,
+            sites=list(s.names),
+            site_sizes=list(s.sizes),
+            holdouts=list(s.holdouts),
+            n_features=s.n_features,
+            released=[r["what"] for r in self.inventory],
+            inventory=list(self.inventory),
+            warnings=warnings,
+            privacy=privacy,
+            audit=audit,
+            landmark_info=lm.info,
+            embedding=embedding,
+            survivors=sorted(s.live),
+            steps=self.steps,
             readmitted=list(s.readmitted),
             site_errors={s.names[i]: str(e) for i, e in s.silent.items() if 0 <= i < len(s.names)},
-            seconds=time.perf_counter() - self._t0, round_trips=self.round_trips, messages=self.messages,
+            seconds=time.perf_counter() - self._t0,
+            round_trips=self.round_trips,
+            messages=self.messages,
             identity_fingerprints=self.fingerprints(),
-            aggregation=self._aggregation_summary(), guarantee=run_guarantee(plan, lm.info, self.guards))
+            aggregation=self._aggregation_summary(),
+            guarantee=run_guarantee(plan, lm.info, self.guards),
+        )
 
     def _aggregation_summary(self) -> dict:
         """Totals over the run's secure sums (the figures FedDLResult.aggregation always had)."""
         sums = self.steps
-        up = [np.mean([st["bytes_from_site"][self.sites.names[i]] for i in st["survivors"]]) for st in sums
-              if st["survivors"]]
-        return {"protocol": self.plan.aggregation, "aggregations": len(sums),
-                "clipped": int(sum(st["clipped"] for st in sums)),
-                "min_survivors": min((len(st["survivors"]) for st in sums), default=len(self.sites.names)),
-                "seconds": float(sum(st["seconds"] for st in sums)),
-                "bytes_up_per_client": int(sum(up)),
-                "bytes_down": int(sum(sum(st["bytes_to_site"].values()) for st in sums))}
+        up = [
+            np.mean([st["bytes_from_site"][self.sites.names[i]] for i in st["survivors"]])
+            for st in sums
+            if st["survivors"]
+        ]
+        return {
+            "protocol": self.plan.aggregation,
+            "aggregations": len(sums),
+            "clipped": int(sum(st["clipped"] for st in sums)),
+            "min_survivors": min((len(st["survivors"]) for st in sums), default=len(self.sites.names)),
+            "seconds": float(sum(st["seconds"] for st in sums)),
+            "bytes_up_per_client": int(sum(up)),
+            "bytes_down": int(sum(sum(st["bytes_to_site"].values()) for st in sums)),
+        }
 
     # ------------------------------------------------------------------------------ hello and re-admission
     def _hello_request(self) -> dict:
@@ -350,8 +400,10 @@ class Coordinator:
         good = {a: r for a, r in replies.items() if "error" not in r and a in set(addresses)}
         if len(good) < plan.min_sites:
             errs = {str(a): r.get("error") for a, r in replies.items() if "error" in r}
-            raise ProtocolAbortedError(f"only {len(good)} site(s) answered hello (need {plan.name('min_sites')} = "
-                                       f"{plan.min_sites}); errors: {errs}")
+            raise ProtocolAbortedError(
+                f"only {len(good)} site(s) answered hello (need {plan.name('min_sites')} = "
+                f"{plan.min_sites}); errors: {errs}"
+            )
         try:
             order = sorted(good, key=lambda a: str(good[a]["site_name"]))
             names = [str(good[a]["site_name"]) for a in order]
@@ -366,8 +418,14 @@ class Coordinator:
         if len(set(names)) != len(names):
             raise ConfigError(bad_value("site-name", names, "give every site a distinct name"))
         if min(sizes) < 2:
-            raise DataError(bad_value("n_records", min(sizes), f"site {names[sizes.index(min(sizes))]!r} has fewer than 2 "
-                                      "records for FedDL; give every site at least 2 (more with an audit hold-out)"))
+            raise DataError(
+                bad_value(
+                    "n_records",
+                    min(sizes),
+                    f"site {names[sizes.index(min(sizes))]!r} has fewer than 2 "
+                    "records for FedDL; give every site at least 2 (more with an audit hold-out)",
+                )
+            )
         self.sites = Sites(names, sizes, holdouts, feats.pop(), keys, list(order), set(range(len(order))))
         self.guards = {names[j]: _guards(good[a]) for j, a in enumerate(order)}
         for i in range(len(order)):
@@ -429,8 +487,11 @@ class Coordinator:
         """The landmark stage of the plan's method (generator); returns the stage's result dict."""
         from . import landmark_stages
 
-        method = {"feddl": landmark_stages.feddl, "cells": landmark_stages.cells,
-                  "billboard": landmark_stages.billboard}[self.plan.landmark_method]
+        method = {
+            "feddl": landmark_stages.feddl,
+            "cells": landmark_stages.cells,
+            "billboard": landmark_stages.billboard,
+        }[self.plan.landmark_method]
         return (yield from method(self))
 
     # ------------------------------------------------------------------------------ stage 2: the audit gate
@@ -453,8 +514,9 @@ class Coordinator:
         if lm.relay:
             lm.relay = {"cells": lm.relay["cells"], "previous": None}  # the sites finish their trees with this request
         biggest = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
-        a = yield from secure_sum(self, task, "audit", biggest, weights="uniform",
-                                  out_shape=[len(scores) * (4 * GRID_SIZE + 4)])
+        a = yield from secure_sum(
+            self, task, "audit", biggest, weights="uniform", out_shape=[len(scores) * (4 * GRID_SIZE + 4)]
+        )
         delta = self.privacy.plan["delta"] if self.privacy is not None else 0.0
         mia = mia_from_counts(a.total, scores, n_sites=len(a.survivors), aggregation=a.protocol, delta=delta)
         claimed = float(self.privacy.ledger.spent()[0]) if self.privacy is not None else None
@@ -465,19 +527,30 @@ class Coordinator:
         out["mia"]["n_sites"] = len(a.survivors)
         out["mia_result"] = mia
         self._audit_relay = {"audit_total": a.total, "audit_scores": list(scores)}  # each site applies the gate itself
-        self.release("the sum over sites of the membership-audit ROC counts (members vs held-out records)",
-                     note="aggregate counts on public score grids")
+        self.release(
+            "the sum over sites of the membership-audit ROC counts (members vs held-out records)",
+            note="aggregate counts on public score grids",
+        )
         self.emit("audit", auc=mia.auc, empirical_epsilon=mia.empirical_epsilon, verdict=out["verdict"])
         if not dec.passed and not plan.allow_audit_failure:
-            out.update(verdict="fail", overridden=False, proceed=False, ledger_event=None,
-                       note="the run stopped at the gate: nothing per record was sent")
+            out.update(
+                verdict="fail",
+                overridden=False,
+                proceed=False,
+                ledger_event=None,
+                note="the run stopped at the gate: nothing per record was sent",
+            )
             self.partial["audit"] = out
-            remedy = {"cells": f"a larger {plan.name('cell_floor')} (now {plan.cell_floor})",
-                      "billboard": f"a smaller {plan.name('epsilon')}"}.get(
-                lm.info["method"], f"noise ({plan.name('epsilon')}) or fewer {plan.name('landmarks')}")
-            raise AuditFailedError("landmark membership audit failed: " + "; ".join(str(f) for f in dec.failures)
-                                   + f" — nothing per record left the sites; rerun with {remedy}, or with "
-                                     f"{plan.name('allow_audit_failure')} to proceed (recorded)")
+            remedy = {
+                "cells": f"a larger {plan.name('cell_floor')} (now {plan.cell_floor})",
+                "billboard": f"a smaller {plan.name('epsilon')}",
+            }.get(lm.info["method"], f"noise ({plan.name('epsilon')}) or fewer {plan.name('landmarks')}")
+            raise AuditFailedError(
+                "landmark membership audit failed: "
+                + "; ".join(str(f) for f in dec.failures)
+                + f" — nothing per record left the sites; rerun with {remedy}, or with "
+                f"{plan.name('allow_audit_failure')} to proceed (recorded)"
+            )
         return out
 
     # ------------------------------------------------------------------------------ stage 3: the embedding
@@ -486,24 +559,37 @@ class Coordinator:
         if plan.nystrom == "local":
             emb = yield from self._embed_local(lm)
             if plan.coordinates == "keep":
-                self.release(f"nothing per record: each site kept its {emb['sent_kind']}", to="its own site",
-                             note="the coordinator holds only the landmarks' map")
+                self.release(
+                    f"nothing per record: each site kept its {emb['sent_kind']}",
+                    to="its own site",
+                    note="the coordinator holds only the landmarks' map",
+                )
             else:
-                self.release(f"each site's {emb['sent_kind']}",
-                             note="a record's own coordinate is a function of that record: no ε covers it")
+                self.release(
+                    f"each site's {emb['sent_kind']}",
+                    note="a record's own coordinate is a function of that record: no ε covers it",
+                )
                 if plan.dp:
-                    warnings.append(f"each site's {emb['sent_kind']} went to the coordinator: computed from the site's "
-                                    "raw records, they are not covered by the differential-privacy accounting "
-                                    "(run with coordinates keep to leave them on the sites)")
+                    warnings.append(
+                        f"each site's {emb['sent_kind']} went to the coordinator: computed from the site's "
+                        "raw records, they are not covered by the differential-privacy accounting "
+                        "(run with coordinates keep to leave them on the sites)"
+                    )
             return emb
         emb = yield from self._embed_rows(lm.Y, lm.gamma, lm.rng)
         m = self.sites.n_features
-        leak = ("these rows give every record back (n_y > m: trilateration)" if plan.landmarks > m else
-                "these rows give back each record's projection onto the landmarks' span (all of it once n_y > m)")
-        warnings.append(f"every site sent one row per record ({emb['sent_kind']}); {leak}"
-                        + (" — computed from data-perturbed records (rows-epsilon)" if plan.rows_epsilon else ""))
-        self.release(f"each site's {emb['sent_kind']}", covered="by rows-epsilon" if plan.rows_epsilon else False,
-                     note=leak)
+        leak = (
+            "these rows give every record back (n_y > m: trilateration)"
+            if plan.landmarks > m
+            else "these rows give back each record's projection onto the landmarks' span (all of it once n_y > m)"
+        )
+        warnings.append(
+            f"every site sent one row per record ({emb['sent_kind']}); {leak}"
+            + (" — computed from data-perturbed records (rows-epsilon)" if plan.rows_epsilon else "")
+        )
+        self.release(
+            f"each site's {emb['sent_kind']}", covered="by rows-epsilon" if plan.rows_epsilon else False, note=leak
+        )
         return emb
 
     def _ask_live(self, req):
@@ -515,6 +601,7 @@ class Coordinator:
         live = sorted(s.live)
         base = dataclasses.replace(req, seed=int(self.plan.seed), audit_holdout=float(self.plan.audit_holdout))
         before = dict(self.bytes_from)
+
         def per_site(i):
             proof = self._proofs.pop(i, None) if hasattr(base, "proof") else None
             extra = {} if proof is None else {"proof_round": proof[0], "proof": proof[1]}
@@ -544,10 +631,22 @@ class Coordinator:
         else:  # the cells count the landmarks' members only; the map holds every record (the hold-out too)
             c = lm.masses = np.asarray(lm.masses, dtype=np.float64) * (N / float(np.sum(lm.masses)))
         seed = int(lm.rng.integers(0, 2**31 - 1))
-        req = {"method": plan.method, "keep": plan.coordinates == "keep", "Y": Y, "masses": c, "space": space,
-               **lm.relay, **(self._audit_relay if lm.relay else {})}
-        out = {"method": plan.method, "nystrom": "local", "model_seed": seed, "reconstruction": "local",
-               "landmark_masses": c}
+        req = {
+            "method": plan.method,
+            "keep": plan.coordinates == "keep",
+            "Y": Y,
+            "masses": c,
+            "space": space,
+            **lm.relay,
+            **(self._audit_relay if lm.relay else {}),
+        }
+        out = {
+            "method": plan.method,
+            "nystrom": "local",
+            "model_seed": seed,
+            "reconstruction": "local",
+            "landmark_masses": c,
+        }
         if plan.method == "spectral":
             g = plan.kernel_gamma if plan.kernel_gamma is not None else float(lm.gamma)
             lab_y = np.asarray(spectral_landmark_labels(Y, g, n_clusters=plan.n_clusters, seed=seed, masses=c))
@@ -559,11 +658,22 @@ class Coordinator:
                 req.update(perplexity=float(plan.placement_perplexity), Zn=float(Zn))
                 out["Zn"] = float(Zn)
             else:
-                E = np.asarray(umap_landmark_model(Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,
-                                                   n_components=plan.n_components, seed=seed).embedding_, dtype=np.float64)
+                E = np.asarray(
+                    umap_landmark_model(
+                        Y,
+                        n_neighbors=plan.n_neighbors,
+                        min_dist=plan.min_dist,
+                        n_components=plan.n_components,
+                        seed=seed,
+                    ).embedding_,
+                    dtype=np.float64,
+                )
             req["landmark_embedding"] = E
-            out.update(landmark_embedding=E, sent_kind=f"final {plan.n_components}-D coordinates, one per record",
-                       key="coordinates")
+            out.update(
+                landmark_embedding=E,
+                sent_kind=f"final {plan.n_components}-D coordinates, one per record",
+                key="coordinates",
+            )
         self.emit("embedding", landmarks=len(Y), method=plan.method)
         replies, missing = yield from self._ask_live(M.Place(**req))
         key = out.pop("key")
@@ -572,16 +682,23 @@ class Coordinator:
         elif key == "labels":
             out["labels"] = {s.names[i]: np.asarray(r["labels"], dtype=np.int64) for i, r in sorted(replies.items())}
         else:
-            out["coordinates"] = {s.names[i]: M.decode_reply(M.PlaceReply, r).embedding for i, r in sorted(replies.items())}
-        ids = {s.names[i]: [str(v) for v in rids] for i, r in sorted(replies.items())
-               if (rids := M.decode_reply(M.PlaceReply, r).record_ids) is not None}
+            out["coordinates"] = {
+                s.names[i]: M.decode_reply(M.PlaceReply, r).embedding for i, r in sorted(replies.items())
+            }
+        ids = {
+            s.names[i]: [str(v) for v in rids]
+            for i, r in sorted(replies.items())
+            if (rids := M.decode_reply(M.PlaceReply, r).record_ids) is not None
+        }
         for name, v in ids.items():  # a site that chose send-record-ids: its ids, in its record order
             if len(v) != len(out.get("coordinates", out.get("labels", {})).get(name, v)):
                 raise ProtocolError(f"site {name!r} sent {len(v)} record ids for a different number of records")
         if ids:
             out["record_ids"] = ids
-            self.release(f"the record ids of {', '.join(sorted(ids))} (site option send-record-ids)",
-                         note="the site chose to send them: they name who is in its data")
+            self.release(
+                f"the record ids of {', '.join(sorted(ids))} (site option send-record-ids)",
+                note="the site chose to send them: they name who is in its data",
+            )
         out.update(missing=missing, bytes_from_site=self._stage_bytes)
         return out
 
@@ -596,9 +713,14 @@ class Coordinator:
         g = (plan.kernel_gamma if plan.kernel_gamma is not None else float(gamma)) if spectral else float(gamma)
         rows_dp = None
         if plan.rows_epsilon is not None:
-            rows_dp = {"run_id": self.run_id, "epsilon": float(plan.rows_epsilon), "delta": float(plan.delta),
-                       "accountant": plan.accountant, "tau_x": float(plan.clip_norm),
-                       "noise_seed": plan.noise_seed_for_testing}
+            rows_dp = {
+                "run_id": self.run_id,
+                "epsilon": float(plan.rows_epsilon),
+                "delta": float(plan.delta),
+                "accountant": plan.accountant,
+                "tau_x": float(plan.clip_norm),
+                "noise_seed": plan.noise_seed_for_testing,
+            }
         req = M.Rows(kind="kernel" if spectral else "distance", Y=Y, gamma=g, rows_dp=rows_dp)
         replies, missing = yield from self._ask_live(req)
         if not replies:
@@ -618,28 +740,61 @@ class Coordinator:
         self.emit("rows", records=len(B), sites=[s.names[i] for i in order])
         cuts = np.cumsum([0] + [len(b) for b in blocks])
         parts = lambda A: {s.names[i]: A[a:b] for i, a, b in zip(order, cuts[:-1], cuts[1:])}  # noqa: E731
-        out = {"method": plan.method, "nystrom": "rows", "missing": missing, "rows_privacy": rows_privacy,
-               "bytes_from_site": self._stage_bytes,
-               "rows_per_site": {s.names[i]: len(b) for i, b in zip(order, blocks)}}
+        out = {
+            "method": plan.method,
+            "nystrom": "rows",
+            "missing": missing,
+            "rows_privacy": rows_privacy,
+            "bytes_from_site": self._stage_bytes,
+            "rows_per_site": {s.names[i]: len(b) for i, b in zip(order, blocks)},
+        }
         if plan.keep_rows:
             out["rows"] = parts(B)
         noisy = plan.dp
         if spectral:
-            labels, path = spectral_from_kernel_rows(B, Y, g, n_clusters=plan.n_clusters, n_neighbors=plan.n_neighbors,
-                                                     reconstruction=plan.reconstruction, n_jobs=plan.n_jobs, rng=rng)
-            out.update(labels=parts(np.asarray(labels)), kernel_gamma=g,
-                       sent_kind="Gaussian-kernel values to the landmarks, one row of n_y per record")
+            labels, path = spectral_from_kernel_rows(
+                B,
+                Y,
+                g,
+                n_clusters=plan.n_clusters,
+                n_neighbors=plan.n_neighbors,
+                reconstruction=plan.reconstruction,
+                n_jobs=plan.n_jobs,
+                rng=rng,
+            )
+            out.update(
+                labels=parts(np.asarray(labels)),
+                kernel_gamma=g,
+                sent_kind="Gaussian-kernel values to the landmarks, one row of n_y per record",
+            )
         else:
             if plan.method == "tsne":
-                E, path = tsne_from_distance_rows(B, Y, perplexity=plan.perplexity, n_components=plan.n_components,
-                                                  n_iter=plan.n_iter, reconstruction=plan.reconstruction,
-                                                  noisy_landmarks=noisy, n_jobs=plan.n_jobs, rng=rng)
+                E, path = tsne_from_distance_rows(
+                    B,
+                    Y,
+                    perplexity=plan.perplexity,
+                    n_components=plan.n_components,
+                    n_iter=plan.n_iter,
+                    reconstruction=plan.reconstruction,
+                    noisy_landmarks=noisy,
+                    n_jobs=plan.n_jobs,
+                    rng=rng,
+                )
             else:
-                E, path = umap_from_distance_rows(B, Y, n_neighbors=plan.n_neighbors, min_dist=plan.min_dist,
-                                                  n_components=plan.n_components, reconstruction=plan.reconstruction,
-                                                  noisy_landmarks=noisy, n_jobs=plan.n_jobs, rng=rng)
-            out.update(coordinates=parts(np.asarray(E)),
-                       sent_kind="squared distances to the landmarks, one row of n_y per record")
+                E, path = umap_from_distance_rows(
+                    B,
+                    Y,
+                    n_neighbors=plan.n_neighbors,
+                    min_dist=plan.min_dist,
+                    n_components=plan.n_components,
+                    reconstruction=plan.reconstruction,
+                    noisy_landmarks=noisy,
+                    n_jobs=plan.n_jobs,
+                    rng=rng,
+                )
+            out.update(
+                coordinates=parts(np.asarray(E)),
+                sent_kind="squared distances to the landmarks, one row of n_y per record",
+            )
         out["reconstruction"] = path
         return out
-

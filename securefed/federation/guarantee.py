@@ -24,10 +24,12 @@ __all__ = ["run_guarantee", "DEVIATING", "HONEST", "ANY", "COLLUSION"]
 DEVIATING = "a coordinator that deviates from the protocol, colluding with no site"
 HONEST = "a coordinator that follows the protocol (honest-but-curious), not one that deviates"
 ANY = "any coordinator, even one colluding with sites, for what the ε covers"
-COLLUSION = ("A coordinator colluding with sites can plant records around a victim (the n − 1 attack): a cell of at "
-             "least the floor's records of which all but one are the colluders' reveals the victim's record, and the "
-             "sites cannot tell planted records from real ones. Only differential privacy (--epsilon) bounds what such "
-             "a coalition learns.")
+COLLUSION = (
+    "A coordinator colluding with sites can plant records around a victim (the n − 1 attack): a cell of at "
+    "least the floor's records of which all but one are the colluders' reveals the victim's record, and the "
+    "sites cannot tell planted records from real ones. Only differential privacy (--epsilon) bounds what such "
+    "a coalition learns."
+)
 
 
 def _site_reasons(guards: dict, floor: int) -> list:
@@ -39,8 +41,10 @@ def _site_reasons(guards: dict, floor: int) -> list:
         if g.get("allow-plain"):
             out.append(f"site {name} allows plain uploads (allow-plain): a deviating coordinator could ask for them")
         if g.get("allow-paper-mode"):
-            out.append(f"site {name} allows the paper's mode (allow-paper-mode): a deviating coordinator could ask for "
-                       "landmark updates at landmarks of its choosing, or rows that give the records back")
+            out.append(
+                f"site {name} allows the paper's mode (allow-paper-mode): a deviating coordinator could ask for "
+                "landmark updates at landmarks of its choosing, or rows that give the records back"
+            )
         if int(g.get("cell-floor", 0)) < floor:
             out.append(f"site {name} accepts cells of {g.get('cell-floor')} records, below the plan's floor {floor}")
         if not g.get("require-audit", False):
@@ -56,26 +60,37 @@ def run_guarantee(plan, landmark_info: dict, guards: dict) -> dict:
     reasons: list = []
     if plan.nystrom == "rows":
         adversary = HONEST
-        reasons.append("the rows mode sends one row per record: with more landmarks than features the records "
-                       "themselves")
+        reasons.append(
+            "the rows mode sends one row per record: with more landmarks than features the records themselves"
+        )
     elif method == "billboard":
         adversary = ANY
         if plan.noise == "distributed":
-            reasons.append("noise distributed: the ε holds against the coordinator only while the secure sum holds and "
-                           "no more sites collude than the sites' dp-colluders allow")
+            reasons.append(
+                "noise distributed: the ε holds against the coordinator only while the secure sum holds and "
+                "no more sites collude than the sites' dp-colluders allow"
+            )
     elif method == "cells":
         adversary = DEVIATING
         if plan.aggregation != "secagg":
-            reasons.append(f"{plan.aggregation} sums: the sites cannot verify the totals (only SecAgg+ sums come with "
-                           "a proof each site checks)")
+            reasons.append(
+                f"{plan.aggregation} sums: the sites cannot verify the totals (only SecAgg+ sums come with "
+                "a proof each site checks)"
+            )
         reasons += _site_reasons(guards, int(plan.cell_floor))
         if reasons:
             adversary = HONEST
     else:  # FedDL landmarks
         adversary = ANY if plan.dp else HONEST
         if not plan.dp:
-            reasons.append("FedDL landmark updates without DP: computed at landmarks the coordinator chooses, which no "
-                           "site can check")
+            reasons.append(
+                "FedDL landmark updates without DP: computed at landmarks the coordinator chooses, which no "
+                "site can check"
+            )
     holds = adversary != HONEST  # (each record's coordinate, when sent, is outside it: the report names that release)
-    return {"adversary": adversary, "holds_against_deviating_coordinator": bool(holds), "reasons": reasons,
-            "collusion": COLLUSION}
+    return {
+        "adversary": adversary,
+        "holds_against_deviating_coordinator": bool(holds),
+        "reasons": reasons,
+        "collusion": COLLUSION,
+    }

@@ -47,8 +47,17 @@ class InMemoryExchange:
         own checks of the lie are reached (without it the digest check refuses every rewritten sum first).
     """
 
-    def __init__(self, workers: dict, *, silent_from: dict | None = None, late: dict | None = None,
-                 fresh_process: bool = False, after_reply=None, before_request=None, sign_lies: bool = False):
+    def __init__(
+        self,
+        workers: dict,
+        *,
+        silent_from: dict | None = None,
+        late: dict | None = None,
+        fresh_process: bool = False,
+        after_reply=None,
+        before_request=None,
+        sign_lies: bool = False,
+    ):
         self.workers = dict(workers)
         self.silent_from = dict(silent_from or {})
         self.late = dict(late or {})
@@ -130,7 +139,9 @@ def drive(coordinator: Coordinator, exchange):
     try:
         step = coordinator.start(exchange.addresses())
         while step is not None:
-            reply = exchange.addresses() if isinstance(step, ListNodes) else exchange.request(step.payloads, step.deadline)
+            reply = (
+                exchange.addresses() if isinstance(step, ListNodes) else exchange.request(step.payloads, step.deadline)
+            )
             step = coordinator.receive(reply, exchange.now())
     except Exception as exc:
         exc.partial = coordinator.partial  # type: ignore[attr-defined]  # what the run had decided before it stopped (e.g. the audit verdict)
@@ -144,8 +155,9 @@ def site_names(n: int) -> list[str]:
     return [f"site-{i:0{width}d}" for i in range(n)]
 
 
-def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, resume=None, on_event=None,
-                   exchange: dict | None = None):
+def run_in_process(
+    plan, sites, *, names=None, site_options=None, ledger=None, resume=None, on_event=None, exchange: dict | None = None
+):
     """Run ``plan`` on ``sites`` (one record array per site) in this process; returns the RunResult.
 
     ``site_options`` (one dict per site, or one for all) are the sites' own options (DP budget and ledger
@@ -179,8 +191,10 @@ def run_in_process(plan, sites, *, names=None, site_options=None, ledger=None, r
             budget = float(plan.epsilon or 0.0) + float(plan.rows_epsilon or 0.0)
             o.setdefault("epsilon-budget", budget if plan.epsilon is not None else 1e12)
             path = getattr(ledger, "path", None)
-            o.setdefault("ledger-path", MEMORY if path is None else
-                         os.path.join(os.path.dirname(os.path.abspath(path)), "site-ledgers", name))
+            o.setdefault(
+                "ledger-path",
+                MEMORY if path is None else os.path.join(os.path.dirname(os.path.abspath(path)), "site-ledgers", name),
+            )
             if plan.noise_seed_for_testing is not None:
                 o.setdefault("allow-seeded-noise", True)
         workers[i] = SiteWorker(o, X)

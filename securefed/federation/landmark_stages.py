@@ -70,7 +70,9 @@ def feddl(co):
     B = plan.sum_bound
     ck = co.resume
     gamma = co.privacy.plan["gamma"] if co.privacy else plan.gamma
-    want = ([] if gamma is not None or ck else ["gamma"]) + (["moments"] if plan.init_mode == "moments" and not ck else [])
+    want = ([] if gamma is not None or ck else ["gamma"]) + (
+        ["moments"] if plan.init_mode == "moments" and not ck else []
+    )
     stats = {}
     if want:
         length = (1 if "gamma" in want else 0) + (2 * m if "moments" in want else 0)
@@ -102,28 +104,57 @@ def feddl(co):
         Y, mmd0 = yield from _round(co, Y, rnd, gamma, lr, clip)
         spread = _spread(Y)
         if not math.isfinite(spread) or spread > 20.0 * (spread0 + 1.0 / math.sqrt(gamma)):
-            raise ConfigError(bad_value(plan.name("lr"), lr, f"landmarks diverged in round {rnd + 1} (spread {spread:.3g}, "
-                                        f"kernel width {1 / math.sqrt(gamma):.3g}); use the automatic step or a smaller one"))
+            raise ConfigError(
+                bad_value(
+                    plan.name("lr"),
+                    lr,
+                    f"landmarks diverged in round {rnd + 1} (spread {spread:.3g}, "
+                    f"kernel width {1 / math.sqrt(gamma):.3g}); use the automatic step or a smaller one",
+                )
+            )
         if mmd0 is not None:
             history.append(mmd0)  # MMD of Y^rnd, the landmarks round rnd + 1 started from
-        co.emit("round", round=rnd + 1, rounds=plan.rounds, mmd_at_start=mmd0,
-                  epsilon=float(co.privacy.ledger.spent()[0]) if co.privacy else None)
-        co.emit("checkpoint", state={"round": rnd + 1, "Y": Y, "gamma": gamma, "lr": lr, "history": history,
-                                       "rng": rng.bit_generator.state, "mmd_pending": mmd0 is not None})
+        co.emit(
+            "round",
+            round=rnd + 1,
+            rounds=plan.rounds,
+            mmd_at_start=mmd0,
+            epsilon=float(co.privacy.ledger.spent()[0]) if co.privacy else None,
+        )
+        co.emit(
+            "checkpoint",
+            state={
+                "round": rnd + 1,
+                "Y": Y,
+                "gamma": gamma,
+                "lr": lr,
+                "history": history,
+                "rng": rng.bit_generator.state,
+                "mmd_pending": mmd0 is not None,
+            },
+        )
     _inventory_rounds(co)
     return LandmarkResult(Y, LandmarkSpace(), None, gamma, lr, history, rng, {"method": "feddl", "rounds": plan.rounds})
+
 
 def _inventory_rounds(co) -> None:
     plan = co.plan
     covered = f"yes (noise: {plan.noise})" if plan.dp else False
     n = plan.rounds * (plan.local_steps if plan.rule == "gradient" else 1)
-    what = "each site's own landmark update" if plan.aggregation == "plain" else \
-        f"only the sum over sites of the landmark updates ({plan.aggregation})"
+    what = (
+        "each site's own landmark update"
+        if plan.aggregation == "plain"
+        else f"only the sum over sites of the landmark updates ({plan.aggregation})"
+    )
     co.release(f"{what}, {n} times", covered=covered)
     if plan.monitoring:
         co.release("the sum over sites of each site's MMD to the landmarks, every round (progress monitor)")
-    co.release("the landmarks and γ, every round", to="every site",
-                 covered="post-processing of the DP releases" if plan.dp else False)
+    co.release(
+        "the landmarks and γ, every round",
+        to="every site",
+        covered="post-processing of the DP releases" if plan.dp else False,
+    )
+
 
 def _init_landmarks(co, stats: dict, gamma: float, rng, init_landmarks) -> np.ndarray:
     plan, m = co.plan, co.sites.n_features
@@ -136,6 +167,7 @@ def _init_landmarks(co, stats: dict, gamma: float, rng, init_landmarks) -> np.nd
     else:
         Y = np.array(plan.init, dtype=np.float64)
     return co.privacy.project(Y) if co.privacy is not None else Y
+
 
 def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
     """One FedDL round (generator); returns ``(Y, MMD of the Y the round started from or None)``."""
@@ -164,8 +196,15 @@ def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
             tap = _mirror(co, rnd, released_steps)
         task = (M.Model if plan.rule == "model" else M.Gradient)(**kw)
         label = f"round {rnd + 1}" + (f" step {t + 1}" if plan.rule == "gradient" else "")
-        a = yield from secure_sum(co, task, label, clip, tap=tap, out_shape=out_shape,
-                                  integer_bits=None if integer is None else co.privacy.secagg_bits)
+        a = yield from secure_sum(
+            co,
+            task,
+            label,
+            clip,
+            tap=tap,
+            out_shape=out_shape,
+            integer_bits=None if integer is None else co.privacy.secagg_bits,
+        )
         if integer is not None:
             a = co.privacy.decode(a, rnd, t, Y.shape)  # un-rotate, centre mod 2^bits, × granularity (KLS / AKL)
         total = a.total
@@ -180,23 +219,29 @@ def _round(co, Y, rnd: int, gamma: float, lr: float, clip):
             Y = co.privacy.project(Y)  # after every server step: Δ assumes Y inside the τ_Y ball at every step
     return Y, mmd0
 
+
 def _dp_fields(co, rnd: int, step: int) -> dict:
     settle = co.privacy.unsettled
     co.privacy.unsettled = []
     return {"dp": json.loads(co.privacy.wire_plan()), "dp_settle": list(settle), "round": rnd, "step": step}
 
+
 def _mirror(co, rnd: int, steps):
     def hook(site: int, fields: dict) -> None:
         if "dp_events" in fields:
             co.privacy.mirror(site, fields, rnd, steps)
+
     return hook
+
 
 def _settle(co, rnd: int, step: int, a) -> None:
     have = co.privacy.reported(rnd, step)
     missing = [i for i in a.survivors if i not in have]
     if missing:
-        raise ProtocolAbortedError(f"round {rnd + 1}: sites {missing} were summed without reporting their ledger "
-                                   "events; the aggregate ledger would be incomplete")
+        raise ProtocolAbortedError(
+            f"round {rnd + 1}: sites {missing} were summed without reporting their ledger "
+            "events; the aggregate ledger would be incomplete"
+        )
     co.privacy.after_aggregate(rnd, step, a.survivors)
 
 
@@ -209,8 +254,17 @@ def _spread(Y: np.ndarray) -> float:
 # ------------------------------------------------------------------------------------------------ cells
 
 
-def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform", tap=None, site_scaled: bool = False,
-                binding: dict | None = None):
+def _scaled_sum(
+    co,
+    task,
+    label: str,
+    parts,
+    out_shape,
+    weights: str = "uniform",
+    tap=None,
+    site_scaled: bool = False,
+    binding: dict | None = None,
+):
     """A secure sum whose upload is made of consecutive parts, each bounded per coordinate by a public number:
     ``parts = [(length, bound), …]`` (or one bound for the whole vector). Each site divides every part by its bound
     (``scale_lengths``, ``scale_bounds``: two flat lists, as a Flower ``ConfigRecord`` requires) so the fixed-point
@@ -219,8 +273,17 @@ def _scaled_sum(co, task, label: str, parts, out_shape, weights: str = "uniform"
     parts = [(n, float(cast(float, parts)))] if np.isscalar(parts) else [(int(k), float(b)) for k, b in parts]
     if sum(k for k, _ in parts) != n:
         raise ConfigError(bad_value("scale parts", parts, f"the parts must cover the {n} coordinates"))
-    a = yield from secure_sum(co, task, label, 1.0, weights=weights, tap=tap, out_shape=out_shape,
-                              scales=None if site_scaled else parts, binding=binding)  # site_scaled: the site derives the parts itself
+    a = yield from secure_sum(
+        co,
+        task,
+        label,
+        1.0,
+        weights=weights,
+        tap=tap,
+        out_shape=out_shape,
+        scales=None if site_scaled else parts,
+        binding=binding,
+    )  # site_scaled: the site derives the parts itself
     return a.total * np.concatenate([np.full(k, b) for k, b in parts]), a
 
 
@@ -258,9 +321,16 @@ def cells_plan(co):
     plan, s = co.plan, co.sites
     N = int(sum(s.sizes))
     floor = cells_floor(int(plan.cell_floor), N, plan.landmarks)
-    return CellsPlan(floor=floor, basis_dim=int(plan.basis_dim), max_cells=most_cells(N, floor, plan.landmarks),
-                     max_levels=int(plan.cell_rounds), scale=float(plan.sum_bound or 1.0), n_max=int(max(s.sizes)),
-                     standardize=bool(plan.standardize), axes=int(plan.cell_axes))
+    return CellsPlan(
+        floor=floor,
+        basis_dim=int(plan.basis_dim),
+        max_cells=most_cells(N, floor, plan.landmarks),
+        max_levels=int(plan.cell_rounds),
+        scale=float(plan.sum_bound or 1.0),
+        n_max=int(max(s.sizes)),
+        standardize=bool(plan.standardize),
+        axes=int(plan.cell_axes),
+    )
 
 
 def cells(co):
@@ -277,20 +347,31 @@ def cells(co):
     labels = {"basis": "basis", "counts": "cells {level}: counts", "sums": "cells {level}: sums"}
     while (q := tree.next_query()) is not None:
         task = M.Cells(cells=cp.to_json(), step=q.step, previous=previous)
-        total, a = yield from _scaled_sum(co, task, labels[q.kind].format(level=tree.level + 1), list(q.parts),
-                                          [q.length], site_scaled=True, binding=q.digest_doc())
+        total, a = yield from _scaled_sum(
+            co,
+            task,
+            labels[q.kind].format(level=tree.level + 1),
+            list(q.parts),
+            [q.length],
+            site_scaled=True,
+            binding=q.digest_doc(),
+        )
         if survivors is None:
             survivors = tuple(a.survivors)
         elif tuple(a.survivors) != survivors:
-            raise ProtocolAbortedError(f"cells: the sum '{q.kind}' of step {q.step} has survivors {list(a.survivors)}, the "
-                                       f"cells began with {list(survivors)}: every site must answer every cells sum (a "
-                                       "sum over fewer sites would isolate the missing site's records in its cells); "
-                                       "rerun with the sites that are up")
+            raise ProtocolAbortedError(
+                f"cells: the sum '{q.kind}' of step {q.step} has survivors {list(a.survivors)}, the "
+                f"cells began with {list(survivors)}: every site must answer every cells sum (a "
+                "sum over fewer sites would isolate the missing site's records in its cells); "
+                "rerun with the sites that are up"
+            )
         tree.absorb(q, total)
         previous = total
         if q.kind == "basis":
-            co.release("the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis"
-                       + (" and the standardisation)" if plan.standardize else ")"))
+            co.release(
+                "the sum over sites of [record count, Σx, Σxxᵀ] (one secure sum, for the PCA basis"
+                + (" and the standardisation)" if plan.standardize else ")")
+            )
             if not plan.standardize:
                 warn = scale_warning(tree.sd, flag=plan.name("standardize"))
                 if warn:
@@ -308,28 +389,58 @@ def _cells_result(co, tree, cp, previous) -> LandmarkResult:
     n_leaves = len(tree.leaves())
     Y, c = tree.landmarks(seed=plan.seed)
     if tree.root.count < cp.floor or len(Y) < MIN_CELLS:
-        raise ConfigError(bad_value(plan.name("cell_floor"), cp.floor, f"{n_leaves} cell(s) of at least {cp.floor} records "
-                                    f"formed from {int(N)} records, {len(Y)} landmarks; a map needs at least {MIN_CELLS}: "
-                                    f"lower {plan.name('cell_floor')} (the membership audit measures what smaller cells "
-                                    "leak) or bring more records"))
+        raise ConfigError(
+            bad_value(
+                plan.name("cell_floor"),
+                cp.floor,
+                f"{n_leaves} cell(s) of at least {cp.floor} records "
+                f"formed from {int(N)} records, {len(Y)} landmarks; a map needs at least {MIN_CELLS}: "
+                f"lower {plan.name('cell_floor')} (the membership audit measures what smaller cells "
+                "leak) or bring more records",
+            )
+        )
     sums = len(tree.history)
-    co.release(f"{tree.level} levels of a cell tree: per level the record count of each candidate child cell, then the "
-               f"sums of the features (and of their squares, and of their products on as many public axes as the cell's "
-               f"size allows) of each child of an accepted split — every split accepted only when each child holds "
-               f"≥ {cp.floor} records, each query recomputed by every site",
-               note=f"the released cells are nested (a laminar family): no set of fewer than {cp.floor} records is a "
-                    "combination of the released sums, checked by every site before it answers")
+    co.release(
+        f"{tree.level} levels of a cell tree: per level the record count of each candidate child cell, then the "
+        f"sums of the features (and of their squares, and of their products on as many public axes as the cell's "
+        f"size allows) of each child of an accepted split — every split accepted only when each child holds "
+        f"≥ {cp.floor} records, each query recomputed by every site",
+        note=f"the released cells are nested (a laminar family): no set of fewer than {cp.floor} records is a "
+        "combination of the released sums, checked by every site before it answers",
+    )
     space = LandmarkSpace("pca", tree.mu, tree.V)
-    co.release("the PCA basis, the cell landmarks (" + (f"each cell's mean and 2 × {min(plan.cell_axes, tree.d)} "
-               "points along its principal axes" if plan.cell_axes > 0 else "the cell means") + ") and their counts",
-               to="every site")
-    return LandmarkResult(Y, space, c, 1.0 / max(2.0 * tree.trace, 1e-300), None, [],
-                          np.random.default_rng([plan.seed, 0xCE11]),
-                          {"method": "cells", "rounds": tree.level, "levels": tree.level, "cells": n_leaves,
-                           "released_counts": sorted(int(round(c)) for c in tree.released_counts()),
-                           "landmarks": len(Y), "floor": cp.floor, "axes": int(min(plan.cell_axes, tree.d)),
-                           "basis_dim": tree.d, "secure_sums": sums},
-                          relay={"cells": cp.to_json(), "previous": previous})
+    co.release(
+        "the PCA basis, the cell landmarks ("
+        + (
+            f"each cell's mean and 2 × {min(plan.cell_axes, tree.d)} points along its principal axes"
+            if plan.cell_axes > 0
+            else "the cell means"
+        )
+        + ") and their counts",
+        to="every site",
+    )
+    return LandmarkResult(
+        Y,
+        space,
+        c,
+        1.0 / max(2.0 * tree.trace, 1e-300),
+        None,
+        [],
+        np.random.default_rng([plan.seed, 0xCE11]),
+        {
+            "method": "cells",
+            "rounds": tree.level,
+            "levels": tree.level,
+            "cells": n_leaves,
+            "released_counts": sorted(int(round(c)) for c in tree.released_counts()),
+            "landmarks": len(Y),
+            "floor": cp.floor,
+            "axes": int(min(plan.cell_axes, tree.d)),
+            "basis_dim": tree.d,
+            "secure_sums": sums,
+        },
+        relay={"cells": cp.to_json(), "previous": previous},
+    )
 
 
 # ------------------------------------------------------------------------------------------------ billboard
@@ -341,8 +452,13 @@ def billboard(co):
     each site's upload is private on its own, whatever the coordinator does), each written to the site's ledger
     before it leaves.
     Everything else — the landmarks, their masses, their map — is post-processing."""
-    from ..landmarks.merf import (DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES, billboard_noise, fit_to_embedding,
-                                  rff_frequencies)
+    from ..landmarks.merf import (
+        DEFAULT_FREQUENCIES,
+        DEFAULT_LENGTHSCALES,
+        billboard_noise,
+        fit_to_embedding,
+        rff_frequencies,
+    )
     from .privacy import BillboardPrivacy
 
     plan, s = co.plan, co.sites
@@ -350,26 +466,52 @@ def billboard(co):
     scale = float(plan.value_bound) if plan.value_bound is not None else float(plan.clip_norm) / math.sqrt(m)
     space = LandmarkSpace("public", dim=min(plan.public_basis_dim, m), scale=scale, seed=0)
     d = space.dim if m > space.dim else m
-    noise = (billboard_noise(plan.epsilon, plan.delta, plan.count_share, plan.density_share)
-             if plan.epsilon is not None else None)
+    noise = (
+        billboard_noise(plan.epsilon, plan.delta, plan.count_share, plan.density_share)
+        if plan.epsilon is not None
+        else None
+    )
     if noise is None:
-        raise ConfigError(bad_value(plan.name("epsilon"), None, "the DP billboard needs a target ε (noise-multiplier is "
-                                    "for FedDL's gradient perturbation): give epsilon"))
+        raise ConfigError(
+            bad_value(
+                plan.name("epsilon"),
+                None,
+                "the DP billboard needs a target ε (noise-multiplier is "
+                "for FedDL's gradient perturbation): give epsilon",
+            )
+        )
     co.privacy = priv = BillboardPrivacy(plan, co.run_id, s.sizes, noise, co.ledger, scale=scale)
     n_max = float(max(s.sizes))
     share1, share2 = noise["sigma1"], noise["sigma2"]  # every site adds the full σ (noise local)
     W = rff_frequencies(d, DEFAULT_FREQUENCIES, DEFAULT_LENGTHSCALES)
-    task = M.Rff(space=space, n_freq=DEFAULT_FREQUENCIES, lengthscales=list(DEFAULT_LENGTHSCALES),
-                 billboard=json.loads(priv.wire_plan()), release=0)
+    task = M.Rff(
+        space=space,
+        n_freq=DEFAULT_FREQUENCIES,
+        lengthscales=list(DEFAULT_LENGTHSCALES),
+        billboard=json.loads(priv.wire_plan()),
+        release=0,
+    )
     bound = n_max / math.sqrt(DEFAULT_FREQUENCIES) + 12.0 * share1  # |noise share| > 12σ: probability < 1e-32
-    total, a = yield from _scaled_sum(co, task, "billboard: random-feature sums", bound, [2 * DEFAULT_FREQUENCIES],
-                                      tap=lambda i, reply: priv.mirror(i, reply, 0))
+    total, a = yield from _scaled_sum(
+        co,
+        task,
+        "billboard: random-feature sums",
+        bound,
+        [2 * DEFAULT_FREQUENCIES],
+        tap=lambda i, reply: priv.mirror(i, reply, 0),
+    )
     priv.check_reported(0, a.survivors)
     rng = np.random.default_rng([plan.seed, 0xB1B])
     Y = fit_to_embedding(total / N, W, plan.landmarks, rng)
     task = M.BillboardCounts(space=space, billboard=json.loads(priv.wire_plan()), release=1, Y=Y)
-    counts, a = yield from _scaled_sum(co, task, "billboard: landmark counts", n_max + 12.0 * share2, [len(Y)],
-                                       tap=lambda i, reply: priv.mirror(i, reply, 1))
+    counts, a = yield from _scaled_sum(
+        co,
+        task,
+        "billboard: landmark counts",
+        n_max + 12.0 * share2,
+        [len(Y)],
+        tap=lambda i, reply: priv.mirror(i, reply, 1),
+    )
     priv.check_reported(1, a.survivors)
     return _billboard_result(co, Y, space, counts, noise, priv)
 
@@ -382,17 +524,39 @@ def _billboard_result(co, Y, space, counts, noise, priv) -> LandmarkResult:
     plan, m = co.plan, co.sites.n_features
     c = np.maximum(counts, 1.0)
     c *= float(sum(co.sites.sizes)) / c.sum()
-    co.release("the sum over sites of a random-feature map of every record, with Gaussian noise",
-               covered=f"yes (μ₁ = {noise['mu1']:.3g}, σ = {noise['sigma1']:.3g})")
-    co.release("the sum over sites of each landmark's record count, with Gaussian noise",
-               covered=f"yes (μ₂ = {noise['mu2']:.3g}, σ = {noise['sigma2']:.3g})")
-    co.release("the DP landmarks, their masses and their map (the billboard)", to="every site",
-               covered="post-processing of the two DP releases")
+    co.release(
+        "the sum over sites of a random-feature map of every record, with Gaussian noise",
+        covered=f"yes (μ₁ = {noise['mu1']:.3g}, σ = {noise['sigma1']:.3g})",
+    )
+    co.release(
+        "the sum over sites of each landmark's record count, with Gaussian noise",
+        covered=f"yes (μ₂ = {noise['mu2']:.3g}, σ = {noise['sigma2']:.3g})",
+    )
+    co.release(
+        "the DP landmarks, their masses and their map (the billboard)",
+        to="every site",
+        covered="post-processing of the two DP releases",
+    )
     D2 = sq_dists(Y)
     gamma = 1.0 / max(float(np.median(D2[np.triu_indices(len(Y), 1)])), 1e-300)
-    return LandmarkResult(Y, space, c, gamma, None, [], np.random.default_rng([plan.seed, 0xB1C]),
-                          {"method": "billboard", "landmarks": len(Y), "basis": space.basis_name(m), "releases": 2,
-                           "sigma1": noise["sigma1"], "sigma2": noise["sigma2"], "noise": priv.noise_note})
+    return LandmarkResult(
+        Y,
+        space,
+        c,
+        gamma,
+        None,
+        [],
+        np.random.default_rng([plan.seed, 0xB1C]),
+        {
+            "method": "billboard",
+            "landmarks": len(Y),
+            "basis": space.basis_name(m),
+            "releases": 2,
+            "sigma1": noise["sigma1"],
+            "sigma2": noise["sigma2"],
+            "noise": priv.noise_note,
+        },
+    )
 
 
 def billboard_density(co, lm: LandmarkResult, emb: dict):
@@ -408,16 +572,38 @@ def billboard_density(co, lm: LandmarkResult, emb: dict):
     E, G = np.asarray(emb["landmark_embedding"], dtype=np.float64), int(plan.density_grid)
     sigma = float(priv.noise["sigma3"])
     n_max = float(max(n + h for n, h in zip(s.sizes, s.holdouts)))
-    task = M.BillboardDensity(space=lm.space, billboard=json.loads(priv.wire_plan()), release=2, Y=lm.Y,
-                              landmark_embedding=E, masses=np.asarray(emb["landmark_masses"], dtype=np.float64),
-                              Zn=float(emb["Zn"]), perplexity=float(plan.placement_perplexity))
-    total, a = yield from _scaled_sum(co, task, "billboard: density on the map", n_max + 12.0 * sigma, [G * G],
-                                      tap=lambda i, reply: priv.mirror(i, reply, 2))
+    task = M.BillboardDensity(
+        space=lm.space,
+        billboard=json.loads(priv.wire_plan()),
+        release=2,
+        Y=lm.Y,
+        landmark_embedding=E,
+        masses=np.asarray(emb["landmark_masses"], dtype=np.float64),
+        Zn=float(emb["Zn"]),
+        perplexity=float(plan.placement_perplexity),
+    )
+    total, a = yield from _scaled_sum(
+        co,
+        task,
+        "billboard: density on the map",
+        n_max + 12.0 * sigma,
+        [G * G],
+        tap=lambda i, reply: priv.mirror(i, reply, 2),
+    )
     priv.check_reported(2, a.survivors)
     lo, hi = density_box(E)
-    co.release(f"the sum over sites of every record's count per cell of a {G} × {G} grid over the landmark map, with "
-               "Gaussian noise", covered=f"yes (μ₃ = {priv.noise['mu3']:.3g}, σ = {sigma:.3g})",
-               note="each record counted at its landmark-only position; no record's coordinate leaves its site")
+    co.release(
+        f"the sum over sites of every record's count per cell of a {G} × {G} grid over the landmark map, with "
+        "Gaussian noise",
+        covered=f"yes (μ₃ = {priv.noise['mu3']:.3g}, σ = {sigma:.3g})",
+        note="each record counted at its landmark-only position; no record's coordinate leaves its site",
+    )
     co.emit("density", grid=G)
-    return {"counts": total.reshape(G, G), "lo": lo, "hi": hi, "grid": G,
-            "sigma_per_cell": sigma * math.sqrt(len(a.survivors) / priv.plan["t"]), "sites": len(a.survivors)}
+    return {
+        "counts": total.reshape(G, G),
+        "lo": lo,
+        "hi": hi,
+        "grid": G,
+        "sigma_per_cell": sigma * math.sqrt(len(a.survivors) / priv.plan["t"]),
+        "sites": len(a.survivors),
+    }

@@ -39,12 +39,45 @@ from ..errors import DecodeError
 from .space import LandmarkSpace
 from .wire import Array, Json, array_from_bytes, array_to_bytes, check_fields, dumps
 
-__all__ = ["Array", "Json", "Space", "Hello", "HelloReply", "SumRequest", "ProtocolMessages", "CkksEnd", "Rows",
-           "Place", "UploadReply", "ProtocolReply", "RowsReply", "PlaceReply", "Task", "TASKS", "REQUESTS", "encode",
-           "decode", "decode_request", "decode_reply", "upload_digest", "canonical_bytes", "encode_task",
-           "Stats", "Model", "Gradient", "Mmd", "Cells", "Audit", "Rff",
-           "BillboardCounts", "BillboardDensity", "SecAggSetup", "TRANSPORT_FIELDS", "upload_fields",
-           "request_digest"]
+__all__ = [
+    "Array",
+    "Json",
+    "Space",
+    "Hello",
+    "HelloReply",
+    "SumRequest",
+    "ProtocolMessages",
+    "CkksEnd",
+    "Rows",
+    "Place",
+    "UploadReply",
+    "ProtocolReply",
+    "RowsReply",
+    "PlaceReply",
+    "Task",
+    "TASKS",
+    "REQUESTS",
+    "encode",
+    "decode",
+    "decode_request",
+    "decode_reply",
+    "upload_digest",
+    "canonical_bytes",
+    "encode_task",
+    "Stats",
+    "Model",
+    "Gradient",
+    "Mmd",
+    "Cells",
+    "Audit",
+    "Rff",
+    "BillboardCounts",
+    "BillboardDensity",
+    "SecAggSetup",
+    "TRANSPORT_FIELDS",
+    "upload_fields",
+    "request_digest",
+]
 
 
 _SCALARS = {int: "int", float: "float", bool: "bool", str: "str", bytes: "bytes"}
@@ -55,10 +88,10 @@ _SCALARS = {int: "int", float: "float", bool: "bool", str: "str", bytes: "bytes"
 
 @dataclass(frozen=True)
 class _Kind:
-    base: str                     # int float bool str bytes list array json nested
+    base: str  # int float bool str bytes list array json nested
     optional: bool
-    item: str | None = None       # list item kind
-    nested: type | None = None    # nested message class
+    item: str | None = None  # list item kind
+    nested: type | None = None  # nested message class
 
 
 def _kind_of(tp) -> _Kind:
@@ -89,8 +122,11 @@ def _schema(cls) -> list:
     """``[(attribute, wire name, kind, field)]`` of a message class (computed once from its annotations)."""
     if cls not in _SCHEMA:
         hints = typing.get_type_hints(cls, include_extras=True)
-        _SCHEMA[cls] = [(f.name, f.metadata.get("wire", f.name), _kind_of(hints[f.name]), f)
-                        for f in dataclasses.fields(cls) if f.init]
+        _SCHEMA[cls] = [
+            (f.name, f.metadata.get("wire", f.name), _kind_of(hints[f.name]), f)
+            for f in dataclasses.fields(cls)
+            if f.init
+        ]
     return _SCHEMA[cls]
 
 
@@ -270,8 +306,8 @@ class _FedDL(Task):
     gamma: float = 1.0
     monitor: bool = False
     clip: float | None = None
-    dp: Json | None = None          # the public DP plan (FedDL's gradient perturbation)
-    dp_settle: Json | None = None   # settlements of earlier releases
+    dp: Json | None = None  # the public DP plan (FedDL's gradient perturbation)
+    dp_settle: Json | None = None  # settlements of earlier releases
     round: int | None = None
     step: int | None = None
 
@@ -322,14 +358,14 @@ class Audit(Task):
     Y: Array
     gamma: float
     scores: list[str] = dataclasses.field(default_factory=lambda: ["nearest", "kde"])
-    cells: Json | None = None          # cells runs: the pinned plan, and the total of the last cells step …
-    previous: Array | None = None      # … so that the site finishes its own tree and checks Y, the space and γ
+    cells: Json | None = None  # cells runs: the pinned plan, and the total of the last cells step …
+    previous: Array | None = None  # … so that the site finishes its own tree and checks Y, the space and γ
 
 
 @dataclass(frozen=True)
 class _Billboard(Task):
     space: Space
-    billboard: Json      # the public billboard plan (σ, μ split, sizes)
+    billboard: Json  # the public billboard plan (σ, μ split, sizes)
     release: int
 
 
@@ -363,8 +399,9 @@ class BillboardDensity(_Billboard):
 
 
 #: every task, by its wire name
-TASKS: dict[str, type] = {c.NAME: c for c in (Stats, Model, Gradient, Mmd, Cells, Audit, Rff, BillboardCounts,
-                                              BillboardDensity)}
+TASKS: dict[str, type] = {
+    c.NAME: c for c in (Stats, Model, Gradient, Mmd, Cells, Audit, Rff, BillboardCounts, BillboardDensity)
+}
 
 
 # ================================================================================== requests
@@ -390,9 +427,9 @@ class _SumHead:
     scale_lengths: list[int] | None = None
     scale_bounds: list[float] | None = None
     spec: bytes | None = None
-    round_index: int | None = None   # secagg-input: the prepared SecAgg+ round this sum uses (spec: its input part)
+    round_index: int | None = None  # secagg-input: the prepared SecAgg+ round this sum uses (spec: its input part)
     msgs: list[bytes] | None = None  # … and the round's forwarded shares for this site
-    proof: bytes | None = None       # the proof of this site's previous SecAgg+ sum (it checks the total itself)
+    proof: bytes | None = None  # the proof of this site's previous SecAgg+ sum (it checks the total itself)
     proof_round: int | None = None
 
 
@@ -465,11 +502,11 @@ class Place:
     landmark_labels: list[int] | None = None
     seed: int = 0
     audit_holdout: float = 0.0
-    cells: Json | None = None          # cells runs: the pinned plan and the last cells total (when no audit ran) …
+    cells: Json | None = None  # cells runs: the pinned plan and the last cells total (when no audit ran) …
     previous: Array | None = None
-    audit_total: Array | None = None   # … and the total of the audit sum: the site applies the audit gate itself
+    audit_total: Array | None = None  # … and the total of the audit sum: the site applies the audit gate itself
     audit_scores: list[str] | None = None
-    proof: bytes | None = None         # the proof of this site's last SecAgg+ sum (the audit's)
+    proof: bytes | None = None  # the proof of this site's last SecAgg+ sum (the audit's)
     proof_round: int | None = None
 
 
@@ -486,10 +523,19 @@ class SecAggSetup:
 
 
 #: every request class by its operation (a sum request answers three)
-REQUESTS: dict[str, type] = {"hello": Hello, "plain": SumRequest, "secagg-start": SumRequest,
-                             "secagg-input": SumRequest, "ckks-start": SumRequest, "secagg-setup": SecAggSetup,
-                             "secagg": ProtocolMessages, "ckks-msgs": ProtocolMessages, "ckks-end": CkksEnd,
-                             "rows": Rows, "place": Place}
+REQUESTS: dict[str, type] = {
+    "hello": Hello,
+    "plain": SumRequest,
+    "secagg-start": SumRequest,
+    "secagg-input": SumRequest,
+    "ckks-start": SumRequest,
+    "secagg-setup": SecAggSetup,
+    "secagg": ProtocolMessages,
+    "ckks-msgs": ProtocolMessages,
+    "ckks-end": CkksEnd,
+    "rows": Rows,
+    "place": Place,
+}
 
 
 def decode_request(fields: dict):
@@ -511,8 +557,9 @@ def _decode_sum(fields: dict) -> SumRequest:
     name = fields.get("task")
     tcls = TASKS.get(name) if isinstance(name, str) else None
     if tcls is None:
-        raise DecodeError(f"malformed {fields.get('op')!r} message: unknown task {name!r}; expected one of "
-                          f"{sorted(TASKS)}")
+        raise DecodeError(
+            f"malformed {fields.get('op')!r} message: unknown task {name!r}; expected one of {sorted(TASKS)}"
+        )
     used = {"op", "task"}
     task = _decode_fields(tcls, fields, used, what=f"{name} task")
     rest = {k: v for k, v in fields.items() if k not in used}
@@ -525,8 +572,6 @@ def _decode_sum(fields: dict) -> SumRequest:
 
 #: the fields of a sum request that carry the protocol, not the upload: outside the task digest
 TRANSPORT_FIELDS = ("op", "site", "spec", "round_index", "msgs", "proof", "proof_round")
-
-
 
 
 def encode_request(msg) -> dict:
@@ -578,7 +623,7 @@ class HelloReply:
     n_holdout: int
     n_features: int
     identity: bytes
-    guards: Json | None = None   # the site's own conditions the guarantee rests on (site options it enforces)
+    guards: Json | None = None  # the site's own conditions the guarantee rests on (site options it enforces)
 
 
 @dataclass(frozen=True)

@@ -58,11 +58,29 @@ from ..plan import INTEGER_MECHANISMS
 from ..accounting.distributed import check_integer_claim, integer_claim
 from .wire import dumps, truthy
 
-__all__ = ["open_server_ledger", "public_plan", "build_mechanism", "site_mechanism", "ServerPrivacy",
-           "site_mechanism_checks", "site_ledger_path", "site_settle", "release_events",
-           "derive_run_id", "noise_share_note", "mirror_release", "plan_digest",
-           "site_ledger_dir", "open_site_ledger", "check_noise_mode", "integer_mechanism", "integer_claim", "site_integer_mechanism",
-           "site_integer_release"]
+__all__ = [
+    "open_server_ledger",
+    "public_plan",
+    "build_mechanism",
+    "site_mechanism",
+    "ServerPrivacy",
+    "site_mechanism_checks",
+    "site_ledger_path",
+    "site_settle",
+    "release_events",
+    "derive_run_id",
+    "noise_share_note",
+    "mirror_release",
+    "plan_digest",
+    "site_ledger_dir",
+    "open_site_ledger",
+    "check_noise_mode",
+    "integer_mechanism",
+    "integer_claim",
+    "site_integer_mechanism",
+    "site_integer_release",
+]
+
 
 def public_plan(plan, run_id: str, sizes, gamma: float, weights, n_features: int | None = None) -> dict:
     """The public DP plan (JSON-able) the coordinator sends with every DP request, from a
@@ -77,14 +95,27 @@ def public_plan(plan, run_id: str, sizes, gamma: float, weights, n_features: int
 
 
 def _public_plan(plan, run_id: str, sizes, gamma: float, weights) -> dict:
-    return {"run_id": run_id, "epsilon": plan.epsilon, "noise_multiplier": plan.noise_multiplier,
-            "delta": float(plan.delta), "accountant": plan.accountant, "noise": plan.noise,
-            "tau_x": float(plan.clip_norm), "sample_rate": float(plan.sample_rate),
-            "noise_seed": plan.noise_seed_for_testing, "min_survivors": plan.min_survivors,
-            "sensitivity_rule": plan.sensitivity_rule, "sizes": [int(n) for n in sizes],
-            "weights": [float(v) for v in weights], "gamma": float(gamma), "n_landmarks": int(plan.landmarks),
-            "rounds": int(plan.rounds), "local_steps": int(plan.local_steps), "rule": plan.rule,
-            "aggregation": plan.aggregation}
+    return {
+        "run_id": run_id,
+        "epsilon": plan.epsilon,
+        "noise_multiplier": plan.noise_multiplier,
+        "delta": float(plan.delta),
+        "accountant": plan.accountant,
+        "noise": plan.noise,
+        "tau_x": float(plan.clip_norm),
+        "sample_rate": float(plan.sample_rate),
+        "noise_seed": plan.noise_seed_for_testing,
+        "min_survivors": plan.min_survivors,
+        "sensitivity_rule": plan.sensitivity_rule,
+        "sizes": [int(n) for n in sizes],
+        "weights": [float(v) for v in weights],
+        "gamma": float(gamma),
+        "n_landmarks": int(plan.landmarks),
+        "rounds": int(plan.rounds),
+        "local_steps": int(plan.local_steps),
+        "rule": plan.rule,
+        "aggregation": plan.aggregation,
+    }
 
 
 def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
@@ -99,16 +130,32 @@ def build_mechanism(plan: dict, ledger, noise_multiplier: float | None = None):
     eps, z = plan["epsilon"], plan["noise_multiplier"]
     if noise_multiplier is not None and not integer:
         eps, z = None, float(noise_multiplier)
-    gp = GradientPerturbation(epsilon=eps, delta=plan["delta"], noise_multiplier=z,
-                              accountant=plan["accountant"], noise=plan["noise"], tau_x=plan["tau_x"],
-                              sample_rate=plan["sample_rate"], ledger=ledger,
-                              insecure_noise_seed_for_testing=plan["noise_seed"],
-                              sensitivity_rule=plan["sensitivity_rule"], min_survivors=plan["min_survivors"])
+    gp = GradientPerturbation(
+        epsilon=eps,
+        delta=plan["delta"],
+        noise_multiplier=z,
+        accountant=plan["accountant"],
+        noise=plan["noise"],
+        tau_x=plan["tau_x"],
+        sample_rate=plan["sample_rate"],
+        ledger=ledger,
+        insecure_noise_seed_for_testing=plan["noise_seed"],
+        sensitivity_rule=plan["sensitivity_rule"],
+        min_survivors=plan["min_survivors"],
+    )
     # an integer mechanism registers its own dominating z below: no Gaussian calibration (a placeholder whose
     # plan trivially fits, replaced before anything is released)
-    gp.calibrate(plan["sizes"], gamma=plan["gamma"], n_landmarks=plan["n_landmarks"], rounds=plan["rounds"],
-                 local_steps=plan["local_steps"], rule=plan["rule"], weights=np.asarray(plan["weights"], dtype=float),
-                 aggregator=plan["aggregation"], noise_multiplier=1e6 if integer else None)
+    gp.calibrate(
+        plan["sizes"],
+        gamma=plan["gamma"],
+        n_landmarks=plan["n_landmarks"],
+        rounds=plan["rounds"],
+        local_steps=plan["local_steps"],
+        rule=plan["rule"],
+        weights=np.asarray(plan["weights"], dtype=float),
+        aggregator=plan["aggregation"],
+        noise_multiplier=1e6 if integer else None,
+    )
     gp.integer = None  # type: ignore[attr-defined]  # the site mechanism carries its integer mechanism here
     if integer:
         _attach_integer(gp, plan)
@@ -155,10 +202,16 @@ def check_noise_mode(noise, node_config: dict) -> None:
     site without that option for a share is refused (:class:`ConfigError`) before anything is computed or booked;
     the site does not silently add its full σ instead (the sum would carry more noise than the run reports)."""
     if noise == "distributed" and not truthy(node_config.get("allow-distributed-noise", False)):
-        raise ConfigError(bad_value("noise", "distributed", "this site adds its full σ to every release: it adds only a "
-                                    "share σ/√t inside a secure sum where its operator allows it (site option "
-                                    "allow-distributed-noise=true, trusting that at least t sites' shares are in every "
-                                    "sum revealed); run with noise local, or set that option on every site"))
+        raise ConfigError(
+            bad_value(
+                "noise",
+                "distributed",
+                "this site adds its full σ to every release: it adds only a "
+                "share σ/√t inside a secure sum where its operator allows it (site option "
+                "allow-distributed-noise=true, trusting that at least t sites' shares are in every "
+                "sum revealed); run with noise local, or set that option on every site",
+            )
+        )
 
 
 def site_mechanism_checks(plan: dict, node_config: dict) -> float:
@@ -170,13 +223,25 @@ def site_mechanism_checks(plan: dict, node_config: dict) -> float:
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ConfigError(bad_value("node config epsilon-budget", budget, "this site takes part in differentially "
-                                    "private runs only with its own ε budget: start the SuperNode with "
-                                    "--node-config '... epsilon-budget=2.0'"))
+        raise ConfigError(
+            bad_value(
+                "node config epsilon-budget",
+                budget,
+                "this site takes part in differentially "
+                "private runs only with its own ε budget: start the SuperNode with "
+                "--node-config '... epsilon-budget=2.0'",
+            )
+        )
     if plan["noise_seed"] is not None and not truthy(node_config.get("allow-seeded-noise", False)):
-        raise ConfigError(bad_value("noise-seed-for-testing", plan["noise_seed"], "the run asks for seeded (reproducible, "
-                                    "NOT secret) noise: the server knows the seed and could remove it. Run without it, or "
-                                    "set allow-seeded-noise=true in this site's options for experiments"))
+        raise ConfigError(
+            bad_value(
+                "noise-seed-for-testing",
+                plan["noise_seed"],
+                "the run asks for seeded (reproducible, "
+                "NOT secret) noise: the server knows the seed and could remove it. Run without it, or "
+                "set allow-seeded-noise=true in this site's options for experiments",
+            )
+        )
     return float(budget)
 
 
@@ -200,8 +265,9 @@ def _site_budget(node_config: dict, budget: float, memo: dict):
     from ..accounting.site_budget import SiteBudget
 
     def open_ledger(path, head):
-        return _memo_ledger(memo, path, head["run_id"], delta=head["delta"], accountant=head["accountant"],
-                            read_only=True)
+        return _memo_ledger(
+            memo, path, head["run_id"], delta=head["delta"], accountant=head["accountant"], read_only=True
+        )
 
     return SiteBudget(site_ledger_dir(node_config), budget, open_ledger, memo.setdefault("site-spent", {}))
 
@@ -225,9 +291,15 @@ def open_site_ledger(plan: dict, node_config: dict, cache: dict):
         if not os.path.exists(path):
             before, _, runs = guard.spent_elsewhere(plan["run_id"])
             if not budget - before > 1e-12:
-                raise BudgetExceededError(bad_value("node config epsilon-budget", budget, f"this site already spent ε = "
-                                                    f"{before:.4g} in {len(runs)} earlier run(s) ({', '.join(runs)}); "
-                                                    f"nothing is left for run {plan['run_id']}"))
+                raise BudgetExceededError(
+                    bad_value(
+                        "node config epsilon-budget",
+                        budget,
+                        f"this site already spent ε = "
+                        f"{before:.4g} in {len(runs)} earlier run(s) ({', '.join(runs)}); "
+                        f"nothing is left for run {plan['run_id']}",
+                    )
+                )
             led = _memo_ledger(memo, path, plan["run_id"], budget_epsilon=budget, site_budget=guard, **kw)
         else:  # this run's ledger: its budget is in its header (a budget cannot change mid-run)
             led = _memo_ledger(memo, path, plan["run_id"], site_budget=guard, **kw)
@@ -258,14 +330,18 @@ def site_mechanism(plan: dict, node_config: dict, site: int, cache: dict | None 
     try:
         gp = build_mechanism(plan, ledger, zs.get(digest))  # set_plan inside checks the whole plan against the budget
     except BudgetExceededError as exc:
-        raise BudgetExceededError(f"this site refuses run {plan['run_id']}: its plan does not fit what is left of its "
-                                  f"epsilon-budget {site_mechanism_checks(plan, node_config):g} after its other runs; "
-                                  f"nothing was computed or sent. ({exc})") from None
+        raise BudgetExceededError(
+            f"this site refuses run {plan['run_id']}: its plan does not fit what is left of its "
+            f"epsilon-budget {site_mechanism_checks(plan, node_config):g} after its other runs; "
+            f"nothing was computed or sent. ({exc})"
+        ) from None
     zs[digest] = float(gp.z)
     claimed = (plan.get("sigma") or [None] * len(plan["sizes"]))[site]
     if claimed is not None and float(claimed) < gp.sigma[site] * (1 - 1e-9):
-        raise ProtocolError(f"the server asks for σ={float(claimed):.6g} but this site's own calibration gives "
-                            f"σ={gp.sigma[site]:.6g}; refusing")
+        raise ProtocolError(
+            f"the server asks for σ={float(claimed):.6g} but this site's own calibration gives "
+            f"σ={gp.sigma[site]:.6g}; refusing"
+        )
     return gp
 
 
@@ -309,8 +385,9 @@ def integer_mechanism(gp, plan: dict):
     kind = plan["distributed_mechanism"]
     if kind not in INTEGER_MECHANISMS:
         raise ConfigError(bad_value("distributed_mechanism", kind, f"use one of {', '.join(INTEGER_MECHANISMS)}"))
-    return fit_integer_mechanism(gp, kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]),
-                                 weights=plan["weights"])
+    return fit_integer_mechanism(
+        gp, kind, n_features=int(plan["n_features"]), rotation_seed=str(plan["run_id"]), weights=plan["weights"]
+    )
 
 
 def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
@@ -326,10 +403,14 @@ def site_integer_mechanism(plan: dict, gp, site: int, n_features: int):
     if int(plan["n_features"]) != int(n_features):
         raise ProtocolError(f"the DP plan encodes {plan['n_features']} features, this site has {n_features}; refusing")
     sizes = np.asarray(plan["sizes"], dtype=float)
-    own = sizes / sizes.sum() if plan.get("weights_rule", "records") == "records" else np.full(len(sizes), 1 / len(sizes))
+    own = (
+        sizes / sizes.sum() if plan.get("weights_rule", "records") == "records" else np.full(len(sizes), 1 / len(sizes))
+    )
     if not np.isclose(float(plan["weights"][site]), own[site], rtol=1e-9, atol=0.0):
-        raise ProtocolError(f"the DP plan weighs this site {plan['weights'][site]!r}, its own rule "
-                            f"({plan.get('weights_rule', 'records')}) gives {own[site]!r}; refusing")
+        raise ProtocolError(
+            f"the DP plan weighs this site {plan['weights'][site]!r}, its own rule "
+            f"({plan.get('weights_rule', 'records')}) gives {own[site]!r}; refusing"
+        )
     mech = gp.integer  # the site's own calibration from the public plan (build_mechanism)
     check_integer_claim(mech, plan.get("integer_claim"))
     return mech
@@ -344,13 +425,19 @@ def site_integer_release(gp, mech, plan: dict, grad: np.ndarray, *, site: int, r
     from ..accounting.samplers import SeededWordSource
 
     if spec is None or not getattr(spec, "integer", False):
-        raise ProtocolError(f"this site's {mech.mechanism} upload is a vector of integers mod 2^{mech.modulus_bits}: it "
-                            "goes only into a SecAgg+ round with integer input; refusing")
+        raise ProtocolError(
+            f"this site's {mech.mechanism} upload is a vector of integers mod 2^{mech.modulus_bits}: it "
+            "goes only into a SecAgg+ round with integer input; refusing"
+        )
     if spec.fixed_point.modulus_bits < mech.modulus_bits:
-        raise ProtocolError(f"the SecAgg+ round sums mod 2^{spec.fixed_point.modulus_bits}, below the 2^{mech.modulus_bits} "
-                            "this site's wrap-around bound needs; refusing")
+        raise ProtocolError(
+            f"the SecAgg+ round sums mod 2^{spec.fixed_point.modulus_bits}, below the 2^{mech.modulus_bits} "
+            "this site's wrap-around bound needs; refusing"
+        )
     if spec.length != mech.padded_dim:
-        raise ProtocolError(f"the SecAgg+ round sums {spec.length} words, the encoded vector has {mech.padded_dim}; refusing")
+        raise ProtocolError(
+            f"the SecAgg+ round sums {spec.length} words, the encoded vector has {mech.padded_dim}; refusing"
+        )
     z = float(mech.ledger_noise_multiplier())
     led = gp.ledger
     if not getattr(gp, "_integer_plan_checked", False):
@@ -360,16 +447,37 @@ def site_integer_release(gp, mech, plan: dict, grad: np.ndarray, *, site: int, r
     attempt = len(led.releases_at(site, rnd, step))
     seed = plan.get("noise_seed")
     src = None if seed is None else SeededWordSource(int(seed), (site, rnd, step, attempt))
-    mech.record_release(led, site=site, round=rnd, step=step, attempt=attempt,
-                        noise_source="secure" if seed is None else "seeded-testing")
+    mech.record_release(
+        led,
+        site=site,
+        round=rnd,
+        step=step,
+        attempt=attempt,
+        noise_source="secure" if seed is None else "seeded-testing",
+    )
     w = float(plan["weights"][site])
     return mech.encode(w * np.asarray(grad, dtype=np.float64).ravel(), round=rnd, step=step, src=src)
 
 
 # ---------------------------------------------------------------------------------------------- server
 
-_MIRROR_SKIP = ("type", "id", "run_id", "accountant_state", "time", "site", "round", "step", "attempt", "mechanism",
-                "sensitivity", "sigma", "noise_multiplier", "sample_rate", "event")
+_MIRROR_SKIP = (
+    "type",
+    "id",
+    "run_id",
+    "accountant_state",
+    "time",
+    "site",
+    "round",
+    "step",
+    "attempt",
+    "mechanism",
+    "sensitivity",
+    "sigma",
+    "noise_multiplier",
+    "sample_rate",
+    "event",
+)
 
 
 def mirror_release(ledger, site: int, ev: dict) -> None:
@@ -432,10 +540,21 @@ class ServerPrivacy:
         w = np.asarray(self.plan["weights"], dtype=float)
         surv = tuple(int(i) for i in agg.survivors)
         if len(surv) < self.integer.min_survivors:
-            raise ProtocolAbortedError(f"the integer sum covers {len(surv)} sites, fewer than t = "
-                                       f"{self.integer.min_survivors}: its noise is not what was accounted")
-        return AggregateResult(total, surv, float(w[list(surv)].sum()), agg.protocol, 0, agg.bytes_up, agg.bytes_down,
-                               agg.seconds, dict(agg.details, decoded=self.integer.mechanism))
+            raise ProtocolAbortedError(
+                f"the integer sum covers {len(surv)} sites, fewer than t = "
+                f"{self.integer.min_survivors}: its noise is not what was accounted"
+            )
+        return AggregateResult(
+            total,
+            surv,
+            float(w[list(surv)].sum()),
+            agg.protocol,
+            0,
+            agg.bytes_up,
+            agg.bytes_down,
+            agg.seconds,
+            dict(agg.details, decoded=self.integer.mechanism),
+        )
 
     def reported(self, rnd: int, step: int) -> set:
         """Sites whose release for (round, step) is in the aggregate ledger and not yet settled."""
@@ -459,17 +578,24 @@ class ServerPrivacy:
         for ev in evs:
             if self.integer is not None:
                 mech = self.integer
-                if ev.get("mechanism") != mech.mechanism or int(ev.get("modulus_bits", 0)) < mech.modulus_bits or \
-                        float(ev["noise_multiplier"]) < mech.ledger_noise_multiplier() * (1 - 1e-9):
-                    raise ProtocolError(f"site {site} reports a {ev.get('mechanism')} release (z={ev.get('noise_multiplier')}, "
-                                        f"2^{ev.get('modulus_bits')}) below the plan's {mech.mechanism}")
+                if (
+                    ev.get("mechanism") != mech.mechanism
+                    or int(ev.get("modulus_bits", 0)) < mech.modulus_bits
+                    or float(ev["noise_multiplier"]) < mech.ledger_noise_multiplier() * (1 - 1e-9)
+                ):
+                    raise ProtocolError(
+                        f"site {site} reports a {ev.get('mechanism')} release (z={ev.get('noise_multiplier')}, "
+                        f"2^{ev.get('modulus_bits')}) below the plan's {mech.mechanism}"
+                    )
             elif float(ev["sigma"]) < self.gp.sigma[int(site)] * (1 - 1e-9):
                 raise ProtocolError(f"site {site} reports σ={ev['sigma']} below the plan's {self.gp.sigma[int(site)]}")
             got.add((ev["round"], ev["step"]))
             mirror_release(self.ledger, site, ev)
             self._pending.setdefault((ev["round"], ev["step"]), {})[int(site)] = ev["id"]
         if want - got:
-            raise ProtocolError(f"site {site} returned a noisy update without its ledger events for {sorted(want - got)}")
+            raise ProtocolError(
+                f"site {site} returned a noisy update without its ledger events for {sorted(want - got)}"
+            )
 
     def after_aggregate(self, rnd: int, step: int, survivors) -> None:
         """Settle a distributed-noise aggregation with the actual survivors (server ledger)."""
@@ -483,7 +609,9 @@ class ServerPrivacy:
         """The privacy block of ``result.json`` (the same keys as ``securefed run``'s ``metrics.json``)."""
         rep = self.gp.report()
         rep["noise_share"] = noise_share_note(self.plan)
-        rep["ledger_sites"] = "each site holds its own ledger (node config ledger-path); this is the server's aggregate copy"
+        rep["ledger_sites"] = (
+            "each site holds its own ledger (node config ledger-path); this is the server's aggregate copy"
+        )
         if self.integer is not None:
             rep = self._integer_report(rep)
         return rep
@@ -493,31 +621,52 @@ class ServerPrivacy:
         survivors; AKL at k = t) at the releases made, the ledger's dominating bound beside it, the modulus and the
         wrap-around probability (per aggregation and, by a union bound, over the run)."""
         mech = self.integer
-        done = max((sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == mech.mechanism)
-                    for p in range(len(self.plan["sizes"]))), default=0)
-        for k in ("epsilon_paper_formula", "paper_formula_below_true_epsilon", "epsilon_paper_recipe", "sigma_per_site",
-                  "clipped_records", "clipped_per_site"):
+        done = max(
+            (
+                sum(1 for e in self.ledger.events("release") if e["site"] == p and e["mechanism"] == mech.mechanism)
+                for p in range(len(self.plan["sizes"]))
+            ),
+            default=0,
+        )
+        for k in (
+            "epsilon_paper_formula",
+            "paper_formula_below_true_epsilon",
+            "epsilon_paper_recipe",
+            "sigma_per_site",
+            "clipped_records",
+            "clipped_per_site",
+        ):
             rep.pop(k, None)
         eps_ledger = float(self.ledger.spent()[0])
-        rep.update({
-            "mechanism": mech.mechanism,
-            "distributed_mechanism": self.plan["distributed_mechanism"],
-            "epsilon": float(mech.epsilon(done)) if done else 0.0,
-            "epsilon_planned": float(mech.epsilon_accounted),
-            "epsilon_ledger": eps_ledger,
-            "accountant": "rdp: " + ("KLS 2021 Prop. 14 (worst over t..n survivors)" if hasattr(mech, "sigma2") else
-                                     "AKL 2021 Skellam RDP bound (t survivors)") + "; ledger: a dominating Gaussian",
-            "releases": done,
-            "noise_multiplier": float(mech.ledger_noise_multiplier()),
-            "modulus_bits": int(mech.modulus_bits),
-            "secagg_modulus_bits": self.secagg_bits,
-            "wrap_probability": float(mech.wrap_probability_bound),
-            "wrap_probability_run": float(min(1.0, done * mech.wrap_probability_bound)),
-            "clip_counts": "never sent: each site clips its weighted gradient to the public norm inside the encoder",
-            "noise_source": ("secure (os.urandom: exact CKS 2020 discrete Gaussian / PTRS Poisson)"
-                             if self.plan["noise_seed"] is None else "seeded-testing (the ε is void)"),
-            "integer": mech.report(),
-        })
+        rep.update(
+            {
+                "mechanism": mech.mechanism,
+                "distributed_mechanism": self.plan["distributed_mechanism"],
+                "epsilon": float(mech.epsilon(done)) if done else 0.0,
+                "epsilon_planned": float(mech.epsilon_accounted),
+                "epsilon_ledger": eps_ledger,
+                "accountant": "rdp: "
+                + (
+                    "KLS 2021 Prop. 14 (worst over t..n survivors)"
+                    if hasattr(mech, "sigma2")
+                    else "AKL 2021 Skellam RDP bound (t survivors)"
+                )
+                + "; ledger: a dominating Gaussian",
+                "releases": done,
+                "noise_multiplier": float(mech.ledger_noise_multiplier()),
+                "modulus_bits": int(mech.modulus_bits),
+                "secagg_modulus_bits": self.secagg_bits,
+                "wrap_probability": float(mech.wrap_probability_bound),
+                "wrap_probability_run": float(min(1.0, done * mech.wrap_probability_bound)),
+                "clip_counts": "never sent: each site clips its weighted gradient to the public norm inside the encoder",
+                "noise_source": (
+                    "secure (os.urandom: exact CKS 2020 discrete Gaussian / PTRS Poisson)"
+                    if self.plan["noise_seed"] is None
+                    else "seeded-testing (the ε is void)"
+                ),
+                "integer": mech.report(),
+            }
+        )
         return rep
 
 
@@ -543,12 +692,15 @@ def noise_share_note(plan: dict) -> str:
     if plan.get("distributed_mechanism") in INTEGER_MECHANISMS:
         t = plan["min_survivors"] or len(plan["sizes"])
         what = "N_Z(0, σ²)" if plan["distributed_mechanism"] == "ddg" else "Sk(λ, λ)"
-        return (f"each site added integer noise {what} to its clipped, rotated, rounded weighted gradient; SecAgg+ summed "
-                f"the integers mod 2^k over at least t = {t} sites (no float clipping after the noise)")
+        return (
+            f"each site added integer noise {what} to its clipped, rotated, rounded weighted gradient; SecAgg+ summed "
+            f"the integers mod 2^k over at least t = {t} sites (no float clipping after the noise)"
+        )
     t = plan["min_survivors"] or len(plan["sizes"])
-    return (f"each site added a share σ_p = z·M/(w_p·√t), t = {t}; the revealed sum carries noise of std ≥ z·M "
-            f"while at least {t} sites survive (settled per aggregation)")
-
+    return (
+        f"each site added a share σ_p = z·M/(w_p·√t), t = {t}; the revealed sum carries noise of std ≥ z·M "
+        f"while at least {t} sites survive (settled per aggregation)"
+    )
 
 
 # ------------------------------------------------------------------------------------------- the DP billboard
@@ -560,10 +712,19 @@ def billboard_plan(plan, run_id: str, sizes) -> dict:
     """The public plan of the billboard's releases (what every site rebuilds its noise from). ``noise`` local: each
     site adds the full σ; distributed: a share σ/√t, t = ``min_survivors`` (unset: every site)."""
     t = int(plan.min_survivors or len(sizes)) if plan.noise == "distributed" else 1
-    return {"run_id": run_id, "epsilon": float(plan.epsilon), "delta": float(plan.delta),
-            "accountant": plan.accountant, "count_share": float(plan.count_share),
-            "density_share": float(plan.density_share), "density_grid": int(plan.density_grid), "noise": plan.noise,
-            "t": t, "sizes": [int(n) for n in sizes], "noise_seed": plan.noise_seed_for_testing}
+    return {
+        "run_id": run_id,
+        "epsilon": float(plan.epsilon),
+        "delta": float(plan.delta),
+        "accountant": plan.accountant,
+        "count_share": float(plan.count_share),
+        "density_share": float(plan.density_share),
+        "density_grid": int(plan.density_grid),
+        "noise": plan.noise,
+        "t": t,
+        "sizes": [int(n) for n in sizes],
+        "noise_seed": plan.noise_seed_for_testing,
+    }
 
 
 class BillboardPrivacy:
@@ -577,12 +738,15 @@ class BillboardPrivacy:
         self.ledger = ledger if ledger is not None else open_server_ledger(plan, run_id, None)
         self.reported_releases: dict = {}
         t = self.plan["t"]
-        self.noise_note = ("each site added the full σ to its own upload: private on its own, whatever the coordinator "
-                           "or the other sites do (the sum carries √P·σ)" if self.plan["noise"] == "local" else
-                           f"each site added a share σ/√t (t = {t}) inside the secure sum: the revealed sum carries noise "
-                           f"of std ≥ σ while at least {t} sites' shares are in it — against the coordinator as long as "
-                           "the secure sum holds and no more sites collude with it than the sites' dp-colluders allow; "
-                           "a site's upload alone is not private")
+        self.noise_note = (
+            "each site added the full σ to its own upload: private on its own, whatever the coordinator "
+            "or the other sites do (the sum carries √P·σ)"
+            if self.plan["noise"] == "local"
+            else f"each site added a share σ/√t (t = {t}) inside the secure sum: the revealed sum carries noise "
+            f"of std ≥ σ while at least {t} sites' shares are in it — against the coordinator as long as "
+            "the secure sum holds and no more sites collude with it than the sites' dp-colluders allow; "
+            "a site's upload alone is not private"
+        )
 
     def wire_plan(self) -> str:
         return dumps(self.plan)
@@ -598,29 +762,41 @@ class BillboardPrivacy:
     def check_reported(self, release: int, survivors) -> None:
         missing = [i for i in survivors if i not in self.reported_releases.get(release, set())]
         if missing:
-            raise ProtocolAbortedError(f"billboard release {release + 1}: sites {missing} were summed without reporting "
-                                       "their ledger events; the aggregate ledger would be incomplete")
+            raise ProtocolAbortedError(
+                f"billboard release {release + 1}: sites {missing} were summed without reporting "
+                "their ledger events; the aggregate ledger would be incomplete"
+            )
 
     def report(self) -> dict:
         eps, delta = self.ledger.spent()
         n = self.noise
         k = 3 if n.get("sigma3") else 2
         what = " + a density of every record on the map" if k == 3 else ""
-        return {"mechanism": f"DP billboard: random-feature mean embedding + landmark counts{what} ({k} releases)",
-                "epsilon": eps, "delta": delta, "accountant": self.ledger.accountant_name,
-                "epsilon_target": self.plan["epsilon"], "mu": n["mu"],
-                "mu_per_release": [n["mu1"], n["mu2"], n["mu3"]][:k],
-                "sigma_per_release": [n["sigma1"], n["sigma2"], n["sigma3"]][:k],
-                "sensitivity_per_release": list(n["sensitivities"][:k]), "releases": k, "noise": self.plan["noise"],
-                "noise_share": self.noise_note, "adjacency": "replace one record",
-                "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
-                "tau_x": self.public["tau_x"], "feature_scale": self.public["feature_scale"],
-                "clip_note": "each record is divided by the public feature scale, mapped into the public basis and "
-                             "its random features are bounded (‖φ‖ = 1): the sensitivity needs no clipping of records"}
+        return {
+            "mechanism": f"DP billboard: random-feature mean embedding + landmark counts{what} ({k} releases)",
+            "epsilon": eps,
+            "delta": delta,
+            "accountant": self.ledger.accountant_name,
+            "epsilon_target": self.plan["epsilon"],
+            "mu": n["mu"],
+            "mu_per_release": [n["mu1"], n["mu2"], n["mu3"]][:k],
+            "sigma_per_release": [n["sigma1"], n["sigma2"], n["sigma3"]][:k],
+            "sensitivity_per_release": list(n["sensitivities"][:k]),
+            "releases": k,
+            "noise": self.plan["noise"],
+            "noise_share": self.noise_note,
+            "adjacency": "replace one record",
+            "epsilon_per_site": {str(p): self.ledger.spent(p)[0] for p in self.ledger.sites()},
+            "tau_x": self.public["tau_x"],
+            "feature_scale": self.public["feature_scale"],
+            "clip_note": "each record is divided by the public feature scale, mapped into the public basis and "
+            "its random features are bounded (‖φ‖ = 1): the sensitivity needs no clipping of records",
+        }
 
 
-def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int,
-                           op: str = "secagg"):
+def site_billboard_release(
+    fields: dict, F: np.ndarray, node_config: dict, site: int, cache: dict, n_records: int, op: str = "secagg"
+):
     """A site's billboard release (``release`` 0: Σφ over its records; 1: its counts per landmark; 2: the density
     of all its records — ``F`` then holds every record, the hold-out too — on the landmark map) with its own noise.
 
@@ -642,15 +818,20 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         raise ProtocolError(f"unknown billboard release {release}")
     pinned = cache.setdefault("billboard_plans", {}).setdefault(str(plan.get("run_id")), plan_digest(plan))
     if pinned != plan_digest(plan):  # e.g. a small share of μ² claimed for each release in turn: more than ε in all
-        raise ProtocolError(f"the billboard plan of run {plan.get('run_id')} differs from the one this site started the "
-                            "run with (shares, ε, δ or sizes changed between releases); refusing")
+        raise ProtocolError(
+            f"the billboard plan of run {plan.get('run_id')} differs from the one this site started the "
+            "run with (shares, ε, δ or sizes changed between releases); refusing"
+        )
     if release < 2 and int(plan["sizes"][site]) != int(n_records):
-        raise ProtocolError(f"the billboard plan announces {plan['sizes'][site]} records for this site, which holds "
-                            f"{n_records}; refusing")
+        raise ProtocolError(
+            f"the billboard plan announces {plan['sizes'][site]} records for this site, which holds "
+            f"{n_records}; refusing"
+        )
     noise = billboard_noise(plan["epsilon"], plan["delta"], plan["count_share"], float(plan.get("density_share", 0.0)))
     if release == 2 and not noise["sigma3"]:
-        raise ProtocolError("a density release was asked for, but the billboard plan spends no budget on it "
-                            "(density_share 0); refusing")
+        raise ProtocolError(
+            "a density release was asked for, but the billboard plan spends no budget on it (density_share 0); refusing"
+        )
     ledger = open_site_ledger({**plan, "noise_seed": plan.get("noise_seed")}, node_config, cache)
     if release == 0:
         d = F.shape[1]
@@ -664,8 +845,14 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         t = 1
     elif plan["noise"] == "distributed":
         if op == "plain":
-            raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the billboard's noise "
-                                        "(distributed): it sends that upload only into a secure sum (secagg / ckks)"))
+            raise ConfigError(
+                bad_value(
+                    "aggregation",
+                    "plain",
+                    "this site adds only a share of the billboard's noise "
+                    "(distributed): it sends that upload only into a secure sum (secagg / ckks)",
+                )
+            )
         t = int(plan["t"])
         if not 1 <= t <= len(plan["sizes"]):
             raise ProtocolError(f"the billboard plan's t = {t} is not a number of sites (1..{len(plan['sizes'])})")
@@ -680,8 +867,16 @@ def site_billboard_release(fields: dict, F: np.ndarray, node_config: dict, site:
         e = secure_standard_normal(u.shape)
     else:
         e = seeded_standard_normal(int(plan["noise_seed"]), (site, 0, release, attempt), u.shape)
-    ev = ledger.record(event, site=site, round=0, step=release, attempt=attempt, noise=plan["noise"], noise_share=share,
-                       noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing")
+    ev = ledger.record(
+        event,
+        site=site,
+        round=0,
+        step=release,
+        attempt=attempt,
+        noise=plan["noise"],
+        noise_share=share,
+        noise_source="secure" if plan.get("noise_seed") is None else "seeded-testing",
+    )
     return u + share * e, [dumps(ev)]
 
 

@@ -117,8 +117,11 @@ class RunResult:
             return None
         if key not in self.embedding:
             kept = self.embedding.get("kept_on_sites")
-            if not kept or not self.site_outputs or key != ("labels" if self.embedding.get("method") == "spectral"
-                                                               else "coordinates"):
+            if (
+                not kept
+                or not self.site_outputs
+                or key != ("labels" if self.embedding.get("method") == "spectral" else "coordinates")
+            ):
                 return None
             parts = self.site_outputs  # coordinates keep: each site's own result (the in-process simulation holds all)
         else:

@@ -138,7 +138,9 @@ class SiteWorker:
     def __init__(self, options: dict, records: np.ndarray | None = None, state: dict | None = None):
         self.options = dict(options)
         self._records = None if records is None else np.asarray(records, dtype=np.float64)
-        self._ids: tuple[str, ...] | None = None  # record ids from the site's file (site option id-column), when it has them
+        self._ids: tuple[str, ...] | None = (
+            None  # record ids from the site's file (site option id-column), when it has them
+        )
         self.state = dict(state or {})
         self._live: dict = {}  # objects kept only while this process lives (in process: the whole run)
         self.kept: np.ndarray | None = None  # what this site kept of the embedding (coordinates keep)
@@ -156,15 +158,29 @@ class SiteWorker:
 
             path = self.options.get("data-path")
             if not path:
-                raise ConfigError(bad_value("site option data-path", path, "start the SuperNode with --node-config "
-                                            "'data-path=\"/path/site.csv\" site-name=\"A\"'"))
+                raise ConfigError(
+                    bad_value(
+                        "site option data-path",
+                        path,
+                        'start the SuperNode with --node-config \'data-path="/path/site.csv" site-name="A"\'',
+                    )
+                )
             keep = [c.strip() for c in str(self.options.get("keep-column") or "").split(",") if c.strip()]
-            ds = load_dataset(str(path), label_column=self.options.get("label-column") or None,
-                              id_column=self.options.get("id-column") or None, layer=self.options.get("layer") or None,
-                              allow_id_like=keep)
+            ds = load_dataset(
+                str(path),
+                label_column=self.options.get("label-column") or None,
+                id_column=self.options.get("id-column") or None,
+                layer=self.options.get("layer") or None,
+                allow_id_like=keep,
+            )
             if truthy(self.options.get("send-record-ids", False)) and ds.ids is None:
-                raise ConfigError(bad_value("site option send-record-ids", self.options.get("send-record-ids"),
-                                            "name the file's id column too (id-column=\"...\"), or drop send-record-ids"))
+                raise ConfigError(
+                    bad_value(
+                        "site option send-record-ids",
+                        self.options.get("send-record-ids"),
+                        'name the file\'s id column too (id-column="..."), or drop send-record-ids',
+                    )
+                )
             self._records, self._ids = ds.X, ds.ids
         return self._records
 
@@ -192,7 +208,9 @@ class SiteWorker:
         if pinned is None:
             self.state["seed"] = int(seed)
         elif int(pinned) != int(seed):
-            raise ProtocolError(f"the request's seed {seed} differs from the run's seed {pinned} this site pinned; refusing")
+            raise ProtocolError(
+                f"the request's seed {seed} differs from the run's seed {pinned} this site pinned; refusing"
+            )
 
     @property
     def _run_seed(self) -> int:
@@ -233,7 +251,9 @@ class SiteWorker:
 
     def _dp_cache(self) -> dict:
         if "dp_cache" not in self._live:
-            self._live["dp_cache"] = json.loads(bytes(self.state["dp_cache"]).decode()) if "dp_cache" in self.state else {}
+            self._live["dp_cache"] = (
+                json.loads(bytes(self.state["dp_cache"]).decode()) if "dp_cache" in self.state else {}
+            )
         return self._live["dp_cache"]
 
     def _save_dp_cache(self) -> None:
@@ -265,17 +285,27 @@ class SiteWorker:
                 from ..audits.mia import site_roc_counts
 
                 if holdout is None:
-                    raise ConfigError(bad_value("audit-holdout", 0, "the audit needs held-out records; set audit-holdout > 0"))
+                    raise ConfigError(
+                        bad_value("audit-holdout", 0, "the audit needs held-out records; set audit-holdout > 0")
+                    )
                 if self.state.get("audit_answered"):
-                    raise ProtocolError("this site has answered the membership audit of this run already (once per "
-                                        "run: audit counts at other landmarks would locate records); refusing")
+                    raise ProtocolError(
+                        "this site has answered the membership audit of this run already (once per "
+                        "run: audit counts at other landmarks would locate records); refusing"
+                    )
                 self._check_landmarks(task.cells, task.previous, task.Y, task.space, members, gamma=task.gamma)
                 self.state["audit_answered"] = True
                 spec = self._live.get("bound_spec")
                 if req.op in ("secagg-input", "secagg-start") and spec is not None:
                     self.state["audit_secagg_round"] = int(spec.round_index)  # its gate reads only the verified total
-                u = site_roc_counts(task.space.features(members), task.space.features(holdout), task.Y,
-                                    float(task.gamma), scores=tuple(task.scores), rng=g)
+                u = site_roc_counts(
+                    task.space.features(members),
+                    task.space.features(holdout),
+                    task.Y,
+                    float(task.gamma),
+                    scores=tuple(task.scores),
+                    rng=g,
+                )
                 return u, {}
             if isinstance(task, (M.Model, M.Gradient)) and task.dp is not None:
                 return self._dp_upload(req, task, members, g)
@@ -286,8 +316,11 @@ class SiteWorker:
                 return self._cells_upload(req, task, members), {}
             self._refuse_without_dp(f"a non-private {task.NAME!r} upload")
             self._refuse_paper_mode(f"a non-private {task.NAME!r} upload")
-            kxx = self._kxx(members, float(getattr(task, "gamma", 1.0))) \
-                if (isinstance(task, M.Mmd) or getattr(task, "monitor", False)) else None
+            kxx = (
+                self._kxx(members, float(getattr(task, "gamma", 1.0)))
+                if (isinstance(task, M.Mmd) or getattr(task, "monitor", False))
+                else None
+            )
             return _scale_parts(compute_upload(task, members, g, kxx), req), {}
         finally:
             self.save_rng(g)
@@ -305,11 +338,19 @@ class SiteWorker:
         plan = CellsPlan.from_json(task.cells)
         own_floor = int_option(self.options, "cell-floor", 15)
         if plan.floor < own_floor:
-            raise ConfigError(bad_value("cell-floor", plan.floor, f"this site reveals a sum of features only over at "
-                                        f"least {own_floor} records (its site option cell-floor); refusing the plan"))
+            raise ConfigError(
+                bad_value(
+                    "cell-floor",
+                    plan.floor,
+                    f"this site reveals a sum of features only over at "
+                    f"least {own_floor} records (its site option cell-floor); refusing the plan",
+                )
+            )
         if plan.n_max < len(members):
-            raise ProtocolError(f"the cells plan bounds a site's records by n_max = {plan.n_max}, this site holds "
-                                f"{len(members)}; refusing")
+            raise ProtocolError(
+                f"the cells plan bounds a site's records by n_max = {plan.n_max}, this site holds "
+                f"{len(members)}; refusing"
+            )
         pinned = self.state.get("cells_plan")
         if pinned is None:
             if task.step != 0:
@@ -317,20 +358,25 @@ class SiteWorker:
             self.state["cells_plan"] = plan.digest()
             self.state["cells_totals"] = []
         elif pinned != plan.digest():
-            raise ProtocolError("the cells plan differs from the one this site pinned at the first cells sum of the run "
-                                "(floor, basis, levels and bounds are fixed once per run); refusing")
+            raise ProtocolError(
+                "the cells plan differs from the one this site pinned at the first cells sum of the run "
+                "(floor, basis, levels and bounds are fixed once per run); refusing"
+            )
         totals = list(self.state.get("cells_totals", []))
         expected = int(self.state.get("cells_next", 0))
         if task.step != expected or (task.step > 0) != (task.previous is not None):
-            raise ProtocolError(f"cells step {task.step} asked; this site answers each step of the run once and in "
-                                f"order, and expects step {expected} (with the total of step {expected - 1}); refusing")
+            raise ProtocolError(
+                f"cells step {task.step} asked; this site answers each step of the run once and in "
+                f"order, and expects step {expected} (with the total of step {expected - 1}); refusing"
+            )
         tree = self._replayed_tree(plan, members.shape[1])
         if task.previous is not None and tree.step < task.step:  # (not yet absorbed for this request)
             q = tree.next_query()
             total = np.asarray(task.previous, dtype=np.float64).ravel()
             self._check_verified_total(q, total)
-            _check_total_against_own(q, tree, total, members, self._cells_rounding(),
-                                     bounded=not self.state.get("cells_plain", False))
+            _check_total_against_own(
+                q, tree, total, members, self._cells_rounding(), bounded=not self.state.get("cells_plain", False)
+            )
             tree.absorb(q, total)
             totals.append(np.ascontiguousarray(total, dtype="<f8").tobytes())
             self.state["cells_totals"] = totals
@@ -343,7 +389,7 @@ class SiteWorker:
         floats; CKKS is asked for a precision of 1e-6)."""
         got = self._live.get("verified")
         if self.state.get("cells_secagg_round") is None or got is None:
-            return 2.0 ** -16
+            return 2.0**-16
         fp = got[2].fixed_point
         return 4.0 * float(fp.active_clients) * float(fp.step)
 
@@ -358,13 +404,17 @@ class SiteWorker:
         want = int(self.state["cells_secagg_round"])
         got = self._live.get("verified")
         if got is None or got[0] != want or int(self.state.get("secagg/verified", -1)) != want:
-            raise ProtocolError("the total of the previous cells sum comes without the proof of that SecAgg+ sum; "
-                                "this site absorbs only totals it verified; refusing")
+            raise ProtocolError(
+                "the total of the previous cells sum comes without the proof of that SecAgg+ sum; "
+                "this site absorbs only totals it verified; refusing"
+            )
         _, words, spec = got
         scale = np.concatenate([np.full(int(k), float(b)) for k, b in q.parts])
         mine = dequantize(words, spec.fixed_point).reshape(-1) * scale
         if mine.shape != total.shape or not np.array_equal(mine, total):
-            raise ProtocolError("the relayed total of the previous cells sum is not the total its proof shows; refusing")
+            raise ProtocolError(
+                "the relayed total of the previous cells sum is not the total its proof shows; refusing"
+            )
 
     def _cells_binding(self, req: M.SumRequest) -> dict | None:
         """For a cells sum, the query this site derives itself (its tree advanced with the checked totals): what the
@@ -401,12 +451,15 @@ class SiteWorker:
         pinned = self.state.get("cells_plan")
         if pinned is None:
             if cells is not None:
-                raise ProtocolError("the request names a cells plan but this site answered no cells sum in this run; "
-                                    "refusing")
+                raise ProtocolError(
+                    "the request names a cells plan but this site answered no cells sum in this run; refusing"
+                )
             return
         if cells is None or CellsPlan.from_json(cells).digest() != pinned:
-            raise ProtocolError("this site answered the cells sums of this run: an audit or placement request must carry "
-                                "the pinned cells plan (the site checks the landmarks against its own); refusing")
+            raise ProtocolError(
+                "this site answered the cells sums of this run: an audit or placement request must carry "
+                "the pinned cells plan (the site checks the landmarks against its own); refusing"
+            )
         if previous is not None:
             step = int(self.state.get("cells_next", 0))
             tree = self.cell_tree(M.Cells(cells=cells, step=step, previous=previous), members)
@@ -418,8 +471,9 @@ class SiteWorker:
         own_Y, _ = tree.landmarks(seed=int(self._run_seed))
         scale = float(np.max(np.abs(own_Y))) if own_Y.size else 1.0
         if Y.shape != own_Y.shape or not np.allclose(Y, own_Y, rtol=1e-9, atol=1e-12 * max(scale, 1e-300)):
-            raise ProtocolError("the request's landmarks are not the cell landmarks this site computes from the released "
-                                "sums; refusing")
+            raise ProtocolError(
+                "the request's landmarks are not the cell landmarks this site computes from the released sums; refusing"
+            )
         if space.kind != "pca" or not (np.array_equal(space.mu, tree.mu) and np.array_equal(space.V, tree.V)):
             raise ProtocolError("the request's landmark space is not the basis this site derived; refusing")
         if gamma is not None and not np.isclose(gamma, 1.0 / max(2.0 * tree.trace, 1e-300), rtol=1e-9):
@@ -432,8 +486,9 @@ class SiteWorker:
         from ..audits.disclosure import check_tree
 
         if req.scale_lengths or req.scale_bounds:
-            raise ProtocolError("a cells request carries scales: this site derives them from the cells plan itself; "
-                                "refusing")
+            raise ProtocolError(
+                "a cells request carries scales: this site derives them from the cells plan itself; refusing"
+            )
         tree = self.cell_tree(task, members)
         q = tree.next_query()
         if q is None:
@@ -460,9 +515,15 @@ class SiteWorker:
 
         if req.audit_total is None:
             if truthy(self.options.get("require-audit", True)):
-                raise ConfigError(bad_value("audit", "none", "this site places its records only after a membership "
-                                            "audit of the landmarks passes (site option require-audit); run with an "
-                                            "audit hold-out (audit-holdout > 0)"))
+                raise ConfigError(
+                    bad_value(
+                        "audit",
+                        "none",
+                        "this site places its records only after a membership "
+                        "audit of the landmarks passes (site option require-audit); run with an "
+                        "audit hold-out (audit-holdout > 0)",
+                    )
+                )
             return
         scores = tuple(req.audit_scores or ("nearest", "kde"))
         if self.state.get("audit_secagg_round") is not None:
@@ -471,19 +532,30 @@ class SiteWorker:
             want = int(self.state["audit_secagg_round"])
             got = self._live.get("verified")
             if got is None or got[0] != want:
-                raise ProtocolError("the audit's total comes without the proof of that SecAgg+ sum; this site applies "
-                                    "its audit gate only to a total it verified; refusing")
+                raise ProtocolError(
+                    "the audit's total comes without the proof of that SecAgg+ sum; this site applies "
+                    "its audit gate only to a total it verified; refusing"
+                )
             mine = dequantize(got[1], got[2].fixed_point).reshape(-1)
             if mine.shape != np.shape(req.audit_total) or not np.array_equal(mine, np.ravel(req.audit_total)):
                 raise ProtocolError("the relayed audit total is not the total its proof shows; refusing")
         mia = mia_from_counts(req.audit_total, scores, n_sites=1, aggregation="secagg")
-        policy = AuditPolicy(max_auc=float(self.options.get("max-auc", 0.6)),
-                             max_empirical_epsilon=float(self.options.get("max-empirical-epsilon", 1.0)))
+        policy = AuditPolicy(
+            max_auc=float(self.options.get("max-auc", 0.6)),
+            max_empirical_epsilon=float(self.options.get("max-empirical-epsilon", 1.0)),
+        )
         dec = audit_gate(mia, policy, allow_failure=True)
         if not dec.passed and not truthy(self.options.get("allow-audit-failure", False)):
-            raise ConfigError(bad_value("the membership audit", f"AUC {mia.auc:.3f}", "this site's own audit gate failed ("
-                                        + "; ".join(str(f) for f in dec.failures) + "): it sends nothing per record; "
-                                        "its operator may override with the site option allow-audit-failure"))
+            raise ConfigError(
+                bad_value(
+                    "the membership audit",
+                    f"AUC {mia.auc:.3f}",
+                    "this site's own audit gate failed ("
+                    + "; ".join(str(f) for f in dec.failures)
+                    + "): it sends nothing per record; "
+                    "its operator may override with the site option allow-audit-failure",
+                )
+            )
 
     def _billboard_upload(self, req: M.SumRequest, task, X: np.ndarray) -> tuple[np.ndarray, dict]:
         """One of the DP billboard's releases (:mod:`securefed.landmarks.merf`): the site's own calibration
@@ -494,16 +566,23 @@ class SiteWorker:
         if task.release == 2:
             X = self.records()
         F = task.space.features(X)
-        u, events = site_billboard_release(M.encode_task(task), F, self.options, int(req.site), self._dp_cache(),
-                                           len(X), req.op)
+        u, events = site_billboard_release(
+            M.encode_task(task), F, self.options, int(req.site), self._dp_cache(), len(X), req.op
+        )
         self._save_dp_cache()
         return _scale_parts(u, req), {"dp_events": events}
 
     def _refuse_without_dp(self, what: str) -> None:
         """A site whose operator set ``require-dp = true`` releases nothing about its records without DP."""
         if truthy(self.options.get("require-dp", False)):
-            raise ConfigError(bad_value("differential privacy", "off", f"this site requires DP (site option require-dp) "
-                                        f"and refuses {what}; run with epsilon and clip-norm (and rows-epsilon for rows)"))
+            raise ConfigError(
+                bad_value(
+                    "differential privacy",
+                    "off",
+                    f"this site requires DP (site option require-dp) "
+                    f"and refuses {what}; run with epsilon and clip-norm (and rows-epsilon for rows)",
+                )
+            )
 
     def _dp_upload(self, req: M.SumRequest, task, X: np.ndarray, g) -> tuple[np.ndarray, dict]:
         """A differentially private upload: the site's own mechanism, clipped records, noise, ledger first."""
@@ -514,8 +593,14 @@ class SiteWorker:
         plan = task.dp
         site = int(req.site)
         if plan["noise"] == "distributed" and req.op == "plain":
-            raise ConfigError(bad_value("aggregation", "plain", "this site adds only a share of the noise (distributed): "
-                                        "it sends that upload only into a secure sum (secagg / ckks)"))
+            raise ConfigError(
+                bad_value(
+                    "aggregation",
+                    "plain",
+                    "this site adds only a share of the noise (distributed): "
+                    "it sends that upload only into a secure sum (secagg / ckks)",
+                )
+            )
         gp = site_mechanism(plan, self.options, site, self._dp_cache())
         self._save_dp_cache()
         if plan.get("distributed_mechanism"):
@@ -551,8 +636,14 @@ class SiteWorker:
         if plan["distributed_mechanism"] not in INTEGER_MECHANISMS or plan["noise"] != "distributed":
             raise ProtocolError(f"unknown distributed mechanism {plan['distributed_mechanism']!r} in the DP plan")
         if req.op not in ("secagg-start", "secagg-input"):
-            raise ConfigError(bad_value("aggregation", req.op.split("-")[0], f"this site's {plan['distributed_mechanism']} "
-                                        "upload is a vector of integers mod 2^k: it goes only into a SecAgg+ sum (secagg)"))
+            raise ConfigError(
+                bad_value(
+                    "aggregation",
+                    req.op.split("-")[0],
+                    f"this site's {plan['distributed_mechanism']} "
+                    "upload is a vector of integers mod 2^k: it goes only into a SecAgg+ sum (secagg)",
+                )
+            )
         Xc, _ = clip_records(X, gp.tau_x)  # how many were clipped stays on the site
         Y = task.Y
         if Y.shape[1] != X.shape[1]:
@@ -562,8 +653,9 @@ class SiteWorker:
         spec = self._live.get("bound_spec") or decode_spec(req.spec)
         rnd, t = int(task.round), int(task.step or 0)
         Xb, n_norm = gp.batch(site, rnd, t, Xc, g)
-        words = site_integer_release(gp, mech, plan, mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, rnd=rnd,
-                                     step=t, spec=spec)
+        words = site_integer_release(
+            gp, mech, plan, mmd_grad(Xb, Y, gp.gamma, n_norm=n_norm), site=site, rnd=rnd, step=t, spec=spec
+        )
         return words, {"dp_events": release_events(gp, site, rnd, [t])}
 
     # ------------------------------------------------------------------------------ dispatch
@@ -579,9 +671,14 @@ class SiteWorker:
                 refuse_server_weight(fields)  # named before the strict decoder refuses the unknown field
             req = M.decode_request(fields)
             handlers: dict[type, typing.Callable[[typing.Any], dict]] = {
-                M.Hello: self._hello, M.SumRequest: self._sum, M.ProtocolMessages: self._protocol,
+                M.Hello: self._hello,
+                M.SumRequest: self._sum,
+                M.ProtocolMessages: self._protocol,
                 M.SecAggSetup: self._secagg_setup,
-                M.CkksEnd: self._ckks_end, M.Rows: self._rows, M.Place: self._place}
+                M.CkksEnd: self._ckks_end,
+                M.Rows: self._rows,
+                M.Place: self._place,
+            }
             return handlers[type(req)](req)
         except SecureFedError as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
@@ -591,21 +688,31 @@ class SiteWorker:
     def _hello(self, req: M.Hello) -> dict:
         X = self.records()
         members, holdout = self.split(float(req.audit_holdout or 0.0), int(req.seed))
-        return M.encode(M.HelloReply(self.name, int(len(members)), 0 if holdout is None else int(len(holdout)),
-                                     int(X.shape[1]), crypto.ed25519_public_bytes(self.identity()), self.guards()))
+        return M.encode(
+            M.HelloReply(
+                self.name,
+                int(len(members)),
+                0 if holdout is None else int(len(holdout)),
+                int(X.shape[1]),
+                crypto.ed25519_public_bytes(self.identity()),
+                self.guards(),
+            )
+        )
 
     def guards(self) -> dict:
         """The site's own conditions that the run's guarantee against a deviating coordinator rests on (reported at
         hello, for the report; the site enforces them whatever the coordinator does)."""
         from ..securesum.threat import int_option
 
-        return {"allow-plain": truthy(self.options.get("allow-plain", False)),
-                "allow-paper-mode": truthy(self.options.get("allow-paper-mode", False)),
-                "cell-floor": int_option(self.options, "cell-floor", 15),
-                "require-audit": truthy(self.options.get("require-audit", True)),
-                "allow-audit-failure": truthy(self.options.get("allow-audit-failure", False)),
-                "require-dp": truthy(self.options.get("require-dp", False)),
-                "allow-distributed-noise": truthy(self.options.get("allow-distributed-noise", False))}
+        return {
+            "allow-plain": truthy(self.options.get("allow-plain", False)),
+            "allow-paper-mode": truthy(self.options.get("allow-paper-mode", False)),
+            "cell-floor": int_option(self.options, "cell-floor", 15),
+            "require-audit": truthy(self.options.get("require-audit", True)),
+            "allow-audit-failure": truthy(self.options.get("allow-audit-failure", False)),
+            "require-dp": truthy(self.options.get("require-dp", False)),
+            "allow-distributed-noise": truthy(self.options.get("allow-distributed-noise", False)),
+        }
 
     def _refuse_paper_mode(self, what: str) -> None:
         """Uploads no site can check — FedDL's non-private landmark updates and statistics at landmarks the coordinator
@@ -613,10 +720,16 @@ class SiteWorker:
         option ``allow-paper-mode``, default false): a deviating coordinator would ask for them instead of the
         cells."""
         if not truthy(self.options.get("allow-paper-mode", False)):
-            raise ConfigError(bad_value("site option allow-paper-mode", False, f"this site refuses {what}: its result "
-                                        "is not something it can recompute or verify (the paper's FedDL / rows mode); "
-                                        "its operator can allow it with allow-paper-mode=true, or run the default "
-                                        "cells, or add differential privacy (epsilon)"))
+            raise ConfigError(
+                bad_value(
+                    "site option allow-paper-mode",
+                    False,
+                    f"this site refuses {what}: its result "
+                    "is not something it can recompute or verify (the paper's FedDL / rows mode); "
+                    "its operator can allow it with allow-paper-mode=true, or run the default "
+                    "cells, or add differential privacy (epsilon)",
+                )
+            )
 
     def _sum(self, req: M.SumRequest) -> dict:
         if req.op == "plain":
@@ -629,13 +742,21 @@ class SiteWorker:
 
     def _plain(self, req: M.SumRequest) -> dict:
         if not truthy(self.options.get("allow-plain", False)):
-            raise ConfigError(bad_value("aggregation", "plain", "this site sends its uploads only into a secure sum "
-                                        "(secagg or ckks): with plain aggregation the coordinator would see each one. "
-                                        "Its operator can allow it with the site option allow-plain=true"))
+            raise ConfigError(
+                bad_value(
+                    "aggregation",
+                    "plain",
+                    "this site sends its uploads only into a secure sum "
+                    "(secagg or ckks): with plain aggregation the coordinator would see each one. "
+                    "Its operator can allow it with the site option allow-plain=true",
+                )
+            )
         digest = M.upload_digest(req, self._cells_binding(req))
         if digest in list(self.state.get("answered", [])):
-            raise ProtocolError("this site has sent its upload to this very sum already (the same request): a sum is "
-                                "answered once; refusing")
+            raise ProtocolError(
+                "this site has sent its upload to this very sum already (the same request): a sum is "
+                "answered once; refusing"
+            )
         u, extra = self.upload(req)
         self._answered(digest)
         return M.encode(M.UploadReply(u, self.weight(req), extra.get("dp_events")))
@@ -693,8 +814,14 @@ class SiteWorker:
         g = self.rng(int(req.seed), site)
         out: list = []
         for blob, sp, fl in zip(req.setups, setups, floors):
-            client = SecAggClient(sp, site, self.identity(), random_state=g,
-                                  min_survivors=min(fl.min_survivors, sp.n_clients), colluders=fl.colluders)
+            client = SecAggClient(
+                sp,
+                site,
+                self.identity(),
+                random_state=g,
+                min_survivors=min(fl.min_survivors, sp.n_clients),
+                colluders=fl.colluders,
+            )
             out += client.start()
             self._store_client(client, blob, "setup")
         return M.encode(M.ProtocolReply(out))
@@ -707,8 +834,10 @@ class SiteWorker:
             return
         last = self.state.get("secagg/last")
         if last is None or proof_round is None or int(proof_round) != int(last):
-            raise ProtocolError(f"the request carries the proof of SecAgg+ round {proof_round}; this site's last sum "
-                                f"was round {last}; refusing")
+            raise ProtocolError(
+                f"the request carries the proof of SecAgg+ round {proof_round}; this site's last sum "
+                f"was round {last}; refusing"
+            )
         client, raw, _ = self._load_client(int(last))
         words = client.verify_sum(bytes(proof))
         self._live["verified"] = (int(last), words, client.spec)
@@ -721,12 +850,16 @@ class SiteWorker:
         the missing sites' uploads)."""
         mine = M.upload_digest(req, binding)
         if bytes(digest) != mine:
-            raise ProtocolError("the secure sum's task digest is not the digest of the request this site received (and "
-                                "of the query it derived): the coordinator sent this site another request than the one "
-                                "the round signs; refusing before anything is computed")
+            raise ProtocolError(
+                "the secure sum's task digest is not the digest of the request this site received (and "
+                "of the query it derived): the coordinator sent this site another request than the one "
+                "the round signs; refusing before anything is computed"
+            )
         if mine in list(self.state.get("answered", [])):
-            raise ProtocolError("this site has revealed its upload to this very sum already (the same task digest): a "
-                                "sum is answered once; refusing")
+            raise ProtocolError(
+                "this site has revealed its upload to this very sum already (the same task digest): a "
+                "sum is answered once; refusing"
+            )
         self._live["digest"] = mine  # recorded as answered once the sum can be revealed (_answered)
 
     def _answered(self, digest: bytes | None) -> None:
@@ -761,9 +894,11 @@ class SiteWorker:
         weight = self.weight(req)
         dp = request_dp_plan(req.task) or {}
         if spec.integer != bool(dp.get("distributed_mechanism")):
-            raise ProtocolError(f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
-                                f"the request's upload is {'an integer encoding' if not spec.integer else 'real-valued'}; "
-                                "refusing")
+            raise ProtocolError(
+                f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
+                f"the request's upload is {'an integer encoding' if not spec.integer else 'real-valued'}; "
+                "refusing"
+            )
         if spec.integer:
             weight = 1.0
         floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(dp or None))
@@ -800,10 +935,14 @@ class SiteWorker:
         dp = request_dp_plan(req.task) or {}
         integer_plan = bool(dp.get("distributed_mechanism"))
         if spec.integer != integer_plan:  # before anything is computed or booked
-            raise ProtocolError(f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
-                                f"the request's upload is {'an integer encoding' if integer_plan else 'real-valued'}; refusing")
+            raise ProtocolError(
+                f"the SecAgg+ round {'sums integers' if spec.integer else 'uses the fixed-point codec'} but "
+                f"the request's upload is {'an integer encoding' if integer_plan else 'real-valued'}; refusing"
+            )
         if spec.integer:
-            weight = 1.0  # integer inputs come weighted by their encoder (its own weight, from the public plan it checked)
+            weight = (
+                1.0  # integer inputs come weighted by their encoder (its own weight, from the public plan it checked)
+            )
         floors = check_secagg_spec(spec, self.options, weight=weight, dp_t=dp_min_survivors(dp or None))
         self._live["bound_spec"] = spec
         u, extra = self.upload(req)
@@ -812,8 +951,16 @@ class SiteWorker:
         floor = max(floors.min_survivors, dp_floor)
         if isinstance(req.task, M.Cells):
             floor = spec.n_clients
-        client = SecAggClient(spec, site, self.identity(), np.ravel(u), weight, g,
-                              min_survivors=min(floor, spec.n_clients), colluders=floors.colluders)
+        client = SecAggClient(
+            spec,
+            site,
+            self.identity(),
+            np.ravel(u),
+            weight,
+            g,
+            min_survivors=min(floor, spec.n_clients),
+            colluders=floors.colluders,
+        )
         msgs = client.start()
         self.state[f"secagg/{spec.round_index}/digest"] = self._live.get("digest")
         self._store_client(client, bytes(req.spec), "full")
@@ -890,8 +1037,13 @@ class SiteWorker:
             ledger = open_site_ledger(rp, self.options, self._dp_cache())
             self._save_dp_cache()
             seed = rp.get("noise_seed")
-            dp = DataPerturbation(rp["epsilon"], delta=rp["delta"], tau_x=rp["tau_x"], ledger=ledger,
-                                  insecure_noise_seed_for_testing=None if seed is None else int(seed) + site)
+            dp = DataPerturbation(
+                rp["epsilon"],
+                delta=rp["delta"],
+                tau_x=rp["tau_x"],
+                ledger=ledger,
+                insecure_noise_seed_for_testing=None if seed is None else int(seed) + site,
+            )
             X = dp.perturb_site(X, site=site)
             event, report = ledger.releases_at(site, None, None)[-1], dp.report()
         R = gaussian_kernel(X, Y, float(req.gamma)) if req.kind == "kernel" else sq_dists(X, Y)
@@ -903,8 +1055,9 @@ class SiteWorker:
         if self.on_progress is None:
             return None
         name, hook = self.name, self.on_progress
-        return lambda done, total: hook({"event": "placement", "site": name, "records": int(n_records),
-                                         "done": int(done), "total": int(total)})
+        return lambda done, total: hook(
+            {"event": "placement", "site": name, "records": int(n_records), "done": int(done), "total": int(total)}
+        )
 
     def _place(self, req: M.Place) -> dict:
         """No-rows mode: place this site's records (all of them, file order) against the coordinator's landmark map,
@@ -913,8 +1066,10 @@ class SiteWorker:
 
         self._pin_seed(req.seed)
         if self.state.get("placed"):
-            raise ProtocolError("this site has placed its records in this run already (once per run: placements "
-                                "against other maps would reveal more of each record); refusing")
+            raise ProtocolError(
+                "this site has placed its records in this run already (once per run: placements "
+                "against other maps would reveal more of each record); refusing"
+            )
         members = self.members(req)
         self._verify_proof(req.proof, req.proof_round)
         self._check_landmarks(req.cells, req.previous, req.Y, req.space, members)
@@ -929,8 +1084,9 @@ class SiteWorker:
             from ..embedding.stages import spectral_assign
 
             if req.landmark_labels is None or req.n_clusters is None or req.kernel_gamma is None:
-                raise DecodeError("malformed 'place' message: spectral placement needs landmark_labels, n_clusters and "
-                                  "kernel_gamma")
+                raise DecodeError(
+                    "malformed 'place' message: spectral placement needs landmark_labels, n_clusters and kernel_gamma"
+                )
             lab_y = np.asarray(req.landmark_labels, dtype=np.int64)
             k = int(req.n_clusters)
             if lab_y.shape != (len(Y),) or lab_y.min(initial=0) < 0 or lab_y.max(initial=0) >= k:
@@ -944,8 +1100,15 @@ class SiteWorker:
             if req.method == "tsne":
                 if req.masses is None or req.Zn is None or req.perplexity is None:
                     raise DecodeError("malformed 'place' message: t-SNE placement needs masses, Zn and perplexity")
-                out = placement.place_refine(F, Y, E, req.masses, float(req.Zn), perplexity=float(req.perplexity),
-                                             progress=self._progress(len(F)))
+                out = placement.place_refine(
+                    F,
+                    Y,
+                    E,
+                    req.masses,
+                    float(req.Zn),
+                    perplexity=float(req.perplexity),
+                    progress=self._progress(len(F)),
+                )
             elif req.method == "umap":
                 out = placement.place_weighted(F, Y, E, perplexity=2.0)
             else:
@@ -966,23 +1129,26 @@ class SiteWorker:
         return M.encode(reply)
 
 
-def _check_total_against_own(q, tree, total: np.ndarray, members: np.ndarray, rounding: float,
-                             bounded: bool = True) -> None:
+def _check_total_against_own(
+    q, tree, total: np.ndarray, members: np.ndarray, rounding: float, bounded: bool = True
+) -> None:
     """What a site can check of a relayed cells total on its own: the record count of the basis sum and every
     count of a count pass cover at least its own records (the tree itself checks that children add up to their
     parent), and the other sites' part of every sum of features is a sum of records in the public range
     (:meth:`CellTree.others_problem`). A forged total that passes these is caught by the proof of the secure sum
     where there is one; a site that fabricates in-range records is not caught (docs/threat-model.md §3.9)."""
     own = tree.upload(q, members)
-    bad = tree.others_problem(q, total, own, tree.features(members) if q.kind == "sums" else members, rounding,
-                              bounded)
+    bad = tree.others_problem(q, total, own, tree.features(members) if q.kind == "sums" else members, rounding, bounded)
     if bad:
-        raise ProtocolError(f"the relayed cells total is no sum of in-range records: {bad}; refusing (a site that "
-                            "fabricates uploads beyond records of its declared size is caught here)")
+        raise ProtocolError(
+            f"the relayed cells total is no sum of in-range records: {bad}; refusing (a site that "
+            "fabricates uploads beyond records of its declared size is caught here)"
+        )
     if q.kind == "basis":
         if total[0] + 0.5 < own[0] * 1.0:  # the upload is [n_p, Σx/B, …] before scaling: n_p ≤ n
-            raise ProtocolError(f"the relayed basis sum counts {total[0]:.0f} records; this site alone holds "
-                                f"{own[0]:.0f}; refusing")
+            raise ProtocolError(
+                f"the relayed basis sum counts {total[0]:.0f} records; this site alone holds {own[0]:.0f}; refusing"
+            )
     elif q.kind == "counts" and np.any(total + 0.5 < own):
         raise ProtocolError("a relayed cell count is below this site's own records in that cell; refusing")
 
@@ -1001,8 +1167,9 @@ def _scale_parts(u: np.ndarray, req: M.SumRequest) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"malformed scale_lengths / scale_bounds: {exc}") from None
     if scale.shape != u.shape or not np.all(scale > 0):
-        raise DecodeError(f"scale_lengths / scale_bounds cover {scale.size} coordinates with positive bounds; the "
-                          f"upload has {u.size}")
+        raise DecodeError(
+            f"scale_lengths / scale_bounds cover {scale.size} coordinates with positive bounds; the upload has {u.size}"
+        )
     return u / scale
 
 
@@ -1032,8 +1199,10 @@ def _check_request_against_plan(task, plan: dict, gp, site: int, n_records: int,
     from . import messages as M
 
     if int(plan["sizes"][site]) != int(n_records):
-        raise ProtocolError(f"the DP plan announces {plan['sizes'][site]} records for this site, which holds {n_records} "
-                            "(its noise would be calibrated for the wrong count); refusing")
+        raise ProtocolError(
+            f"the DP plan announces {plan['sizes'][site]} records for this site, which holds {n_records} "
+            "(its noise would be calibrated for the wrong count); refusing"
+        )
     if not np.isclose(float(task.gamma), gp.gamma, rtol=1e-12, atol=0.0):
         raise ProtocolError(f"the request's gamma={task.gamma} differs from the DP plan's {gp.gamma}; refusing")
     if Y.shape[0] != gp.n_landmarks:
@@ -1041,12 +1210,15 @@ def _check_request_against_plan(task, plan: dict, gp, site: int, n_records: int,
     if task.NAME != gp.rule:
         raise ProtocolError(f"the request asks for a {task.NAME!r} upload, the DP plan for rule {gp.rule!r}; refusing")
     if isinstance(task, M.Model) and int(task.local_steps) != gp.local_steps:
-        raise ProtocolError(f"the request asks for {task.local_steps} local steps, the DP plan for {gp.local_steps}; "
-                            "refusing")
+        raise ProtocolError(
+            f"the request asks for {task.local_steps} local steps, the DP plan for {gp.local_steps}; refusing"
+        )
     if task.round is None:
         raise DecodeError("malformed DP upload request: missing field 'round'")
     rnd = int(task.round)
     step = int(task.step or 0)
     if not (0 <= rnd < gp.rounds and 0 <= step < gp.local_steps):
-        raise ProtocolError(f"release (round {rnd}, step {step}) is outside the DP plan's {gp.rounds} rounds × "
-                            f"{gp.local_steps} steps; refusing")
+        raise ProtocolError(
+            f"release (round {rnd}, step {step}) is outside the DP plan's {gp.rounds} rounds × "
+            f"{gp.local_steps} steps; refusing"
+        )

@@ -42,18 +42,46 @@ from ..errors import ConfigError, DecodeError, ProtocolAbortedError, ProtocolErr
 from ..securesum.base import AggregateResult
 from ..securesum.messages import sender_of
 from ..securesum.quantize import dequantize, plan_fixed_point, warn_clipped
-from .messages import (CkksEnd, ProtocolMessages, ProtocolReply, SecAggSetup, SumRequest, UploadReply, decode_reply,
-                       decode_request, encode, upload_digest)
+from .messages import (
+    CkksEnd,
+    ProtocolMessages,
+    ProtocolReply,
+    SecAggSetup,
+    SumRequest,
+    UploadReply,
+    decode_reply,
+    decode_request,
+    encode,
+    upload_digest,
+)
 
-__all__ = ["secure_sum", "relay", "check_spec_floors", "dp_min_survivors", "site_handle_ckks", "refuse_server_weight",
-           "CKKS_END_WAIT"]
+__all__ = [
+    "secure_sum",
+    "relay",
+    "check_spec_floors",
+    "dp_min_survivors",
+    "site_handle_ckks",
+    "refuse_server_weight",
+    "CKKS_END_WAIT",
+]
 
 #: Seconds the coordinator waits for ``ckks-end`` acknowledgements.
 CKKS_END_WAIT = 10.0
 
 
-def secure_sum(co, task, label: str, clip: float | None, weights: str | None = None, tap=None,
-               integer_bits: int | None = None, *, out_shape, scales=None, binding: dict | None = None):
+def secure_sum(
+    co,
+    task,
+    label: str,
+    clip: float | None,
+    weights: str | None = None,
+    tap=None,
+    integer_bits: int | None = None,
+    *,
+    out_shape,
+    scales=None,
+    binding: dict | None = None,
+):
     """One federated weighted sum of the live sites' uploads for ``task`` (generator; returns AggregateResult).
 
     ``task`` is the typed task (:data:`securefed.federation.messages.TASKS`) and ``out_shape`` the shape of the
@@ -68,8 +96,11 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     t0 = time.perf_counter()
     rule = weights or co.plan.weights
     live = sorted(co.sites.live)
-    head: dict[str, typing.Any] = {"weights": rule, "seed": int(co.plan.seed),
-                                   "audit_holdout": float(co.plan.audit_holdout)}
+    head: dict[str, typing.Any] = {
+        "weights": rule,
+        "seed": int(co.plan.seed),
+        "audit_holdout": float(co.plan.audit_holdout),
+    }
     if scales is not None:
         head.update(scale_lengths=[int(k) for k, _ in scales], scale_bounds=[float(b) for _, b in scales])
 
@@ -89,15 +120,23 @@ def secure_sum(co, task, label: str, clip: float | None, weights: str | None = N
     elif co.plan.aggregation == "secagg":
         agg = yield from _secagg(co, request, shape, rule, label, clip, tap, integer_bits, binding)
     elif integer_bits is not None:
-        raise ConfigError(bad_value(co.plan.name("aggregation"), co.plan.aggregation, "integer uploads need an exact "
-                                    "modular sum: use secagg"))
+        raise ConfigError(
+            bad_value(
+                co.plan.name("aggregation"),
+                co.plan.aggregation,
+                "integer uploads need an exact modular sum: use secagg",
+            )
+        )
     else:
         agg = yield from _ckks(co, request, shape, rule, label, clip, tap)
     co.record_sum(label, agg, before, time.perf_counter() - t0)
     if co.plan.aggregation == "secagg" and not co._clip_counts_named and integer_bits is None:
         co._clip_counts_named = True
-        co.release("each site's count of the coordinates of its upload it clipped to the sum's public range, per SecAgg+ "
-                   "sum, in the clear", note="a count per site and sum (0 when the bounds hold), not a value of any record")
+        co.release(
+            "each site's count of the coordinates of its upload it clipped to the sum's public range, per SecAgg+ "
+            "sum, in the clear",
+            note="a count per site and sum (0 when the bounds hold), not a value of any record",
+        )
     return agg
 
 
@@ -114,8 +153,9 @@ def _plain(co, request, shape: tuple, rule: str, label: str, tap):
     for i in surv:
         rep = decode_reply(UploadReply, replies[i])
         if rep.update.shape != shape:
-            raise DecodeError(f"{label}: site {co.sites.names[i]} sent an update of shape {rep.update.shape}, "
-                              f"expected {shape}")
+            raise DecodeError(
+                f"{label}: site {co.sites.names[i]} sent an update of shape {rep.update.shape}, expected {shape}"
+            )
         total += float(rep.weight) * rep.update
     return AggregateResult(total, tuple(surv), co.sites.weight_total(surv, rule), "plain")
 
@@ -147,14 +187,27 @@ def _prepare_rounds(co, count: int):
     gp = sec.graph_parameters(n)
     setups = []
     for _ in range(count):
-        setups.append(SetupSpec(sec.session_id, sec._counter[0], n, gp.degree, gp.threshold, sec.session_id,
-                                tuple(co.sites.identities), tuple(sec.timeouts.items()), gp.quorum))
+        setups.append(
+            SetupSpec(
+                sec.session_id,
+                sec._counter[0],
+                n,
+                gp.degree,
+                gp.threshold,
+                sec.session_id,
+                tuple(co.sites.identities),
+                tuple(sec.timeouts.items()),
+                gp.quorum,
+            )
+        )
         sec._counter[0] += 1
     servers = {sp.round_index: SecAggServer(sp, co.now) for sp in setups}
     blobs = [encode_setup(sp) for sp in setups]
     live = sorted(co.sites.live)
-    payloads = {i: encode(SecAggSetup(site=i, setups=blobs, seed=int(co.plan.seed),
-                                      audit_holdout=float(co.plan.audit_holdout))) for i in live}
+    payloads = {
+        i: encode(SecAggSetup(site=i, setups=blobs, seed=int(co.plan.seed), audit_holdout=float(co.plan.audit_holdout)))
+        for i in live
+    }
     co.emit("stage", label=f"prepare {count} secure sums", stage="advertise", protocol="secagg")
     forwarded: dict = {r: {} for r in servers}
     while True:
@@ -185,14 +238,24 @@ def _prepare_rounds(co, count: int):
         if all(sv.stage == "ready" for sv in servers.values()):
             break
         if not by_site:
-            raise ProtocolAbortedError(f"secagg: preparing {count} rounds, stage {[sv.stage for sv in servers.values()]} "
-                                       "has nobody to ask")
+            raise ProtocolAbortedError(
+                f"secagg: preparing {count} rounds, stage {[sv.stage for sv in servers.values()]} has nobody to ask"
+            )
         payloads = {rid: encode(ProtocolMessages("secagg", msgs)) for rid, msgs in by_site.items()}
     return [PreparedRound(servers[sp.round_index], sp, forwarded[sp.round_index]) for sp in setups]
 
 
-def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer_bits: int | None = None,
-            binding: dict | None = None):
+def _secagg(
+    co,
+    request,
+    shape: tuple,
+    rule: str,
+    label: str,
+    clip,
+    tap,
+    integer_bits: int | None = None,
+    binding: dict | None = None,
+):
     """One SecAgg+ sum in the late-bound schedule: a prepared round (set up in a batch, :func:`_prepare_rounds`), its
     input part bound to the task digest every site recomputes, three round trips (masked input with the forwarded
     shares and the previous sum's proof, consistency, unmask); the proof of this sum is kept for the next request
@@ -218,8 +281,9 @@ def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer
     server.open_input(inp, co.now)
     ib = encode_input(inp)
     live = sorted(co.sites.live)
-    payloads = {i: request("secagg-input", i, ib, round_index=pr.setup.round_index, msgs=pr.forwarded.get(i, []))
-                for i in live}
+    payloads = {
+        i: request("secagg-input", i, ib, round_index=pr.setup.round_index, msgs=pr.forwarded.get(i, [])) for i in live
+    }
     rejected: list = []
     clipped: dict = {}
     yield from relay(co, server, payloads, "secagg", label, rejected, clipped, "secagg_clipped", tap)
@@ -238,13 +302,28 @@ def _secagg(co, request, shape: tuple, rule: str, label: str, clip, tap, integer
         warn_clipped(n_clipped, float(clip), f"SecAgg+ sum '{label}'")
         total = dequantize(server.result, fp).reshape(shape)
     spec = server.spec
-    return AggregateResult(total, surv, co.sites.weight_total(surv, rule),
-                           "secagg", n_clipped, int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
-                           int(sum(server.bytes_in.values())), 0.0,
-                           {"degree": spec.degree, "threshold": spec.threshold, "quorum": spec.signatures_needed,
-                            "fixed_point": fp.as_dict(), "dropped_at": {k: list(v) for k, v in server.dropped_at.items()},
-                            "rejected": rejected, "schedule": "late", "task_digest": digest.hex(),
-                            "blame": list(getattr(server, "blame", ())), "suspects": list(getattr(server, "suspects", ()))})
+    return AggregateResult(
+        total,
+        surv,
+        co.sites.weight_total(surv, rule),
+        "secagg",
+        n_clipped,
+        int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
+        int(sum(server.bytes_in.values())),
+        0.0,
+        {
+            "degree": spec.degree,
+            "threshold": spec.threshold,
+            "quorum": spec.signatures_needed,
+            "fixed_point": fp.as_dict(),
+            "dropped_at": {k: list(v) for k, v in server.dropped_at.items()},
+            "rejected": rejected,
+            "schedule": "late",
+            "task_digest": digest.hex(),
+            "blame": list(getattr(server, "blame", ())),
+            "suspects": list(getattr(server, "suspects", ())),
+        },
+    )
 
 
 def relay(co, server, payloads: dict, op: str, label: str, rejected: list, clipped: dict, clip_key: str, tap=None):
@@ -298,8 +377,13 @@ def _ckks(co, request, shape: tuple, rule: str, label: str, clip, tap):
     from ..securesum.ckks import CKKSServer, encode_ckks_spec
 
     w = co.sites.weights(rule)
-    spec = ckks_round_spec(co, w, int(np.prod(shape)), clip,
-                           task_digest=upload_digest(decode_request(request("ckks-start", 0, probe=True))))
+    spec = ckks_round_spec(
+        co,
+        w,
+        int(np.prod(shape)),
+        clip,
+        task_digest=upload_digest(decode_request(request("ckks-start", 0, probe=True))),
+    )
     server = CKKSServer(spec, co.now)
     sb = encode_ckks_spec(spec)
     started = sorted(co.sites.live)
@@ -311,8 +395,9 @@ def _ckks(co, request, shape: tuple, rule: str, label: str, clip, tap):
     finally:
         # done or aborted: every started site drops the round's state (the key holder and the fallback
         # decryptors hold the secret context, the others a public one) — survivor or not, answering or silent.
-        yield from co.ask({i: encode(CkksEnd()) for i in started}, min(spec.timeout("advertise"), CKKS_END_WAIT),
-                          record_silence=False)
+        yield from co.ask(
+            {i: encode(CkksEnd()) for i in started}, min(spec.timeout("advertise"), CKKS_END_WAIT), record_silence=False
+        )
     for i in range(len(co.sites.names)):
         if i not in server.survivors:
             co.sites.drop(i, "not among the CKKS survivors")
@@ -321,13 +406,31 @@ def _ckks(co, request, shape: tuple, rule: str, label: str, clip, tap):
     warn_clipped(n_clipped, float(clip), f"CKKS sum '{label}'")
     p = spec.params
     return AggregateResult(
-        server.result.reshape(shape), surv, co.sites.weight_total(surv, rule), "ckks", n_clipped,
-        int(np.mean([server.bytes_in.get(i, 0) for i in surv])), int(sum(server.bytes_in.values())), 0.0,
-        {"params": p.as_dict(), "precision": p.step, "key_holder": spec.key_holder, "fallbacks": list(spec.fallbacks),
-         "decryptor": server.decryptor, "flood_bits": spec.flood_bits, "flood_sigma": spec.flood_sigma,
-         "error_bound": spec.release_bound, "min_survivors": spec.min_survivors, "quorum": spec.signatures_needed,
-         "verify": spec.verify, "dropped_at": {k: list(v) for k, v in server.dropped_at.items()}, "rejected": rejected,
-         "blame": list(server.blame)})
+        server.result.reshape(shape),
+        surv,
+        co.sites.weight_total(surv, rule),
+        "ckks",
+        n_clipped,
+        int(np.mean([server.bytes_in.get(i, 0) for i in surv])),
+        int(sum(server.bytes_in.values())),
+        0.0,
+        {
+            "params": p.as_dict(),
+            "precision": p.step,
+            "key_holder": spec.key_holder,
+            "fallbacks": list(spec.fallbacks),
+            "decryptor": server.decryptor,
+            "flood_bits": spec.flood_bits,
+            "flood_sigma": spec.flood_sigma,
+            "error_bound": spec.release_bound,
+            "min_survivors": spec.min_survivors,
+            "quorum": spec.signatures_needed,
+            "verify": spec.verify,
+            "dropped_at": {k: list(v) for k, v in server.dropped_at.items()},
+            "rejected": rejected,
+            "blame": list(server.blame),
+        },
+    )
 
 
 def ckks_round_spec(co, w, length: int, clip, task_digest: bytes | None = None):
@@ -352,13 +455,21 @@ def ckks_round_spec(co, w, length: int, clip, task_digest: bytes | None = None):
     t = (plan.min_survivors or n) if (plan.dp and plan.noise == "distributed") else 0
     min_surv = plan.ckks_min_survivors
     if min_surv and min_surv < t:
-        raise ConfigError(bad_value(plan.name("ckks_min_survivors"), min_surv, f"distributed DP noise assumes no sum over "
-                                    f"fewer than t = {t} sites is revealed (each site adds a 1/sqrt(t) share): use at "
-                                    f"least {t}, or leave it unset"))
+        raise ConfigError(
+            bad_value(
+                plan.name("ckks_min_survivors"),
+                min_surv,
+                f"distributed DP noise assumes no sum over "
+                f"fewer than t = {t} sites is revealed (each site adds a 1/sqrt(t) share): use at "
+                f"least {t}, or leave it unset",
+            )
+        )
     min_surv = max(min_surv or 2, t)
     if len(live) < min_surv:
-        raise ProtocolAbortedError(f"only {len(live)} live site(s); a CKKS sum is decrypted only over at least "
-                                   f"min_survivors = {min_surv} sites")
+        raise ProtocolAbortedError(
+            f"only {len(live)} live site(s); a CKKS sum is decrypted only over at least "
+            f"min_survivors = {min_surv} sites"
+        )
     tmo = {s: plan.stage_timeout for s in CKKS_STAGES} if plan.stage_timeout else dict(CKKS_TIMEOUTS)
     wl = np.asarray(w, dtype=float)[live]
     M = max(float(wl.sum()) * float(clip), float(clip))
@@ -366,13 +477,29 @@ def ckks_round_spec(co, w, length: int, clip, task_digest: bytes | None = None):
     n_fb = 1 if n_fb is None else int(n_fb)
     fallbacks = tuple(i for i in live if i != kh)[:n_fb]
     params = choose_ckks_parameters(length, plan.ckks_precision, M, len(live), FLOOD_BITS, 1 + len(fallbacks))
-    spec = CKKSRoundSpec(os.urandom(16), 0, n, kh, params, float(clip), tuple(sites.identities), min_surv,
-                         plan.ckks_verify, tuple(tmo.items()), int(plan.ckks_quorum or 0), M, FLOOD_BITS, fallbacks,
-                         **({} if task_digest is None else {"task_digest": task_digest}))
+    spec = CKKSRoundSpec(
+        os.urandom(16),
+        0,
+        n,
+        kh,
+        params,
+        float(clip),
+        tuple(sites.identities),
+        min_surv,
+        plan.ckks_verify,
+        tuple(tmo.items()),
+        int(plan.ckks_quorum or 0),
+        M,
+        FLOOD_BITS,
+        fallbacks,
+        **({} if task_digest is None else {"task_digest": task_digest}),
+    )
     if len(live) < spec.signatures_needed:
-        raise ProtocolAbortedError(f"only {len(live)} of {n} sites are live; a CKKS sum is decrypted only when "
-                                   f"{spec.signatures_needed} sites confirm the survivor set (a majority of all sites "
-                                   "unless ckks-quorum is set lower)")
+        raise ProtocolAbortedError(
+            f"only {len(live)} of {n} sites are live; a CKKS sum is decrypted only when "
+            f"{spec.signatures_needed} sites confirm the survivor set (a majority of all sites "
+            "unless ckks-quorum is set lower)"
+        )
     return spec
 
 
@@ -444,9 +571,11 @@ def refuse_server_weight(fields: dict) -> None:
     request carrying a ``weight`` field (e.g. 0 for every site but a victim, which would make the "sum" the
     victim's update) is refused."""
     if "weight" in fields:
-        raise ProtocolError(f"the request carries weight={fields['weight']!r}: a site weighs its upload itself by the "
-                            "public rule ('weights': 'records' or 'uniform') and never takes a weight from the server; "
-                            "refusing")
+        raise ProtocolError(
+            f"the request carries weight={fields['weight']!r}: a site weighs its upload itself by the "
+            "public rule ('weights': 'records' or 'uniform') and never takes a weight from the server; "
+            "refusing"
+        )
 
 
 def site_handle_ckks(req, worker, upload) -> dict:

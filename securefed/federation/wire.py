@@ -15,8 +15,19 @@ import numpy as np
 
 from ..errors import DecodeError
 
-__all__ = ["array_to_bytes", "array_from_bytes", "put_array", "get_array", "payload_size", "dumps", "loads",
-           "check_fields", "truthy", "Array", "Json"]
+__all__ = [
+    "array_to_bytes",
+    "array_from_bytes",
+    "put_array",
+    "get_array",
+    "payload_size",
+    "dumps",
+    "loads",
+    "check_fields",
+    "truthy",
+    "Array",
+    "Json",
+]
 
 
 def array_to_bytes(a) -> bytes:
@@ -31,8 +42,10 @@ def array_from_bytes(data: bytes, shape) -> np.ndarray:
     except (TypeError, ValueError):
         raise DecodeError(f"array shape {shape!r} is not a list of integers") from None
     if any(s < 0 for s in shape) or not isinstance(data, (bytes, bytearray)) or len(data) != 8 * int(np.prod(shape)):
-        raise DecodeError(f"array payload has {len(data) if isinstance(data, (bytes, bytearray)) else '?'} bytes, "
-                          f"expected {8 * int(np.prod(shape))} for shape {shape}")
+        raise DecodeError(
+            f"array payload has {len(data) if isinstance(data, (bytes, bytearray)) else '?'} bytes, "
+            f"expected {8 * int(np.prod(shape))} for shape {shape}"
+        )
     return np.frombuffer(bytes(data), dtype="<f8").reshape(shape).copy()
 
 
@@ -56,8 +69,10 @@ def check_fields(fields: dict, what: str = "message") -> dict:
             kinds = {bool if isinstance(x, bool) else int if isinstance(x, int) else type(x) for x in v}
             if all(isinstance(x, _SCALARS) for x in v) and len(kinds) <= 1:
                 continue
-        raise DecodeError(f"{what} field {k!r} = {v!r:.80} cannot travel: use str, int, float, bool, bytes or a flat list "
-                          "of one of them (arrays: put_array)")
+        raise DecodeError(
+            f"{what} field {k!r} = {v!r:.80} cannot travel: use str, int, float, bool, bytes or a flat list "
+            "of one of them (arrays: put_array)"
+        )
     return fields
 
 

@@ -27,8 +27,12 @@ import importlib.util
 
 __all__ = ["FLOWER_REQUIREMENT", "APP_CONFIG_DEFAULTS", "LocalDeployment", "write_app", "flower_available"]
 
-_LAZY = {"FLOWER_REQUIREMENT": ".launch", "APP_CONFIG_DEFAULTS": ".launch", "LocalDeployment": ".launch",
-         "write_app": ".launch"}
+_LAZY = {
+    "FLOWER_REQUIREMENT": ".launch",
+    "APP_CONFIG_DEFAULTS": ".launch",
+    "LocalDeployment": ".launch",
+    "write_app": ".launch",
+}
 
 
 def __getattr__(name: str):

@@ -51,8 +51,10 @@ app = ClientApp()
 
 
 def _fingerprint_line(name, fingerprint: str, run_id) -> str:
-    return (f"securefed site {name}: identity key fingerprint {fingerprint} (run {run_id}); "
-            "compare with identity_fingerprints in the coordinator's result.json")
+    return (
+        f"securefed site {name}: identity key fingerprint {fingerprint} (run {run_id}); "
+        "compare with identity_fingerprints in the coordinator's result.json"
+    )
 
 
 def answer_in_process(request: dict, options: dict, state: dict | None, run_id=None) -> tuple[dict, dict]:
@@ -67,13 +69,23 @@ def answer_in_process(request: dict, options: dict, state: dict | None, run_id=N
 
 
 def _gone(op, why: str) -> dict:
-    return {"error": f"ProtocolAbortedError: this site's warm worker for the run is gone ({why}); its run state "
-                     f"(identity key, protocol machines, DP state) is lost as after a SuperNode restart, so it cannot "
-                     f"answer {op!r} and leaves the run"}
+    return {
+        "error": f"ProtocolAbortedError: this site's warm worker for the run is gone ({why}); its run state "
+        f"(identity key, protocol machines, DP state) is lost as after a SuperNode restart, so it cannot "
+        f"answer {op!r} and leaves the run"
+    }
 
 
-def forward_request(request: dict, options: dict, run_id, node_id, marker: dict | None = None, *,
-                    parent_pid: int | None = None, cwd: str | None = None) -> tuple[dict, dict]:
+def forward_request(
+    request: dict,
+    options: dict,
+    run_id,
+    node_id,
+    marker: dict | None = None,
+    *,
+    parent_pid: int | None = None,
+    cwd: str | None = None,
+) -> tuple[dict, dict]:
     """Answer ``request`` through the run's warm worker (started if this run has none yet).
 
     ``marker`` is what an earlier message of the run stored (``{"worker": id}``; the ClientApp keeps it in
@@ -97,15 +109,24 @@ def forward_request(request: dict, options: dict, run_id, node_id, marker: dict 
                 return _gone(op, loc.last_log_line() or "no worker listens"), marker
             sock = _warm.start_worker(loc, options, parent_pid, cwd)
         try:
-            env = _warm.call(sock, {"type": "request", "options": dict(options), "fields": dict(request),
-                                    "expect": None if op == "hello" else expected})
+            env = _warm.call(
+                sock,
+                {
+                    "type": "request",
+                    "options": dict(options),
+                    "fields": dict(request),
+                    "expect": None if op == "hello" else expected,
+                },
+            )
         except _warm.WorkerGone as exc:
             return _gone(op, f"it stopped while answering: {exc}; {loc.last_log_line()}"), marker
     except _warm.FrameError as exc:
         return {"error": f"DecodeError: warm worker frame: {exc}"}, marker
     except (_warm.WorkerError, OSError) as exc:
-        return {"error": f"ConfigError: the site's warm worker cannot be used ({type(exc).__name__}: {exc}); fix it or "
-                         "set the site option warm-worker=false"}, marker
+        return {
+            "error": f"ConfigError: the site's warm worker cannot be used ({type(exc).__name__}: {exc}); fix it or "
+            "set the site option warm-worker=false"
+        }, marker
     kind = env["type"]
     if kind == "stale":
         return _gone(op, "another worker instance listens in its place"), marker
@@ -133,8 +154,9 @@ def securefed_query(msg: Message, context: Context) -> Message:
     t_fwd = time.time()
     if _warm.enabled(options):
         stored = context.state.config_records.get(_WARM)
-        reply, marker = forward_request(request, options, context.run_id, context.node_id,
-                                        dict(stored) if stored is not None else None)
+        reply, marker = forward_request(
+            request, options, context.run_id, context.node_id, dict(stored) if stored is not None else None
+        )
         context.state[_WARM] = ConfigRecord(marker)
     else:
         if request.get("op") == "bye":
@@ -145,8 +167,17 @@ def securefed_query(msg: Message, context: Context) -> Message:
     t_answered = time.time()
     out = Message(make_content(**reply), reply_to=msg)
     if _trace.enabled():
-        _trace.emit("clientapp", node=context.node_id, msg=msg.metadata.message_id, op=request.get("op"),
-                    proc_start=_trace.process_start_time(), import0=_T_IMPORT, import1=_T_IMPORTED, enter=t_enter,
-                    fwd0=t_fwd, fwd1=t_answered, exit=time.time())
+        _trace.emit(
+            "clientapp",
+            node=context.node_id,
+            msg=msg.metadata.message_id,
+            op=request.get("op"),
+            proc_start=_trace.process_start_time(),
+            import0=_T_IMPORT,
+            import1=_T_IMPORTED,
+            enter=t_enter,
+            fwd0=t_fwd,
+            fwd1=t_answered,
+            exit=time.time(),
+        )
     return out
-

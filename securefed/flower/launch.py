@@ -26,16 +26,27 @@ import time
 from ..errors import ConfigError, ProtocolTimeoutError, bad_value
 from ..plan import _cast, plan_defaults, to_run_config
 
-__all__ = ["FLOWER_REQUIREMENT", "FLOWER_ENV", "APP_CONFIG_DEFAULTS", "write_app", "free_port", "LocalDeployment", "cast_config_value",
-           "write_site_files"]
+__all__ = [
+    "FLOWER_REQUIREMENT",
+    "FLOWER_ENV",
+    "APP_CONFIG_DEFAULTS",
+    "write_app",
+    "free_port",
+    "LocalDeployment",
+    "cast_config_value",
+    "write_site_files",
+]
 
 FLOWER_REQUIREMENT = "flwr==1.41.0"
 
 #: Flower settings securefed runs with (all documented Flower settings; README "Deploying", steps 3–4): the
 #: SuperExec polls for tasks every 0.1 s instead of 1 s (−0.4…−0.55 s per request/reply step; 0.05 s at most:
 #: below it the poll itself costs CPU), and nothing leaves the machine for Flower's telemetry or update check.
-FLOWER_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1"),
-              "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+FLOWER_ENV = {
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1"),
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+}
 
 #: every run-configuration key with its default: the plan's options (the same defaults as ``securefed run``
 #: and the estimators) and the Flower driver's own ``out-dir`` and ``wait-sites``
@@ -67,13 +78,28 @@ def write_app(directory: str, config: dict | None = None) -> str:
         cfg[k] = cast_config_value(v, cfg[k])
     os.makedirs(directory, exist_ok=True)
     lines = [
-        "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
-        "[project]", 'name = "securefed-flower"', 'version = "1.0.0"',
-        'description = "securefed FedDL with SecAgg+ on Flower"', 'license = "Apache-2.0"',
-        "dependencies = []", "", "[tool.hatch.build.targets.wheel]", 'packages = ["."]', "",
-        "[tool.flwr.app]", 'publisher = "securefed"', "", "[tool.flwr.app.components]",
+        "[build-system]",
+        'requires = ["hatchling"]',
+        'build-backend = "hatchling.build"',
+        "",
+        "[project]",
+        'name = "securefed-flower"',
+        'version = "1.0.0"',
+        'description = "securefed FedDL with SecAgg+ on Flower"',
+        'license = "Apache-2.0"',
+        "dependencies = []",
+        "",
+        "[tool.hatch.build.targets.wheel]",
+        'packages = ["."]',
+        "",
+        "[tool.flwr.app]",
+        'publisher = "securefed"',
+        "",
+        "[tool.flwr.app.components]",
         'serverapp = "securefed.flower.server_app:app"',
-        'clientapp = "securefed.flower.client_app:app"', "", "[tool.flwr.app.config]",
+        'clientapp = "securefed.flower.client_app:app"',
+        "",
+        "[tool.flwr.app.config]",
     ] + [f"{k} = {_toml_value(v)}" for k, v in cfg.items()]
     with open(os.path.join(directory, "pyproject.toml"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
@@ -140,14 +166,23 @@ class LocalDeployment:
         per message; it uses Flower internals).
     """
 
-    def __init__(self, workdir: str, certs: str | None = None, bin_dir: str | None = None, node_auth: bool = False,
-                 superexec: str = "flower", env: dict | None = None, code_root: str | None = None):
+    def __init__(
+        self,
+        workdir: str,
+        certs: str | None = None,
+        bin_dir: str | None = None,
+        node_auth: bool = False,
+        superexec: str = "flower",
+        env: dict | None = None,
+        code_root: str | None = None,
+    ):
         self.workdir = os.path.abspath(workdir)
         if node_auth and certs is None:
             raise ConfigError(bad_value("node_auth", True, "Flower's SuperNode authentication needs TLS; pass certs"))
         if superexec not in ("flower", "securefed"):
-            raise ConfigError(bad_value("superexec", superexec,
-                                        "use 'flower' (Flower's own, the default) or 'securefed'"))
+            raise ConfigError(
+                bad_value("superexec", superexec, "use 'flower' (Flower's own, the default) or 'securefed'")
+            )
         self.superexec = superexec
         self.extra_env = dict(env or {})
         self.code_root = code_root
@@ -161,9 +196,14 @@ class LocalDeployment:
 
     # -- processes
     def _env(self, name: str) -> dict:
-        env = dict(os.environ, FLWR_HOME=os.path.join(self.workdir, "home-" + name), OMP_NUM_THREADS="1",
-                   PYTHONUNBUFFERED="1", PATH=self.bin + os.pathsep + os.environ.get("PATH", ""),
-                   **FLOWER_ENV)
+        env = dict(
+            os.environ,
+            FLWR_HOME=os.path.join(self.workdir, "home-" + name),
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+            PATH=self.bin + os.pathsep + os.environ.get("PATH", ""),
+            **FLOWER_ENV,
+        )
         env.update(self.extra_env)
         path = _pythonpath(env.get("PYTHONPATH", ""), self.code_root)
         if path:
@@ -175,8 +215,14 @@ class LocalDeployment:
         if name in self.procs:  # a restarted site: keep the old process in the cleanup list
             self.procs[f"{name}#{len(self.procs)}"] = self.procs.pop(name)
         log = open(os.path.join(self.workdir, name + ".log"), "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(env_of or name),
-                             cwd=self.workdir, start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env(env_of or name),
+            cwd=self.workdir,
+            start_new_session=True,
+        )
         log.close()
         self.procs[name] = p
         return p
@@ -190,8 +236,12 @@ class LocalDeployment:
         now = time.monotonic()
         if self._pace is None or now - self._pace[1] > max_age:
             t0 = time.monotonic()
-            subprocess.run([self._python(), "-c", "import flwr.supernode.runtime.run_clientapp"], env=self._env("pace"),
-                           capture_output=True, check=False)  # its exit status does not matter, its time does
+            subprocess.run(
+                [self._python(), "-c", "import flwr.supernode.runtime.run_clientapp"],
+                env=self._env("pace"),
+                capture_output=True,
+                check=False,
+            )  # its exit status does not matter, its time does
             self._pace = (max(time.monotonic() - t0, 0.5), time.monotonic())
         return self._pace[0]
 
@@ -212,14 +262,31 @@ class LocalDeployment:
         if self.certs is None:
             return ["--insecure"]
         c = self.certs
-        return ["--ssl-certfile", os.path.join(c, "server.pem"), "--ssl-keyfile", os.path.join(c, "server.key"),
-                "--ssl-ca-certfile", os.path.join(c, "ca.crt")]
+        return [
+            "--ssl-certfile",
+            os.path.join(c, "server.pem"),
+            "--ssl-keyfile",
+            os.path.join(c, "server.key"),
+            "--ssl-ca-certfile",
+            os.path.join(c, "ca.crt"),
+        ]
 
     def start_superlink(self) -> None:
         """Start the SuperLink (Fleet, Control and Runtime APIs on one free port)."""
         auth = ["--enable-supernode-auth"] if self.node_auth else []
-        self._start("superlink", [os.path.join(self.bin, "flower-superlink"), *self._tls_server(), "--host", "127.0.0.1",
-                                  "--port", str(self.port), "--disable-runtime-dependency-installation", *auth])
+        self._start(
+            "superlink",
+            [
+                os.path.join(self.bin, "flower-superlink"),
+                *self._tls_server(),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+                *auth,
+            ],
+        )
         self._write_cli_config()
         self._wait_port(self.port, 60.0 + 20.0 * self.pace())
 
@@ -227,12 +294,18 @@ class LocalDeployment:
         """The ``flwr`` CLI's connection ``local`` to this SuperLink; returns the CLI's environment."""
         env = self._env("cli")
         conn = [f'address = "127.0.0.1:{self.port}"']
-        conn += ["insecure = true"] if self.certs is None else [f'root-certificates = "{os.path.join(self.certs, "ca.crt")}"']
+        conn += (
+            ["insecure = true"]
+            if self.certs is None
+            else [f'root-certificates = "{os.path.join(self.certs, "ca.crt")}"']
+        )
         with open(os.path.join(env["FLWR_HOME"], "config.toml"), "w") as fh:
             fh.write('[superlink]\ndefault = "local"\n\n[superlink.local]\n' + "\n".join(conn) + "\n")
         return env
 
-    def start_supernode(self, site_name: str, data_path: str, register: bool = True, node_config: dict | None = None) -> None:
+    def start_supernode(
+        self, site_name: str, data_path: str, register: bool = True, node_config: dict | None = None
+    ) -> None:
         """Start one SuperNode for ``site_name`` reading its records from ``data_path``.
 
         ``node_config`` adds node-config keys (e.g. ``epsilon-budget``, ``ledger-path``, ``allow-seeded-noise``).
@@ -244,27 +317,61 @@ class LocalDeployment:
         auth = []
         if self.node_auth:
             key = os.path.join(self.workdir, "auth-" + site_name)
-            subprocess.run(["ssh-keygen", "-t", "ecdsa", "-b", "384", "-N", "", "-q", "-f", key], check=True,
-                           capture_output=True, timeout=self.cli_deadline())
+            subprocess.run(
+                ["ssh-keygen", "-t", "ecdsa", "-b", "384", "-N", "", "-q", "-f", key],
+                check=True,
+                capture_output=True,
+                timeout=self.cli_deadline(),
+            )
             if register:
-                r = subprocess.run([os.path.join(self.bin, "flwr"), "supernode", "register", key + ".pub", "local"],
-                                   env=self._write_cli_config(), cwd=self.workdir, capture_output=True, text=True,
-                                   timeout=self.cli_deadline())
+                r = subprocess.run(
+                    [os.path.join(self.bin, "flwr"), "supernode", "register", key + ".pub", "local"],
+                    env=self._write_cli_config(),
+                    cwd=self.workdir,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.cli_deadline(),
+                )
                 if r.returncode != 0:
-                    raise ConfigError(f"flwr supernode register failed for {site_name}: {r.stdout[-1000:]} {r.stderr[-1000:]}")
+                    raise ConfigError(
+                        f"flwr supernode register failed for {site_name}: {r.stdout[-1000:]} {r.stderr[-1000:]}"
+                    )
             auth = ["--auth-supernode-private-key", key]
         cfg = f'data-path="{os.path.abspath(data_path)}" site-name="{site_name}"'
         for k, v in (node_config or {}).items():
             cfg += f" {k}={_toml_value(v)}"
         runtime_port = free_port()  # each SuperNode's own Runtime API port (two on one port: one of them dies)
         isolation = ["--isolation", "process"] if self.superexec == "securefed" else []
-        node = self._start("site-" + site_name, [os.path.join(self.bin, "flower-supernode"), *tls, "--superlink",
-                                                 f"127.0.0.1:{self.port}", "--port", str(runtime_port), *isolation,
-                                                 "--node-config", cfg, *auth])
+        node = self._start(
+            "site-" + site_name,
+            [
+                os.path.join(self.bin, "flower-supernode"),
+                *tls,
+                "--superlink",
+                f"127.0.0.1:{self.port}",
+                "--port",
+                str(runtime_port),
+                *isolation,
+                "--node-config",
+                cfg,
+                *auth,
+            ],
+        )
         if self.superexec == "securefed":
-            self._start("superexec-" + site_name, [self._python(), "-m", "securefed.flower.superexec",
-                "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure", "--parent-pid", str(node.pid)],
-                env_of="site-" + site_name)  # the SuperNode's FLWR_HOME, as for the ClientApps its own SuperExec starts
+            self._start(
+                "superexec-" + site_name,
+                [
+                    self._python(),
+                    "-m",
+                    "securefed.flower.superexec",
+                    "--runtime-api-address",
+                    f"127.0.0.1:{runtime_port}",
+                    "--insecure",
+                    "--parent-pid",
+                    str(node.pid),
+                ],
+                env_of="site-" + site_name,
+            )  # the SuperNode's FLWR_HOME, as for the ClientApps its own SuperExec starts
 
     def kill_site(self, site_name: str) -> None:
         """SIGKILL a SuperNode's process group (a site crashing), and its securefed SuperExec if it has one."""
@@ -291,14 +398,21 @@ class LocalDeployment:
         config.setdefault("out-dir", out)
         app = write_app(os.path.join(self.workdir, "app-" + name), config)
         env = self._write_cli_config()
-        r = subprocess.run([os.path.join(self.bin, "flwr"), "run", app, "local"], env=env, cwd=self.workdir,
-                           capture_output=True, text=True, timeout=self.cli_deadline())
+        r = subprocess.run(
+            [os.path.join(self.bin, "flwr"), "run", app, "local"],
+            env=env,
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
+            timeout=self.cli_deadline(),
+        )
         if r.returncode != 0 or "Successfully started run" not in r.stdout:
             raise ConfigError(f"flwr run failed (exit {r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
         return config["out-dir"]
 
-    def wait_result(self, out_dir: str, timeout: float | None = None, *, round_trips: int | None = None,
-                    extra: float = 0.0) -> dict:
+    def wait_result(
+        self, out_dir: str, timeout: float | None = None, *, round_trips: int | None = None, extra: float = 0.0
+    ) -> dict:
         """Block until ``out_dir/result.json`` exists; returns it.
 
         The deadline is ``timeout`` seconds, or — with ``round_trips`` (what the job needs; its in-process run
@@ -322,8 +436,9 @@ class LocalDeployment:
             if "superlink" in self.procs and self.procs["superlink"].poll() is not None:
                 raise ProtocolTimeoutError(f"the SuperLink exited before {out_dir} had a result; see {self.workdir}")
             time.sleep(0.2)
-        raise ProtocolTimeoutError(f"no result in {out_dir} within {limit():.0f} s (pace {self.pace():.1f} s); "
-                                   f"logs in {self.workdir}")
+        raise ProtocolTimeoutError(
+            f"no result in {out_dir} within {limit():.0f} s (pace {self.pace():.1f} s); logs in {self.workdir}"
+        )
 
     # -- cleanup
     @staticmethod

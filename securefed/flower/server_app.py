@@ -49,11 +49,12 @@ def _progress(out_dir: str):
 
 #: what a connected SuperNode that does not answer usually means (the ServerApp's reason names it)
 NOT_ANSWERING = (
-    "a SuperNode that is connected but does not answer cannot run its ClientApp: look in its log. \"Runtime task-token "
+    'a SuperNode that is connected but does not answer cannot run its ClientApp: look in its log. "Runtime task-token '
     "authentication failed\" means flwr-clientapp took longer than Flower's 30 s between the task's claim and its "
     "first call (an overloaded machine: fewer processes per core, or securefed's SuperExec, which starts a ClientApp "
-    "in milliseconds — docs/deploying-on-flower.md); \"Address already in use\" means two SuperNodes on one machine "
-    "share a Runtime API port (give each its own --port)")
+    'in milliseconds — docs/deploying-on-flower.md); "Address already in use" means two SuperNodes on one machine '
+    "share a Runtime API port (give each its own --port)"
+)
 
 
 def wait_for_sites(grid, min_sites: int, wait: float, poll: float = 0.2) -> float:
@@ -64,10 +65,12 @@ def wait_for_sites(grid, min_sites: int, wait: float, poll: float = 0.2) -> floa
     t0 = time.monotonic()
     while len(list(grid.get_node_ids())) < min_sites:
         if time.monotonic() - t0 > wait:
-            raise ProtocolTimeoutError(f"only {len(list(grid.get_node_ids()))} SuperNodes connected within "
-                                       f"wait-sites = {wait:g} s (min-sites = {min_sites}); start the missing "
-                                       "SuperNodes, or check that each was registered (node authentication) and "
-                                       "reaches the SuperLink")
+            raise ProtocolTimeoutError(
+                f"only {len(list(grid.get_node_ids()))} SuperNodes connected within "
+                f"wait-sites = {wait:g} s (min-sites = {min_sites}); start the missing "
+                "SuperNodes, or check that each was registered (node authentication) and "
+                "reaches the SuperLink"
+            )
         time.sleep(poll)
     return time.monotonic() - t0
 
@@ -106,8 +109,11 @@ def run_over_flower(grid, run_config: dict, flower_run_id=None) -> dict:
         os.makedirs(out_dir, exist_ok=True)
         from ..federation.privacy import derive_run_id
 
-        ledger = open_server_ledger(plan, plan.run_id or derive_run_id(plan), os.path.join(out_dir, "ledger.jsonl")) \
-            if plan.dp else None
+        ledger = (
+            open_server_ledger(plan, plan.run_id or derive_run_id(plan), os.path.join(out_dir, "ledger.jsonl"))
+            if plan.dp
+            else None
+        )
         co = Coordinator(plan, ledger=ledger, on_event=progress)
         res = drive(co, exchange)
         progress({"event": "first-request", **(exchange.first or {})})
@@ -118,22 +124,33 @@ def run_over_flower(grid, run_config: dict, flower_run_id=None) -> dict:
         doc = {"status": "aborted", "error_type": type(exc).__name__, "reason": str(exc)}
         first = (exchange.first if exchange is not None else None) or {}
         if first and plan is not None and first["replied"] < plan.min_sites:
-            doc["reason"] += (f" — {first['asked']} SuperNode(s) connected but {first['replied']} answered the "
-                              f"first request within wait-sites = {wait:g} s: {NOT_ANSWERING}")
-        elif max(first.get("reply_seconds") or [0.0]) > 10.0 and not rc.get("stage-timeout") \
-                and isinstance(exc, (ProtocolAbortedError, ProtocolTimeoutError)):
-            doc["hint"] = (f"the sites took up to {max(first['reply_seconds']):.0f} s to answer the first request; "
-                           "SecAgg+ stages wait 30 s (advertise, share, consistency) by default — on a deployment this "
-                           "slow set stage-timeout (seconds per stage) in the run configuration "
-                           "(docs/deploying-on-flower.md §2)")
+            doc["reason"] += (
+                f" — {first['asked']} SuperNode(s) connected but {first['replied']} answered the "
+                f"first request within wait-sites = {wait:g} s: {NOT_ANSWERING}"
+            )
+        elif (
+            max(first.get("reply_seconds") or [0.0]) > 10.0
+            and not rc.get("stage-timeout")
+            and isinstance(exc, (ProtocolAbortedError, ProtocolTimeoutError))
+        ):
+            doc["hint"] = (
+                f"the sites took up to {max(first['reply_seconds']):.0f} s to answer the first request; "
+                "SecAgg+ stages wait 30 s (advertise, share, consistency) by default — on a deployment this "
+                "slow set stage-timeout (seconds per stage) in the run configuration "
+                "(docs/deploying-on-flower.md §2)"
+            )
         if co is not None and "audit" in co.partial:
             audit = {k: v for k, v in co.partial["audit"].items() if k != "mia_result"}
             write_json(os.path.join(out_dir, "audit.json"), audit)
             doc["audit"] = audit
         write_json(os.path.join(out_dir, "result.json"), doc)
     except Exception as exc:  # an unexpected failure is still reported, with its traceback
-        doc = {"status": "failed", "error_type": type(exc).__name__, "reason": str(exc),
-               "traceback": traceback.format_exc()}
+        doc = {
+            "status": "failed",
+            "error_type": type(exc).__name__,
+            "reason": str(exc),
+            "traceback": traceback.format_exc(),
+        }
         write_json(os.path.join(out_dir, "result.json"), doc)
     return doc
 

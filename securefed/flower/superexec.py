@@ -57,8 +57,7 @@ def _poll_interval() -> float:
 
 
 def _log(msg: str) -> None:
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} securefed superexec {os.getpid()}: {msg}", file=sys.stderr,
-          flush=True)
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} securefed superexec {os.getpid()}: {msg}", file=sys.stderr, flush=True)
 
 
 def _alive(pid: int) -> bool:
@@ -82,8 +81,13 @@ def _child(run_clientapp, address: str, token: str, insecure: bool, certificates
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        run_clientapp(runtime_api_address=address, token=token, insecure=insecure, certificates=certificates,
-                      parent_pid=os.getppid())
+        run_clientapp(
+            runtime_api_address=address,
+            token=token,
+            insecure=insecure,
+            certificates=certificates,
+            parent_pid=os.getppid(),
+        )
         code = 0
     except SystemExit as exc:  # flwr_exit ends the task with sys.exit
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -96,8 +100,7 @@ def _child(run_clientapp, address: str, token: str, insecure: bool, certificates
         os._exit(code)
 
 
-def serve(address: str, insecure: bool, root_certificates: str | None, parent_pid: int | None,
-          preload: list) -> str:
+def serve(address: str, insecure: bool, root_certificates: str | None, parent_pid: int | None, preload: list) -> str:
     """The SuperExec's loop; returns why it stopped."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
     from flwr.supercore.constant import TaskType
@@ -112,8 +115,12 @@ def serve(address: str, insecure: bool, root_certificates: str | None, parent_pi
     # no retry invoker: a failed AcquireTask comes back here at once, so the loop keeps watching the SuperNode (the
     # loop itself retries); the forked ClientApps build their own client, with Flower's retries
     client = RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=insecure, root_certificates=certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")], retry_invoker=None)
+        server_address=address,
+        insecure=insecure,
+        root_certificates=certificates,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        retry_invoker=None,
+    )
     poll = _poll_interval()
     stopping: list = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
@@ -156,30 +163,51 @@ def serve(address: str, insecure: bool, root_certificates: str | None, parent_pi
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m securefed.flower.superexec",
-                                 description="securefed's SuperExec for flower-supernode --isolation process: forks a "
-                                             "pre-imported process per ClientApp task (opt-in; uses Flower internals)")
+    ap = argparse.ArgumentParser(
+        prog="python -m securefed.flower.superexec",
+        description="securefed's SuperExec for flower-supernode --isolation process: forks a "
+        "pre-imported process per ClientApp task (opt-in; uses Flower internals)",
+    )
     ap.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API, host:port (its --port)")
     tls = ap.add_mutually_exclusive_group()
-    tls.add_argument("--insecure", action="store_true",
-                     help="the Runtime API has no TLS (the SuperNode started without --ssl-certfile)")
+    tls.add_argument(
+        "--insecure",
+        action="store_true",
+        help="the Runtime API has no TLS (the SuperNode started without --ssl-certfile)",
+    )
     tls.add_argument("--root-certificates", help="CA certificate of the Runtime API's TLS certificate")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process (the SuperNode) is gone")
-    ap.add_argument("--preload", action="append", default=None, metavar="MODULE",
-                    help="modules imported once before forking (default: securefed.flower.client_app)")
-    ap.add_argument("--any-flower-version", action="store_true",
-                    help=f"run with a flwr other than {FLOWER_VERSION} (its private modules may differ)")
+    ap.add_argument(
+        "--preload",
+        action="append",
+        default=None,
+        metavar="MODULE",
+        help="modules imported once before forking (default: securefed.flower.client_app)",
+    )
+    ap.add_argument(
+        "--any-flower-version",
+        action="store_true",
+        help=f"run with a flwr other than {FLOWER_VERSION} (its private modules may differ)",
+    )
     a = ap.parse_args(argv)
     from importlib.metadata import version
 
     found = version("flwr")
     if found != FLOWER_VERSION and not a.any_flower_version:
-        print(f"securefed superexec: flwr {found} is installed; this SuperExec uses private modules of flwr "
-              f"{FLOWER_VERSION}. Use Flower's own flower-superexec (or --isolation subprocess), or pass "
-              "--any-flower-version to try anyway", file=sys.stderr)
+        print(
+            f"securefed superexec: flwr {found} is installed; this SuperExec uses private modules of flwr "
+            f"{FLOWER_VERSION}. Use Flower's own flower-superexec (or --isolation subprocess), or pass "
+            "--any-flower-version to try anyway",
+            file=sys.stderr,
+        )
         return 2
-    reason = serve(a.runtime_api_address, a.insecure, a.root_certificates, a.parent_pid,
-                   a.preload or ["securefed.flower.client_app"])
+    reason = serve(
+        a.runtime_api_address,
+        a.insecure,
+        a.root_certificates,
+        a.parent_pid,
+        a.preload or ["securefed.flower.client_app"],
+    )
     _log(reason)
     return 0
 

@@ -97,8 +97,15 @@ class FlowerExchange:
         first = self.first is None
         if first:
             deadline = max(deadline, self.first_wait)
-        msgs = [Message(make_content(**fields), dst_node_id=int(node), message_type=MESSAGE_TYPE,
-                        ttl=max(deadline - self.now(), 1.0) + 30.0) for node, fields in payloads.items()]
+        msgs = [
+            Message(
+                make_content(**fields),
+                dst_node_id=int(node),
+                message_type=MESSAGE_TYPE,
+                ttl=max(deadline - self.now(), 1.0) + 30.0,
+            )
+            for node, fields in payloads.items()
+        ]
         t_push = time.time()
         ids = list(self.grid.push_messages(msgs))
         owner = {mid: node for mid, node in zip(ids, payloads) if mid}
@@ -115,7 +122,9 @@ class FlowerExchange:
                 del owner[mid]
                 arrived[mid] = time.time()
                 if not rep.has_content():
-                    replies[node] = {"error": f"FlowerError: {rep.error.reason if rep.error is not None else 'error reply'}"}
+                    replies[node] = {
+                        "error": f"FlowerError: {rep.error.reason if rep.error is not None else 'error reply'}"
+                    }
                     continue
                 try:
                     replies[node] = read_content(rep)
@@ -124,11 +133,22 @@ class FlowerExchange:
             if owner:
                 time.sleep(min(self.poll if arrived else self.poll_first, max(deadline - self.now(), 0.0)))
         if first:
-            self.first = {"asked": len(payloads), "replied": len(replies),
-                          "answered": sum(1 for r in replies.values() if "error" not in r),
-                          "seconds": round(time.time() - t_push, 2),
-                          "reply_seconds": sorted(round(t - t_push, 2) for t in arrived.values())}
+            self.first = {
+                "asked": len(payloads),
+                "replied": len(replies),
+                "answered": sum(1 for r in replies.values() if "error" not in r),
+                "seconds": round(time.time() - t_push, 2),
+                "reply_seconds": sorted(round(t - t_push, 2) for t in arrived.values()),
+            }
         if _trace.enabled():
-            _trace.emit("server", push0=t_push, push1=t_pushed, end=time.time(), msgs=dict(zip(ids, payloads)),
-                        arrived=arrived, ops=sorted({str(f.get("op")) for f in payloads.values()}), polls=self.polls)
+            _trace.emit(
+                "server",
+                push0=t_push,
+                push1=t_pushed,
+                end=time.time(),
+                msgs=dict(zip(ids, payloads)),
+                arrived=arrived,
+                ops=sorted({str(f.get("op")) for f in payloads.values()}),
+                polls=self.polls,
+            )
         return replies

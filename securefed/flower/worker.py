@@ -69,9 +69,31 @@ from typing import Any
 
 from . import trace as _trace
 
-__all__ = ["WorkerError", "FrameError", "PeerError", "WorkerGone", "MAGIC", "MAX_FRAME", "DEFAULT_IDLE_MINUTES",
-           "encode_fields", "decode_fields", "pack", "unpack", "send_frame", "recv_frame", "peer_uid", "check_peer",
-           "Location", "site_location", "enabled", "idle_minutes", "connect", "start_worker", "call", "main"]
+__all__ = [
+    "WorkerError",
+    "FrameError",
+    "PeerError",
+    "WorkerGone",
+    "MAGIC",
+    "MAX_FRAME",
+    "DEFAULT_IDLE_MINUTES",
+    "encode_fields",
+    "decode_fields",
+    "pack",
+    "unpack",
+    "send_frame",
+    "recv_frame",
+    "peer_uid",
+    "check_peer",
+    "Location",
+    "site_location",
+    "enabled",
+    "idle_minutes",
+    "connect",
+    "start_worker",
+    "call",
+    "main",
+]
 
 MAGIC = b"SFW1"
 _HEADER = struct.Struct("!4sI")
@@ -151,7 +173,9 @@ def decode_fields(obj) -> dict:
     """Inverse of :func:`encode_fields` (strict: a flat dict of scalars, bytes and flat lists of them)."""
     if not isinstance(obj, dict):
         raise FrameError(f"fields must be a JSON object, not {type(obj).__name__}")
-    return {k: [_decode_scalar(x, k) for x in v] if isinstance(v, list) else _decode_scalar(v, k) for k, v in obj.items()}
+    return {
+        k: [_decode_scalar(x, k) for x in v] if isinstance(v, list) else _decode_scalar(v, k) for k, v in obj.items()
+    }
 
 
 def _no_duplicates(pairs):
@@ -189,7 +213,9 @@ def unpack(body: bytes) -> dict:
     if kind not in _ENVELOPE_KEYS:
         raise FrameError(f"unknown frame type {kind!r}")
     if env.get("v") != VERSION:
-        raise FrameError(f"frame version {env.get('v')!r}, expected {VERSION} (ClientApp and worker from different installs?)")
+        raise FrameError(
+            f"frame version {env.get('v')!r}, expected {VERSION} (ClientApp and worker from different installs?)"
+        )
     extra = set(env) - _ENVELOPE_KEYS[kind]
     if extra:
         raise FrameError(f"unexpected keys {sorted(extra)} in a {kind!r} frame")
@@ -275,8 +301,10 @@ def _private_dir(path: str) -> str:
     if st.st_uid != os.getuid():
         raise PeerError(f"warm-worker directory {path} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
     if st.st_mode & 0o077:
-        raise PeerError(f"warm-worker directory {path} has mode {oct(stat.S_IMODE(st.st_mode))}; it must be 0700 "
-                        "(private to the SuperNode's user)")
+        raise PeerError(
+            f"warm-worker directory {path} has mode {oct(stat.S_IMODE(st.st_mode))}; it must be 0700 "
+            "(private to the SuperNode's user)"
+        )
     return path
 
 
@@ -310,8 +338,10 @@ class Location:
             yield self.socket
             return
         if not os.path.isdir("/proc/self/fd"):
-            raise WorkerError(f"socket path {self.socket} is too long for a Unix socket; set the site option "
-                              "warm-worker-dir to a shorter directory")
+            raise WorkerError(
+                f"socket path {self.socket} is too long for a Unix socket; set the site option "
+                "warm-worker-dir to a shorter directory"
+            )
         fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             yield f"/proc/self/fd/{fd}/{self.name}.sock"
@@ -339,8 +369,16 @@ def site_location(options: dict, run_id, node_id, parent_pid: int | None = None,
         directory = os.path.join(cwd or os.getcwd(), ".securefed-warm")
     directory = _private_dir(directory)
     ppid = os.getppid() if parent_pid is None else int(parent_pid)
-    key = json.dumps([os.getuid(), str(run_id), str(node_id), sorted((str(k), str(v)) for k, v in options.items()),
-                      ppid, _start_time(ppid)])
+    key = json.dumps(
+        [
+            os.getuid(),
+            str(run_id),
+            str(node_id),
+            sorted((str(k), str(v)) for k, v in options.items()),
+            ppid,
+            _start_time(ppid),
+        ]
+    )
     return Location(directory, "w-" + hashlib.sha256(key.encode()).hexdigest()[:20])
 
 
@@ -385,17 +423,39 @@ def _worker_env() -> dict:
     return env
 
 
-def start_worker(loc: Location, options: dict, parent_pid: int | None = None, cwd: str | None = None,
-                 timeout: float = 180.0) -> socket.socket:
+def start_worker(
+    loc: Location, options: dict, parent_pid: int | None = None, cwd: str | None = None, timeout: float = 180.0
+) -> socket.socket:
     """Start the worker for ``loc`` (detached) and return a connection once it listens (``WorkerError`` when it
     exits first or does not listen within ``timeout`` seconds; its log's tail is in the message)."""
     ppid = os.getppid() if parent_pid is None else int(parent_pid)
-    argv = [sys.executable, "-m", "securefed.flower.worker", "--dir", loc.directory, "--name", loc.name,
-            "--watch", str(ppid), "--idle-minutes", repr(idle_minutes(options)), "--cwd", os.path.abspath(cwd or os.getcwd())]
+    argv = [
+        sys.executable,
+        "-m",
+        "securefed.flower.worker",
+        "--dir",
+        loc.directory,
+        "--name",
+        loc.name,
+        "--watch",
+        str(ppid),
+        "--idle-minutes",
+        repr(idle_minutes(options)),
+        "--cwd",
+        os.path.abspath(cwd or os.getcwd()),
+    ]
     fd = os.open(loc.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        proc = subprocess.Popen(argv, cwd=loc.directory, env=_worker_env(), stdin=subprocess.DEVNULL, stdout=fd,
-                                stderr=fd, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=loc.directory,
+            env=_worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            close_fds=True,
+        )
     finally:
         os.close(fd)
     t0 = time.monotonic()
@@ -406,8 +466,9 @@ def start_worker(loc: Location, options: dict, parent_pid: int | None = None, cw
             return s
         code = proc.poll()
         if code is not None and code != 0:
-            raise WorkerError(f"the warm worker exited with code {code} before listening: {loc.last_log_line()!r} "
-                              f"(log {loc.log})")
+            raise WorkerError(
+                f"the warm worker exited with code {code} before listening: {loc.last_log_line()!r} (log {loc.log})"
+            )
         if time.monotonic() - t0 > timeout:
             raise WorkerError(f"the warm worker did not listen within {timeout:g} s (log {loc.log})")
         time.sleep(0.02 if time.monotonic() - t0 < 1.0 else 0.1)
@@ -442,10 +503,16 @@ class _Worker:
         kind = env["type"]
         if kind == "status":
             live: list = [] if self.site is None else sorted(repr(k) for k in self.site._live)
-            return {"type": "status-reply", "worker": self.token, "pid": os.getpid(), "calls": self.calls,
-                    "live": live, "site": None if self.site is None else self.site.name,
-                    "idle_minutes": self.idle_seconds / 60.0,
-                    "started": self.started}, False
+            return {
+                "type": "status-reply",
+                "worker": self.token,
+                "pid": os.getpid(),
+                "calls": self.calls,
+                "live": live,
+                "site": None if self.site is None else self.site.name,
+                "idle_minutes": self.idle_seconds / 60.0,
+                "started": self.started,
+            }, False
         if kind == "bye":
             return {"type": "bye-reply", "worker": self.token}, True
         if kind != "request":
@@ -461,8 +528,14 @@ class _Worker:
             if fields.get("error") is None and env["fields"].get("op") == "hello":
                 note = f"identity key fingerprint {self.site.fingerprint()}"
             self.calls += 1
-            return {"type": "reply", "worker": self.token, "pid": os.getpid(), "calls": self.calls, "fields": fields,
-                    "note": note}, False
+            return {
+                "type": "reply",
+                "worker": self.token,
+                "pid": os.getpid(),
+                "calls": self.calls,
+                "fields": fields,
+                "note": note,
+            }, False
         except Exception as exc:  # like an exception in the ClientApp: Flower replies with an error
             self.calls += 1
             return {"type": "failure", "worker": self.token, "error": f"{type(exc).__name__}: {exc}"}, False
@@ -478,7 +551,9 @@ class _Worker:
 
 
 def _log(msg: str) -> None:
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} securefed warm worker {os.getpid()}: {msg}", file=sys.stderr, flush=True)
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} securefed warm worker {os.getpid()}: {msg}", file=sys.stderr, flush=True
+    )
 
 
 def serve(directory: str, name: str, watch_pid: int, idle_seconds: float, cwd: str) -> str:
@@ -509,8 +584,11 @@ def serve(directory: str, name: str, watch_pid: int, idle_seconds: float, cwd: s
         os.unlink(tmp, dir_fd=dfd)
     old_umask = os.umask(0o177)
     try:
-        srv.bind(f"/proc/self/fd/{dfd}/{tmp}" if len(os.fsencode(os.path.join(directory, tmp))) > _SUN_PATH_MAX
-                 else os.path.join(directory, tmp))
+        srv.bind(
+            f"/proc/self/fd/{dfd}/{tmp}"
+            if len(os.fsencode(os.path.join(directory, tmp))) > _SUN_PATH_MAX
+            else os.path.join(directory, tmp)
+        )
     finally:
         os.umask(old_umask)
     os.chmod(tmp, 0o600, dir_fd=dfd)
@@ -518,6 +596,7 @@ def serve(directory: str, name: str, watch_pid: int, idle_seconds: float, cwd: s
     ino = os.stat(tmp, dir_fd=dfd).st_ino
     os.replace(tmp, name + ".sock", src_dir_fd=dfd, dst_dir_fd=dfd)  # appears atomically, ready
     _log(f"listening (run state in memory; idle exit after {idle_seconds / 60.0:g} min; watching pid {watch_pid})")
+
     def _terminate(*_):
         raise _Stop("stopped by SIGTERM")
 
@@ -586,8 +665,10 @@ def _alive(pid: int) -> bool:
 def main(argv: list | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m securefed.flower.worker",
-                                 description="securefed's per-site warm worker (started by the ClientApp)")
+    ap = argparse.ArgumentParser(
+        prog="python -m securefed.flower.worker",
+        description="securefed's per-site warm worker (started by the ClientApp)",
+    )
     ap.add_argument("--dir", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--watch", type=int, required=True, help="exit when this pid (the SuperExec) is gone")

@@ -32,8 +32,18 @@ import numpy as np
 from ..errors import ConfigError, bad_value
 from ..kernels import sq_dists
 
-__all__ = ["site_moments", "pca_basis", "features", "nearest_cell", "cell_counts", "cell_sums", "prune",
-           "cell_update", "split_cells", "axis_points"]
+__all__ = [
+    "site_moments",
+    "pca_basis",
+    "features",
+    "nearest_cell",
+    "cell_counts",
+    "cell_sums",
+    "prune",
+    "cell_update",
+    "split_cells",
+    "axis_points",
+]
 
 
 def site_moments(X: np.ndarray) -> np.ndarray:
@@ -42,7 +52,9 @@ def site_moments(X: np.ndarray) -> np.ndarray:
     return np.concatenate([[len(X)], X.sum(axis=0), (X.T @ X).ravel()])
 
 
-def pca_basis(total: np.ndarray, m: int, dim: int, standardize: bool = False) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+def pca_basis(
+    total: np.ndarray, m: int, dim: int, standardize: bool = False
+) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
     """From summed moments: the global mean μ, the top ``dim`` principal axes V (m × dim), the total variance
     tr Σ and the per-feature standard deviations σ.
 
@@ -52,8 +64,8 @@ def pca_basis(total: np.ndarray, m: int, dim: int, standardize: bool = False) ->
     n = float(total[0])
     if not n > 1:
         raise ConfigError(bad_value("records", n, "the basis needs at least 2 records over all sites"))
-    mu = total[1:1 + m] / n
-    C = total[1 + m:].reshape(m, m) / n - np.outer(mu, mu)
+    mu = total[1 : 1 + m] / n
+    C = total[1 + m :].reshape(m, m) / n - np.outer(mu, mu)
     C = (C + C.T) / 2.0
     sd = np.sqrt(np.maximum(np.diag(C), 0.0))
     inv = np.where(sd > 1e-12 * max(float(sd.max(initial=0.0)), 1e-300), 1.0 / np.maximum(sd, 1e-300), 0.0)
@@ -99,25 +111,31 @@ def prune(Y: np.ndarray, counts: np.ndarray, floor: int) -> np.ndarray:
     """The landmarks whose cell holds at least ``floor`` records (a typed error when none does)."""
     keep = counts >= floor
     if not keep.any():  # never reveal a mean over fewer than floor records
-        raise ConfigError(bad_value("cell_floor", floor, f"no cell holds {floor} records ({int(counts.sum())} in all); "
-                                    "lower the floor or bring more records"))
+        raise ConfigError(
+            bad_value(
+                "cell_floor",
+                floor,
+                f"no cell holds {floor} records ({int(counts.sum())} in all); lower the floor or bring more records",
+            )
+        )
     return Y[keep]
 
 
 def cell_update(total: np.ndarray, k: int, d: int, second_moments: bool = False):
     """Cell means, counts and (with ``second_moments``) covariances from a sum pass's total."""
-    S = total[:k * d].reshape(k, d)
-    c = total[k * d:k * d + k]
+    S = total[: k * d].reshape(k, d)
+    c = total[k * d : k * d + k]
     Y = S / np.maximum(c, 1e-12)[:, None]
     cov = None
     if second_moments:
-        Q = total[k * d + k:].reshape(k, d, d) / np.maximum(c, 1e-12)[:, None, None]
+        Q = total[k * d + k :].reshape(k, d, d) / np.maximum(c, 1e-12)[:, None, None]
         cov = Q - Y[:, :, None] * Y[:, None, :]
     return Y, c, cov
 
 
-def split_cells(Y: np.ndarray, c: np.ndarray, cov: np.ndarray, k_target: int, floor: int,
-                margin: float = 2.0) -> np.ndarray:
+def split_cells(
+    Y: np.ndarray, c: np.ndarray, cov: np.ndarray, k_target: int, floor: int, margin: float = 2.0
+) -> np.ndarray:
     """Split the fullest cells along their principal axes, up to ``k_target`` landmarks: a cell with at least
     ``2 · margin · floor`` records splits in four (μ ± 0.8·√λ₁·v₁ ± 0.8·√λ₂·v₂), one with at least ``margin · floor``
     in two (μ ± 0.8·√λ₁·v₁) — the two-means split of a Gaussian, whose halves each keep about half the records.

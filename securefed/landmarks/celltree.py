@@ -191,9 +191,18 @@ class CellsPlan:
         try:
             if set(doc) != {f for f in cls.__dataclass_fields__}:
                 raise KeyError(f"fields {sorted(doc)}")
-            return cls(int(doc["floor"]), int(doc["basis_dim"]), int(doc["max_cells"]), int(doc["max_levels"]),
-                       float(doc["scale"]), int(doc["n_max"]), bool(doc["standardize"]), int(doc["axes"]),
-                       float(doc["margin"]), int(doc["version"]))
+            return cls(
+                int(doc["floor"]),
+                int(doc["basis_dim"]),
+                int(doc["max_cells"]),
+                int(doc["max_levels"]),
+                float(doc["scale"]),
+                int(doc["n_max"]),
+                bool(doc["standardize"]),
+                int(doc["axes"]),
+                float(doc["margin"]),
+                int(doc["version"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DecodeError(f"malformed cells plan: {exc}") from None
 
@@ -203,20 +212,20 @@ class CellsPlan:
 
 @dataclass
 class _Node:
-    path: tuple            # () root; (2, 1): child 1 of child 2 of the root
+    path: tuple  # () root; (2, 1): child 1 of child 2 of the root
     count: float
-    mean: np.ndarray       # in the basis (f coordinates)
-    second: np.ndarray | None = None   # Σffᵀ (d × d): the root only (from the basis sum)
-    diag: np.ndarray | None = None     # Σf² per coordinate (d) when released
-    proj: tuple | None = None          # (U: r × d public axes, Σ(Uf)(Uf)ᵀ: r × r) when released
-    centre: np.ndarray | None = None   # the split's origin and axes (when this cell is on the frontier)
+    mean: np.ndarray  # in the basis (f coordinates)
+    second: np.ndarray | None = None  # Σffᵀ (d × d): the root only (from the basis sum)
+    diag: np.ndarray | None = None  # Σf² per coordinate (d) when released
+    proj: tuple | None = None  # (U: r × d public axes, Σ(Uf)(Uf)ᵀ: r × r) when released
+    centre: np.ndarray | None = None  # the split's origin and axes (when this cell is on the frontier)
     axes: np.ndarray | None = None
-    edges: list | None = None          # the public bin edges along each axis (count pass)
-    cut: int | None = None             # accepted split: records in bins < cut along axis 1 go to the first half …
-    cuts2: tuple | None = None         # … and each half splits again along axis 2 at its own cut (or not: None)
+    edges: list | None = None  # the public bin edges along each axis (count pass)
+    cut: int | None = None  # accepted split: records in bins < cut along axis 1 go to the first half …
+    cuts2: tuple | None = None  # … and each half splits again along axis 2 at its own cut (or not: None)
     children: list = field(default_factory=list)
     leaf: bool = False
-    released: bool = False   # its feature sums were released (the root: by the basis sum)
+    released: bool = False  # its feature sums were released (the root: by the basis sum)
     child_axes: list | None = None  # the public axes of each child's second moments (CellTree._child_axes)
 
 
@@ -227,12 +236,17 @@ class Query:
     step: int
     kind: str
     length: int
-    parts: tuple           # ((length, public bound per coordinate), …) for the secure sum's scaling
-    description: dict      # everything that shapes the upload (centres, axes, which children, which moments)
+    parts: tuple  # ((length, public bound per coordinate), …) for the secure sum's scaling
+    description: dict  # everything that shapes the upload (centres, axes, which children, which moments)
 
     def digest_doc(self) -> dict:
-        return {"step": self.step, "kind": self.kind, "length": self.length, "parts": [list(p) for p in self.parts],
-                **self.description}
+        return {
+            "step": self.step,
+            "kind": self.kind,
+            "length": self.length,
+            "parts": [list(p) for p in self.parts],
+            **self.description,
+        }
 
 
 class CellTree:
@@ -257,10 +271,10 @@ class CellTree:
         self.trace = 0.0
         self.sd: np.ndarray | None = None
         self.root: _Node | None = None
-        self.frontier: list = []   # cells whose children's counts the next query asks
-        self.accepted: list = []   # (cell, n_children) whose children's sums the next query asks
+        self.frontier: list = []  # cells whose children's counts the next query asks
+        self.accepted: list = []  # (cell, n_children) whose children's sums the next query asks
         self.done = False
-        self.history: list = []    # (query kind, counts) for the result
+        self.history: list = []  # (query kind, counts) for the result
 
     # ------------------------------------------------------------------------------ queries
     def next_query(self) -> Query | None:
@@ -279,13 +293,31 @@ class CellTree:
                 ranks = [len(U) for U in self._child_axes(cell)]
                 parts += [(k * self.d, n * r), (k * self.d, n * r * r)]
                 parts += [(tri_len(rk), n * R * R) for rk in ranks if rk]
-                desc.append({"cell": list(cell.path), "children": k, "second": ranks, "cut": cell.cut,
-                             "cuts2": list(cell.cuts2), "centre": cell.centre.tolist(), "axes": cell.axes.tolist(),
-                             "edges": [e.tolist() for e in cell.edges]})
-            return Query(self.step, "sums", sum(p for p, _ in parts), tuple(parts), {"cells": desc, **self._space_doc()})
+                desc.append(
+                    {
+                        "cell": list(cell.path),
+                        "children": k,
+                        "second": ranks,
+                        "cut": cell.cut,
+                        "cuts2": list(cell.cuts2),
+                        "centre": cell.centre.tolist(),
+                        "axes": cell.axes.tolist(),
+                        "edges": [e.tolist() for e in cell.edges],
+                    }
+                )
+            return Query(
+                self.step, "sums", sum(p for p, _ in parts), tuple(parts), {"cells": desc, **self._space_doc()}
+            )
         k = sum(BINS ** len(c.axes) for c in self.frontier)
-        desc = [{"cell": list(c.path), "centre": c.centre.tolist(), "axes": c.axes.tolist(),
-                 "edges": [e.tolist() for e in c.edges]} for c in self.frontier]
+        desc = [
+            {
+                "cell": list(c.path),
+                "centre": c.centre.tolist(),
+                "axes": c.axes.tolist(),
+                "edges": [e.tolist() for e in c.edges],
+            }
+            for c in self.frontier
+        ]
         return Query(self.step, "counts", k, ((k, n),), {"cells": desc, **self._space_doc()})
 
     def _space_doc(self) -> dict:
@@ -326,7 +358,7 @@ class CellTree:
             return (cov + cov.T) / 2.0
         if cell.diag is None:
             raise ProtocolError(f"cell {list(cell.path)} has no released second moments")
-        D = np.diag(np.maximum(cell.diag / c - cell.mean ** 2, 0.0))
+        D = np.diag(np.maximum(cell.diag / c - cell.mean**2, 0.0))
         if cell.proj is None or len(cell.proj[0]) == 0:
             return D
         U, Q = cell.proj
@@ -428,8 +460,15 @@ class CellTree:
         return out
 
     # ------------------------------------------------------------------------------ a site's check of the others' part
-    def others_problem(self, q: Query, total: np.ndarray, own: np.ndarray, F: np.ndarray,
-                       rounding: float = 2.0 ** -16, bounded: bool = True) -> str | None:
+    def others_problem(
+        self,
+        q: Query,
+        total: np.ndarray,
+        own: np.ndarray,
+        F: np.ndarray,
+        rounding: float = 2.0**-16,
+        bounded: bool = True,
+    ) -> str | None:
         """What is wrong with the other sites' part ``total − own`` of query ``q`` (``own``: this site's upload, ``F``:
         its members' features), or None: it must be a sum of *records* — as many as the cells' counts leave to the
         others, each inside the public range. Checked per child of every accepted split, with c the others' count:
@@ -446,23 +485,30 @@ class CellTree:
         if q.kind == "basis":
             m = self.m
             c = float(rest[0])
-            return _moments_problem(c, rest[1:1 + m], rest[1 + m:].reshape(m, m), 1.0 if bounded else None,
-                                    math.sqrt(m), None,
-                                    rounding * self.n_max, "the basis sum")
+            return _moments_problem(
+                c,
+                rest[1 : 1 + m],
+                rest[1 + m :].reshape(m, m),
+                1.0 if bounded else None,
+                math.sqrt(m),
+                None,
+                rounding * self.n_max,
+                "the basis sum",
+            )
         if q.kind != "sums":
             return None
         members = self.assign(F)
         r, R = (self._feature_bound() if bounded else None), self._norm_bound()
         pos = 0
         for cell, k in self.accepted:
-            S = rest[pos:pos + k * self.d].reshape(k, self.d)
+            S = rest[pos : pos + k * self.d].reshape(k, self.d)
             pos += k * self.d
-            D2 = rest[pos:pos + k * self.d].reshape(k, self.d)
+            D2 = rest[pos : pos + k * self.d].reshape(k, self.d)
             pos += k * self.d
             for j, (child, U) in enumerate(zip(cell.children, self._child_axes(cell))):
                 Q = None
                 if len(U):
-                    Q = (U, _untri(rest[pos:pos + tri_len(len(U))], len(U)))
+                    Q = (U, _untri(rest[pos : pos + tri_len(len(U))], len(U)))
                     pos += tri_len(len(U))
                 c = float(child.count) - float(len(members.get(child.path, ())))
                 bad = _moments_problem(c, S[j], D2[j], r, R, Q, rounding * self.n_max, f"cell {list(child.path)}")
@@ -476,8 +522,10 @@ class CellTree:
         the wrong shape or one no sum of honest uploads can give)."""
         total = np.asarray(total, dtype=np.float64).ravel()
         if q.step != self.step or total.shape != (q.length,) or not np.all(np.isfinite(total)):
-            raise ProtocolError(f"cells: a total of shape {total.shape} for step {q.step} (expected {q.length} values "
-                                f"for step {self.step})")
+            raise ProtocolError(
+                f"cells: a total of shape {total.shape} for step {q.step} (expected {q.length} values "
+                f"for step {self.step})"
+            )
         self.history.append(q.kind)
         self.step += 1
         if q.kind == "basis":
@@ -496,8 +544,8 @@ class CellTree:
         self.trace = float(trace) * (1.0 if self.plan.standardize else B * B)
         self.sd = sd * B
         # the root's second moments in the basis: Vᵀ(Σxxᵀ − n μμᵀ)V (from the same sum)
-        Sxx = total[1 + m:].reshape(m, m) * B * B
-        Sx = total[1:1 + m] * B
+        Sxx = total[1 + m :].reshape(m, m) * B * B
+        Sx = total[1 : 1 + m] * B
         C = Sxx - np.outer(Sx, self.mu) - np.outer(self.mu, Sx) + n * np.outer(self.mu, self.mu)
         second = self.V.T @ C @ self.V
         mean = (Sx - n * self.mu) @ self.V / max(n, 1.0)
@@ -547,6 +595,7 @@ class CellTree:
     def _n_leaves(self) -> int:
         def count(c):
             return 1 if not c.children else sum(count(x) for x in c.children)
+
         return count(self.root) if self.root is not None else 0
 
     def _absorb_counts(self, total: np.ndarray) -> None:
@@ -558,11 +607,13 @@ class CellTree:
         room = int(p.max_cells) - self._n_leaves()
         for cell in self.frontier:
             k = BINS ** len(cell.axes)
-            h = np.round(total[pos:pos + k])
+            h = np.round(total[pos : pos + k])
             pos += k
             if abs(h.sum() - cell.count) > 0.5 or np.any(h < -0.5):
-                raise ProtocolError(f"cells: the histogram of cell {list(cell.path)} holds {h.sum():.0f} records, the "
-                                    f"cell {cell.count:.0f}; the counts are not a sum of honest uploads")
+                raise ProtocolError(
+                    f"cells: the histogram of cell {list(cell.path)} holds {h.sum():.0f} records, the "
+                    f"cell {cell.count:.0f}; the counts are not a sum of honest uploads"
+                )
             grid = h.reshape((BINS,) * len(cell.axes))
             marg = grid if grid.ndim == 1 else grid.sum(axis=1)
             floor = self.floor_of(cell)
@@ -594,9 +645,9 @@ class CellTree:
     def _absorb_sums(self, total: np.ndarray) -> None:
         pos, new = 0, []
         for cell, k in self.accepted:
-            S = total[pos:pos + k * self.d].reshape(k, self.d)
+            S = total[pos : pos + k * self.d].reshape(k, self.d)
             pos += k * self.d
-            D2 = total[pos:pos + k * self.d].reshape(k, self.d)
+            D2 = total[pos : pos + k * self.d].reshape(k, self.d)
             pos += k * self.d
             axes = self._child_axes(cell)
             for j, child in enumerate(cell.children):
@@ -605,7 +656,7 @@ class CellTree:
                 child.second, child.proj = None, None
                 U = axes[j]
                 if len(U):
-                    child.proj = (U, _untri(total[pos:pos + tri_len(len(U))], len(U)))
+                    child.proj = (U, _untri(total[pos : pos + tri_len(len(U))], len(U)))
                     pos += tri_len(len(U))
                 child.released = True
                 new.append(child)
@@ -646,8 +697,9 @@ class CellTree:
             return axis_points(Y, c, cov, self.plan.axes)
         import hashlib
 
-        key = hashlib.sha256(b"".join(np.ascontiguousarray(a, dtype="<f8").tobytes() for a in (Y, cov, c))
-                             + str(int(seed)).encode()).hexdigest()
+        key = hashlib.sha256(
+            b"".join(np.ascontiguousarray(a, dtype="<f8").tobytes() for a in (Y, cov, c)) + str(int(seed)).encode()
+        ).hexdigest()
         if key not in _LANDMARKS:  # a pure function of public numbers: computed once per process
             if len(_LANDMARKS) > 16:
                 _LANDMARKS.clear()
@@ -665,8 +717,9 @@ class CellTree:
 _LANDMARKS: dict = {}
 
 
-def _moments_problem(c: float, S: np.ndarray, second: np.ndarray, r: float | None, R: float, proj, eps: float,
-                     where: str) -> str | None:
+def _moments_problem(
+    c: float, S: np.ndarray, second: np.ndarray, r: float | None, R: float, proj, eps: float, where: str
+) -> str | None:
     """Whether ``(c, S, second)`` can be the count, feature sum and second moments of c records with |f_i| ≤ r and
     ‖f‖ ≤ R (``second``: per-coordinate Σf² when 1-D, Σffᵀ when 2-D; ``proj`` = (U, Σ(Uf)(Uf)ᵀ) or None). The
     tolerance is the secure sum's rounding: ``eps`` × each part's unit (r for sums, r² for second moments), with
@@ -690,8 +743,9 @@ def _moments_problem(c: float, S: np.ndarray, second: np.ndarray, r: float | Non
         return None
     if np.any(np.abs(S) > c * r + tS):
         return f"{where}: the other sites' feature sums exceed {c:.0f} records in the public range"
-    if np.any(diag < -tD) or (math.isfinite(r) and (np.any(diag > c * r * r + tD)
-                                                    or float(diag.sum()) > c * R * R + diag.size * tD)):
+    if np.any(diag < -tD) or (
+        math.isfinite(r) and (np.any(diag > c * r * r + tD) or float(diag.sum()) > c * R * R + diag.size * tD)
+    ):
         return f"{where}: the other sites' second moments are not those of {c:.0f} records in the public range"
     if np.any(c * diag - S * S < -(c * tD + 2.0 * np.abs(S) * tS + tS * tS)):
         return f"{where}: the other sites' second moments are smaller than their sums allow (Cauchy–Schwarz)"
@@ -701,8 +755,10 @@ def _moments_problem(c: float, S: np.ndarray, second: np.ndarray, r: float | Non
         blocks.append((Q, U @ S))
     for Q, g in blocks:
         slack = (c * tD + 2.0 * float(np.linalg.norm(g)) * tS + tS * tS) * len(g)
-        if np.linalg.eigvalsh((Q + Q.T) / 2.0).min() < -tD * len(g) or \
-                np.linalg.eigvalsh(c * (Q + Q.T) / 2.0 - np.outer(g, g)).min() < -slack:
+        if (
+            np.linalg.eigvalsh((Q + Q.T) / 2.0).min() < -tD * len(g)
+            or np.linalg.eigvalsh(c * (Q + Q.T) / 2.0 - np.outer(g, g)).min() < -slack
+        ):
             return f"{where}: the other sites' second-moment block is not that of {c:.0f} records (not c·Q ⪰ ggᵀ)"
     return None
 
@@ -732,7 +788,7 @@ def mixture_landmarks(means: np.ndarray, covs: np.ndarray, counts: np.ndarray, k
     total = int(min(MAX_DRAWS, DRAWS_PER_RECORD * counts.sum()))
     share = counts / counts.sum() * total
     per = np.floor(share).astype(int)
-    per[np.argsort(-(share - per), kind="stable")[:total - per.sum()]] += 1  # largest remainders
+    per[np.argsort(-(share - per), kind="stable")[: total - per.sum()]] += 1  # largest remainders
     draws = []
     for mu, C, m in zip(means, covs, per):
         C = (C + C.T) / 2.0

@@ -213,14 +213,18 @@ def client_update(
 def server_model_average(agg: AggregateResult) -> np.ndarray:
     """Model averaging, ``Y^s = Σ_p ω_p Y_p^s / Σ_p ω_p`` over the surviving sites (Qiao et al. Eq. 15)."""
     if agg.weight_sum <= 0:
-        raise ConfigError(bad_value("weight_sum", agg.weight_sum, "at least one site with positive weight must survive"))
+        raise ConfigError(
+            bad_value("weight_sum", agg.weight_sum, "at least one site with positive weight must survive")
+        )
     return agg.total / agg.weight_sum
 
 
 def server_gradient_step(Y: np.ndarray, agg: AggregateResult, lr: float) -> np.ndarray:
     """Gradient averaging, ``Y^s = Y^{s−1} − η' Σ_p ω_p ∇f_p / Σ_p ω_p`` (Qiao et al. Eq. 16)."""
     if agg.weight_sum <= 0:
-        raise ConfigError(bad_value("weight_sum", agg.weight_sum, "at least one site with positive weight must survive"))
+        raise ConfigError(
+            bad_value("weight_sum", agg.weight_sum, "at least one site with positive weight must survive")
+        )
     return Y - lr * (agg.total / agg.weight_sum)
 
 
@@ -312,9 +316,15 @@ class FedDLResult:
 def _check_weights(weights) -> None:
     """Refuse site weights other than a public rule's name (``"records"``, ``"uniform"``)."""
     if not isinstance(weights, str):
-        raise ConfigError(bad_value("weights", weights, "use 'records' or 'uniform': each site weighs its own "
-                                    "upload by a public rule (a weight chosen by the coordinator could single out one "
-                                    "site)"))
+        raise ConfigError(
+            bad_value(
+                "weights",
+                weights,
+                "use 'records' or 'uniform': each site weighs its own "
+                "upload by a public rule (a weight chosen by the coordinator could single out one "
+                "site)",
+            )
+        )
 
 
 def _checkpointing(checkpoint: str | None, plan, sites, callback):
@@ -340,17 +350,41 @@ def _checkpointing(checkpoint: str | None, plan, sites, callback):
 
 def _result_of(res) -> FedDLResult:
     """The landmark stage's part of an in-process run's result, as :func:`fed_dl` returns it."""
-    return FedDLResult(landmarks=res.landmarks, gamma=res.gamma, lr=res.lr, rule=res.rule, mmd_history=res.mmd_history,
-                       rounds_done=res.rounds_done, seconds=res.seconds, aggregation=res.aggregation,
-                       privacy=res.privacy, released=res.released)
+    return FedDLResult(
+        landmarks=res.landmarks,
+        gamma=res.gamma,
+        lr=res.lr,
+        rule=res.rule,
+        mmd_history=res.mmd_history,
+        rounds_done=res.rounds_done,
+        seconds=res.seconds,
+        aggregation=res.aggregation,
+        privacy=res.privacy,
+        released=res.released,
+    )
 
 
-def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int = 5, rule: str = "model",
-           lr: float | str = "auto", gamma: float | None = None, weights: str = "records", aggregation: str = "plain",
-           aggregation_options: dict | None = None, privacy=None, init="auto", value_bound: float | None = None,
-           monitor: bool | None = None, checkpoint: str | None = None, random_state=None,
-           callback: Callable[[int, np.ndarray, float | None], None] | None = None,
-           exchange: dict | None = None) -> FedDLResult:
+def fed_dl(
+    sites,
+    n_landmarks: int = 100,
+    *,
+    rounds: int = 50,
+    local_steps: int = 5,
+    rule: str = "model",
+    lr: float | str = "auto",
+    gamma: float | None = None,
+    weights: str = "records",
+    aggregation: str = "plain",
+    aggregation_options: dict | None = None,
+    privacy=None,
+    init="auto",
+    value_bound: float | None = None,
+    monitor: bool | None = None,
+    checkpoint: str | None = None,
+    random_state=None,
+    callback: Callable[[int, np.ndarray, float | None], None] | None = None,
+    exchange: dict | None = None,
+) -> FedDLResult:
     """FedDL (Qiao et al. Algorithm 1) alone, run in this process by the one coordinator.
 
     The same job as a federated estimator's first stage (``method="none"``): γ and the start from one secure
@@ -397,9 +431,24 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
     sites = check_sites(sites)
     _check_weights(weights)
     seed = seed_of(random_state)
-    opts = dict(landmarks=n_landmarks, rounds=rounds, local_steps=local_steps, rule=rule, lr=lr, gamma=gamma,
-                weights=weights, aggregation=aggregation, value_bound=value_bound, init=init, monitor=monitor,
-                method="none", audit_holdout=0.0, seed=seed, **(aggregation_options or {}), **privacy_options(privacy))
+    opts = dict(
+        landmarks=n_landmarks,
+        rounds=rounds,
+        local_steps=local_steps,
+        rule=rule,
+        lr=lr,
+        gamma=gamma,
+        weights=weights,
+        aggregation=aggregation,
+        value_bound=value_bound,
+        init=init,
+        monitor=monitor,
+        method="none",
+        audit_holdout=0.0,
+        seed=seed,
+        **(aggregation_options or {}),
+        **privacy_options(privacy),
+    )
     plan = RunPlan.build("api", **{("landmarks" if k == "n_landmarks" else k): v for k, v in opts.items()})
     resume, on_event = _checkpointing(checkpoint, plan, sites, callback)
     ledger = privacy.ledger if privacy is not None else None
@@ -407,6 +456,7 @@ def fed_dl(sites, n_landmarks: int = 100, *, rounds: int = 50, local_steps: int 
     if res.aggregation.get("clipped"):
         import warnings
 
-        warnings.warn(f"secure aggregation clipped {res.aggregation['clipped']} values to its range over the run",
-                      stacklevel=2)
+        warnings.warn(
+            f"secure aggregation clipped {res.aggregation['clipped']} values to its range over the run", stacklevel=2
+        )
     return _result_of(res)

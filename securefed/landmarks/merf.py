@@ -37,16 +37,28 @@ import math
 import numpy as np
 
 
-__all__ = ["public_basis", "scaled_features", "rff_frequencies", "rff", "fit_to_embedding", "billboard_noise",
-           "density_box", "density_counts",
-           "RFF_SENSITIVITY", "COUNT_SENSITIVITY", "DEFAULT_LENGTHSCALES", "DEFAULT_FREQUENCIES", "FEATURE_NORM"]
+__all__ = [
+    "public_basis",
+    "scaled_features",
+    "rff_frequencies",
+    "rff",
+    "fit_to_embedding",
+    "billboard_noise",
+    "density_box",
+    "density_counts",
+    "RFF_SENSITIVITY",
+    "COUNT_SENSITIVITY",
+    "DEFAULT_LENGTHSCALES",
+    "DEFAULT_FREQUENCIES",
+    "FEATURE_NORM",
+]
 
-RFF_SENSITIVITY = 2.0               # replace-one L2 change of Σφ (‖φ‖ = 1); not √2: ⟨φ(a), φ(b)⟩ can be < 0 (maths §12)
+RFF_SENSITIVITY = 2.0  # replace-one L2 change of Σφ (‖φ‖ = 1); not √2: ⟨φ(a), φ(b)⟩ can be < 0 (maths §12)
 COUNT_SENSITIVITY = math.sqrt(2.0)  # replace-one L2 change of the per-landmark counts
-DEFAULT_LENGTHSCALES = (3.0, 6.0)   # public: in units of the scaled features (records scaled into [−1, 1])
-DEFAULT_FREQUENCIES = 2000          # public: m random frequencies (4 000 numbers per site in release 1)
-FEATURE_NORM = 10.0                 # public: features clipped to this norm (the fit's starting radius)
-RFF_SEED = 12345                    # public seed of the frequencies
+DEFAULT_LENGTHSCALES = (3.0, 6.0)  # public: in units of the scaled features (records scaled into [−1, 1])
+DEFAULT_FREQUENCIES = 2000  # public: m random frequencies (4 000 numbers per site in release 1)
+FEATURE_NORM = 10.0  # public: features clipped to this norm (the fit's starting radius)
+RFF_SEED = 12345  # public seed of the frequencies
 
 
 def _dct_matrix(n: int) -> np.ndarray:
@@ -78,8 +90,9 @@ def scaled_features(X: np.ndarray, B: np.ndarray, scale: float, norm: float = FE
     return F * np.minimum(1.0, norm / np.maximum(r, 1e-12))
 
 
-def rff_frequencies(d: int, n_freq: int = DEFAULT_FREQUENCIES, lengthscales=DEFAULT_LENGTHSCALES,
-                    seed: int = RFF_SEED) -> np.ndarray:
+def rff_frequencies(
+    d: int, n_freq: int = DEFAULT_FREQUENCIES, lengthscales=DEFAULT_LENGTHSCALES, seed: int = RFF_SEED
+) -> np.ndarray:
     """Public random Fourier frequencies W (n_freq × d), split evenly over the length scales."""
     rng = np.random.default_rng(seed)
     per = int(math.ceil(n_freq / len(lengthscales)))
@@ -92,8 +105,9 @@ def rff(F: np.ndarray, W: np.ndarray) -> np.ndarray:
     return np.hstack([np.cos(A), np.sin(A)]) / math.sqrt(W.shape[0])
 
 
-def fit_to_embedding(target: np.ndarray, W: np.ndarray, k: int, rng, *, radius: float = FEATURE_NORM,
-                     iters: int = 500, lr: float = 0.05) -> np.ndarray:
+def fit_to_embedding(
+    target: np.ndarray, W: np.ndarray, k: int, rng, *, radius: float = FEATURE_NORM, iters: int = 500, lr: float = 0.05
+) -> np.ndarray:
     """``k`` landmarks whose mean feature matches ``target`` (the noisy mean embedding): Adam on
     ``‖mean φ(Y) − target‖²`` from a data-independent random start (post-processing of release 1)."""
     rng = np.random.default_rng(rng)
@@ -118,8 +132,13 @@ def billboard_noise(epsilon: float, delta: float, count_share: float = 0.2, dens
     the split itself is :func:`securefed.accounting.billboard.billboard_noise`, with this module's sensitivities."""
     from ..accounting.billboard import billboard_noise as split
 
-    return split(epsilon, delta, count_share, density_share,
-                 sensitivities=(RFF_SENSITIVITY, COUNT_SENSITIVITY, COUNT_SENSITIVITY))
+    return split(
+        epsilon,
+        delta,
+        count_share,
+        density_share,
+        sensitivities=(RFF_SENSITIVITY, COUNT_SENSITIVITY, COUNT_SENSITIVITY),
+    )
 
 
 def density_box(E: np.ndarray, pad: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

@@ -28,8 +28,9 @@ def adaclip_scale(s: np.ndarray) -> np.ndarray:
     return np.sqrt(s) * np.sqrt(s.sum(axis=1, keepdims=True))
 
 
-def noise_addition(G: np.ndarray, m: np.ndarray, b: np.ndarray, sigma: float,
-                   rng: np.random.Generator, *, clip: bool = True) -> np.ndarray:
+def noise_addition(
+    G: np.ndarray, m: np.ndarray, b: np.ndarray, sigma: float, rng: np.random.Generator, *, clip: bool = True
+) -> np.ndarray:
     """Algorithm 3 (noiseAddition) of Saha et al. 2023: transform → clip → noise → rescale.
 
     Parameters
@@ -89,8 +90,19 @@ class AdaCliP:
     ``β2 (s_t)²`` is a typo: the authors' code and AdaCliP use ``β2 s_t``.)
     """
 
-    def __init__(self, shape, sigma: float, *, h1: float = 1e-12, h2: float = 1e4, beta1: float = 0.99,
-                 beta2: float = 0.9, s0: float = 1.0, clip: bool = True, random_state=None):
+    def __init__(
+        self,
+        shape,
+        sigma: float,
+        *,
+        h1: float = 1e-12,
+        h2: float = 1e4,
+        beta1: float = 0.99,
+        beta2: float = 0.9,
+        s0: float = 1.0,
+        clip: bool = True,
+        random_state=None,
+    ):
         if not (np.isfinite(sigma) and sigma >= 0):
             raise ConfigError(bad_value("sigma", sigma, "use a non-negative finite noise scale"))
         if not (0 < h1 <= h2):
@@ -118,7 +130,7 @@ class AdaCliP:
             raise DataError(bad_value("G", "non-finite values", "the update diverged; lower the learning rate"))
         b = adaclip_scale(self.s)
         G_noisy = noise_addition(G, self.m, b, self.sigma, self.rng, clip=self.clip)
-        v = np.clip((G_noisy - self.m) ** 2 - b ** 2 * self.sigma ** 2, self.h1, self.h2)
+        v = np.clip((G_noisy - self.m) ** 2 - b**2 * self.sigma**2, self.h1, self.h2)
         self.m = self.beta1 * self.m + (1.0 - self.beta1) * G_noisy
         self.s = self.beta2 * self.s + (1.0 - self.beta2) * v
         self.releases += 1

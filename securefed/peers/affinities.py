@@ -56,8 +56,9 @@ def row_entropies(P: np.ndarray) -> np.ndarray:
     return -(P * logs).sum(axis=1)
 
 
-def calibrate_perplexity(sq_dist: np.ndarray, perplexity: float, *, tol: float = 1e-10,
-                         max_iter: int = 200) -> tuple[np.ndarray, np.ndarray]:
+def calibrate_perplexity(
+    sq_dist: np.ndarray, perplexity: float, *, tol: float = 1e-10, max_iter: int = 200
+) -> tuple[np.ndarray, np.ndarray]:
     """Binary search of Algorithm 1 (Saha et al. 2023): find ``β_i`` with ``H(P_i) = ln ρ``.
 
     The entropy of Eq. (1) decreases monotonically in ``β_i``, so bisection on ``ln β_i`` converges
@@ -84,8 +85,9 @@ def calibrate_perplexity(sq_dist: np.ndarray, perplexity: float, *, tol: float =
     sq_dist = np.asarray(sq_dist, dtype=np.float64)
     n, k = sq_dist.shape
     if not (1.0 < perplexity < k):
-        raise ConfigError(bad_value("perplexity", perplexity,
-                                    f"use 1 < perplexity < {k} (the number of candidate neighbours)"))
+        raise ConfigError(
+            bad_value("perplexity", perplexity, f"use 1 < perplexity < {k} (the number of candidate neighbours)")
+        )
     target = np.log(perplexity)
     shifted = sq_dist - sq_dist.min(axis=1, keepdims=True)
     scale = np.maximum(np.median(shifted, axis=1), 1e-300)
@@ -99,7 +101,7 @@ def calibrate_perplexity(sq_dist: np.ndarray, perplexity: float, *, tol: float =
         err = H - target
         if np.all(np.abs(err) < tol):
             break
-        too_flat = err > 0          # entropy too high → raise β
+        too_flat = err > 0  # entropy too high → raise β
         lo = np.where(too_flat, log_beta, lo)
         hi = np.where(too_flat, hi, log_beta)
         log_beta = 0.5 * (lo + hi)
@@ -127,8 +129,7 @@ def joint_probabilities(P_cond: sp.csr_matrix) -> sp.csr_matrix:
     return P
 
 
-def knn_affinities(X: np.ndarray, perplexity: float = 30.0, n_neighbors: int | None = None
-                   ) -> sp.csr_matrix:
+def knn_affinities(X: np.ndarray, perplexity: float = 30.0, n_neighbors: int | None = None) -> sp.csr_matrix:
     """Sparse joint affinities ``P`` of t-SNE on the rows of ``X`` (Eq. 1 + Algorithm 1, kNN support).
 
     Parameters
@@ -154,10 +155,14 @@ def knn_affinities(X: np.ndarray, perplexity: float = 30.0, n_neighbors: int | N
     if not (1 <= n_neighbors <= N - 1):
         raise ConfigError(bad_value("n_neighbors", n_neighbors, f"use 1..{N - 1}"))
     if perplexity >= n_neighbors:
-        raise ConfigError(bad_value(
-            "perplexity", perplexity,
-            f"use a perplexity below the number of neighbours ({n_neighbors}); with {N} points "
-            f"at most {max((N - 1) / 3, 1.0):.1f} is sensible"))
+        raise ConfigError(
+            bad_value(
+                "perplexity",
+                perplexity,
+                f"use a perplexity below the number of neighbours ({n_neighbors}); with {N} points "
+                f"at most {max((N - 1) / 3, 1.0):.1f} is sensible",
+            )
+        )
     nn = NearestNeighbors(n_neighbors=n_neighbors + 1).fit(X)
     dist, idx = nn.kneighbors(X)
     # Drop the point itself (p_{i|i} = 0). With duplicates the self index may not be in column 0.
@@ -167,6 +172,5 @@ def knn_affinities(X: np.ndarray, perplexity: float = 30.0, n_neighbors: int | N
     idx = idx[keep].reshape(N, n_neighbors)
     d2 = dist[keep].reshape(N, n_neighbors) ** 2
     P_rows, _ = calibrate_perplexity(d2, perplexity)
-    P_cond = sp.csr_matrix((P_rows.ravel(), idx.ravel(), np.arange(0, N * n_neighbors + 1, n_neighbors)),
-                           shape=(N, N))
+    P_cond = sp.csr_matrix((P_rows.ravel(), idx.ravel(), np.arange(0, N * n_neighbors + 1, n_neighbors)), shape=(N, N))
     return joint_probabilities(P_cond)

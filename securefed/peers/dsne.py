@@ -63,15 +63,21 @@ __all__ = [
 
 #: What each dSNE variant sends off a site (docs/what-leaves-each-site.md style), by method name.
 WHAT_LEAVES = {
-    "dsne": ("every iteration: the site's change of the reference embedding ΔY_s (N_s × 2 floats), in "
-             "the clear; no formal privacy. Nothing else leaves the site: not X, not P, not the local "
-             "embedding. The final 2-D position of each record is released to the analyst at the end."),
-    "fdsne": ("every k iterations: the change of the reference embedding after k local steps, "
-              "AdaCliP-privatised (rows transformed, clipped to norm 1, Gaussian noise σ, rescaled); "
-              "(ε, δ) per site record accounted over the rounds/k releases with sensitivity 2√N_s. "
-              "The final map is released un-noised."),
-    "dp-dsne": ("every iteration: the AdaCliP-privatised change of the reference embedding; (ε, δ) "
-                "per site record accounted over every release. The final map is released un-noised."),
+    "dsne": (
+        "every iteration: the site's change of the reference embedding ΔY_s (N_s × 2 floats), in "
+        "the clear; no formal privacy. Nothing else leaves the site: not X, not P, not the local "
+        "embedding. The final 2-D position of each record is released to the analyst at the end."
+    ),
+    "fdsne": (
+        "every k iterations: the change of the reference embedding after k local steps, "
+        "AdaCliP-privatised (rows transformed, clipped to norm 1, Gaussian noise σ, rescaled); "
+        "(ε, δ) per site record accounted over the rounds/k releases with sensitivity 2√N_s. "
+        "The final map is released un-noised."
+    ),
+    "dp-dsne": (
+        "every iteration: the AdaCliP-privatised change of the reference embedding; (ε, δ) "
+        "per site record accounted over every release. The final map is released un-noised."
+    ),
 }
 
 
@@ -111,8 +117,9 @@ def _coo_index(P: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     return rows, P.indices
 
 
-def kl_gradient(P: sp.csr_matrix, Y: np.ndarray, exaggeration: float = 1.0,
-                index: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def kl_gradient(
+    P: sp.csr_matrix, Y: np.ndarray, exaggeration: float = 1.0, index: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Eq. (4) of Saha et al. 2023: ``∂J/∂y_i = 4 Σ_j (α p_ij − q_ij)(y_i − y_j)(1 + ‖y_i − y_j‖²)^{-1}``.
 
     ``α`` is the early-exaggeration factor (1 = the plain gradient). The attractive part runs over the
@@ -149,8 +156,15 @@ def kl_gradient(P: sp.csr_matrix, Y: np.ndarray, exaggeration: float = 1.0,
     return 4.0 * (exaggeration * attr - rep)
 
 
-def gains_momentum_step(Y: np.ndarray, grad: np.ndarray, update: np.ndarray, gains: np.ndarray,
-                        learning_rate: float, momentum: float, min_gain: float = 0.01) -> None:
+def gains_momentum_step(
+    Y: np.ndarray,
+    grad: np.ndarray,
+    update: np.ndarray,
+    gains: np.ndarray,
+    learning_rate: float,
+    momentum: float,
+    min_gain: float = 0.01,
+) -> None:
     """Algorithm 2, step 3 of Saha et al. 2023 with adaptive gains (in place).
 
     ``ŷ(t) = α (y(t−1) − y(t−2)) − η · gains ⊙ ∂J/∂y`` — the momentum form of step 3 with the
@@ -204,15 +218,25 @@ def default_reference(X_sites, dataset_name: str, n_reference: int = 500, random
     X = np.asarray(ds.X, dtype=np.float64)
     m = sites[0].shape[1]
     if X.shape[1] != m:
-        raise DataError(bad_value("dataset_name", dataset_name,
-                                  f"its records have {X.shape[1]} features, the sites' {m}; pass a "
-                                  "public reference with the sites' features as reference="))
+        raise DataError(
+            bad_value(
+                "dataset_name",
+                dataset_name,
+                f"its records have {X.shape[1]} features, the sites' {m}; pass a "
+                "public reference with the sites' features as reference=",
+            )
+        )
     used = {row.tobytes() for s in sites for row in np.ascontiguousarray(s, dtype=np.float64)}
     free = np.array([i for i in range(len(X)) if X[i].tobytes() not in used], dtype=int)
     if len(free) < n_reference:
-        raise DataError(bad_value("n_reference", n_reference,
-                                  f"only {len(free)} rows of {dataset_name!r} are not held by a site; "
-                                  "use fewer reference points or pass reference="))
+        raise DataError(
+            bad_value(
+                "n_reference",
+                n_reference,
+                f"only {len(free)} rows of {dataset_name!r} are not held by a site; "
+                "use fewer reference points or pass reference=",
+            )
+        )
     rng = np.random.default_rng(random_state)
     return X[np.sort(rng.choice(free, size=n_reference, replace=False))].copy()
 
@@ -345,11 +369,30 @@ class FedDSNE:
 
     method_name = "dsne"
 
-    def __init__(self, n_components=2, perplexity=30.0, local_iters=1, rounds=750, noise=None,
-                 noise_multiplier=None, epsilon=None, delta=1e-5, reference=None, learning_rate="auto",
-                 early_exaggeration=12.0, early_exaggeration_iter=250, momentum=(0.5, 0.8), init="pca",
-                 adaclip_params=None, clip_norm=1.0, aggregation="plain", accountant="rdp", ledger=None,
-                 random_state=None, noise_seed=None):
+    def __init__(
+        self,
+        n_components=2,
+        perplexity=30.0,
+        local_iters=1,
+        rounds=750,
+        noise=None,
+        noise_multiplier=None,
+        epsilon=None,
+        delta=1e-5,
+        reference=None,
+        learning_rate="auto",
+        early_exaggeration=12.0,
+        early_exaggeration_iter=250,
+        momentum=(0.5, 0.8),
+        init="pca",
+        adaclip_params=None,
+        clip_norm=1.0,
+        aggregation="plain",
+        accountant="rdp",
+        ledger=None,
+        random_state=None,
+        noise_seed=None,
+    ):
         self.n_components = n_components
         self.perplexity = perplexity
         self.local_iters = local_iters
@@ -376,14 +419,19 @@ class FedDSNE:
     def _validate(self, sites):
         sites = check_sites(sites, min_records=2)
         if self.reference is None:
-            raise ConfigError(bad_value(
-                "reference", None,
-                "dSNE needs a public reference set shared by all sites: pass reference=X_public "
-                "(same features as the sites), e.g. securefed.peers.default_reference(sites, 'mnist5k')"))
+            raise ConfigError(
+                bad_value(
+                    "reference",
+                    None,
+                    "dSNE needs a public reference set shared by all sites: pass reference=X_public "
+                    "(same features as the sites), e.g. securefed.peers.default_reference(sites, 'mnist5k')",
+                )
+            )
         ref = check_sites([self.reference], min_records=2)[0]
         if ref.shape[1] != sites[0].shape[1]:
-            raise DataError(bad_value("reference.shape", ref.shape,
-                                      f"the reference needs the sites' {sites[0].shape[1]} features"))
+            raise DataError(
+                bad_value("reference.shape", ref.shape, f"the reference needs the sites' {sites[0].shape[1]} features")
+            )
         _check_positive_int("n_components", self.n_components)
         _check_positive_int("local_iters", self.local_iters)
         _check_positive_int("rounds", self.rounds)
@@ -403,29 +451,37 @@ class FedDSNE:
             raise ConfigError(bad_value("delta", self.delta, "use a value in (0, 1), e.g. 1e-5"))
         if self.noise is not None:
             if (self.noise_multiplier is None) == (self.epsilon is None):
-                raise ConfigError(bad_value(
-                    "noise_multiplier/epsilon", (self.noise_multiplier, self.epsilon),
-                    "with noise set, give exactly one of noise_multiplier (σ of AdaCliP) or epsilon (target)"))
+                raise ConfigError(
+                    bad_value(
+                        "noise_multiplier/epsilon",
+                        (self.noise_multiplier, self.epsilon),
+                        "with noise set, give exactly one of noise_multiplier (σ of AdaCliP) or epsilon (target)",
+                    )
+                )
             if self.noise_multiplier is not None:
                 _check_positive("noise_multiplier", self.noise_multiplier)
             else:
                 _check_positive("epsilon", self.epsilon)
         elif self.noise_multiplier is not None or self.epsilon is not None:
-            raise ConfigError(bad_value("noise", None,
-                                        "noise_multiplier/epsilon were given but noise=None; set noise='adaclip'"))
+            raise ConfigError(
+                bad_value("noise", None, "noise_multiplier/epsilon were given but noise=None; set noise='adaclip'")
+            )
         params = dict(_ADACLIP_DEFAULTS)
         if self.adaclip_params is not None:
             unknown = set(self.adaclip_params) - set(params)
             if unknown:
-                raise ConfigError(bad_value("adaclip_params", sorted(unknown),
-                                            f"known keys are {', '.join(sorted(params))}"))
+                raise ConfigError(
+                    bad_value("adaclip_params", sorted(unknown), f"known keys are {', '.join(sorted(params))}")
+                )
             params.update(self.adaclip_params)
         if isinstance(self.aggregation, str):
             aggregator = make_aggregator(self.aggregation)
         elif isinstance(self.aggregation, Aggregator):
             aggregator = self.aggregation
         else:
-            raise ConfigError(bad_value("aggregation", self.aggregation, "use 'plain', 'secagg', 'ckks' or an Aggregator"))
+            raise ConfigError(
+                bad_value("aggregation", self.aggregation, "use 'plain', 'secagg', 'ckks' or an Aggregator")
+            )
         return sites, ref, mom, params, aggregator
 
     # ------------------------------------------------------------------ fitting
@@ -446,8 +502,10 @@ class FedDSNE:
         elif self.noise_multiplier is not None:
             sigma = float(self.noise_multiplier)
         else:
-            sigma = calibrate_noise_multiplier(float(self.epsilon), rounds, float(self.delta),
-                                               str(self.accountant)) * delta_rec
+            sigma = (
+                calibrate_noise_multiplier(float(self.epsilon), rounds, float(self.delta), str(self.accountant))
+                * delta_rec
+            )
 
         Y_s, states = self._init_states(sites, ref, d, sigma, ada, rng)
         history = []
@@ -463,15 +521,23 @@ class FedDSNE:
                     ee = g < self.early_exaggeration_iter
                     exag = float(self.early_exaggeration) if ee else 1.0
                     mu = float(mom[0]) if ee else float(mom[1])
-                    lr = (max(len(Y) / exag, 50.0) if self.learning_rate == "auto" else float(self.learning_rate))
+                    lr = max(len(Y) / exag, 50.0) if self.learning_rate == "auto" else float(self.learning_rate)
                     grad = kl_gradient(st["P"], Y, exag, index=st["index"])
                     gains_momentum_step(Y, grad, st["update"], st["gains"], lr, mu)
-                delta_s = Y[st["n"]:] - Y_s
+                delta_s = Y[st["n"] :] - Y_s
                 if st["mech"] is not None:
                     if self.ledger is not None:  # write-ahead: recorded before the release leaves
-                        self.ledger.record_release(site=sidx, round=r, step=0, attempt=0, mechanism=str(self.noise),
-                                                   sensitivity=delta_rec, sigma=sigma,
-                                                   noise_multiplier=sigma / delta_rec, method="dsne")
+                        self.ledger.record_release(
+                            site=sidx,
+                            round=r,
+                            step=0,
+                            attempt=0,
+                            mechanism=str(self.noise),
+                            sensitivity=delta_rec,
+                            sigma=sigma,
+                            noise_multiplier=sigma / delta_rec,
+                            method="dsne",
+                        )
                     delta_s = st["mech"](delta_s)
                 deltas.append(delta_s)
             it += k
@@ -482,13 +548,18 @@ class FedDSNE:
             Y_s = Y_s - shift
             for st in states:
                 st["Y"][: st["n"]] -= shift
-                st["Y"][st["n"]:] = Y_s
+                st["Y"][st["n"] :] = Y_s
             if r % log_every == 0 or r == rounds - 1:
                 kl = float(np.mean([kl_divergence(st["P"], st["Y"]) for st in states]))
                 history.append({"round": r + 1, "iteration": it, "kl": kl, "bytes_up": bytes_up})
             if not np.all(np.isfinite(Y_s)):
-                raise DataError(bad_value("learning_rate", self.learning_rate,
-                                          "the embedding diverged; use a smaller learning rate or more noise clipping"))
+                raise DataError(
+                    bad_value(
+                        "learning_rate",
+                        self.learning_rate,
+                        "the embedding diverged; use a smaller learning rate or more noise clipping",
+                    )
+                )
 
         self.site_embeddings_ = [st["Y"][: st["n"]].copy() for st in states]
         self.embedding_ = np.vstack(self.site_embeddings_)
@@ -506,13 +577,16 @@ class FedDSNE:
         n_s = len(ref)
         if self.init == "pca":
             if ref.shape[1] < d:
-                raise DataError(bad_value("n_components", d, f"PCA init needs at most {ref.shape[1]} components; use init='random'"))
+                raise DataError(
+                    bad_value("n_components", d, f"PCA init needs at most {ref.shape[1]} components; use init='random'")
+                )
             mean, comps, scale = pca_init(ref, d)
             Y_s = (ref - mean) @ comps / scale
         else:
             Y_s = rng.normal(0.0, 1e-2, size=(n_s, d))
         noise_ss = np.random.SeedSequence(
-            self.noise_seed if self.noise_seed is not None else int.from_bytes(os.urandom(32), "big"))
+            self.noise_seed if self.noise_seed is not None else int.from_bytes(os.urandom(32), "big")
+        )
         states = []
         for X, nss in zip(sites, noise_ss.spawn(len(sites))):
             n_l = len(X)
@@ -527,8 +601,17 @@ class FedDSNE:
                 mech = AdaCliP((n_s, d), sigma, random_state=np.random.default_rng(nss), **ada)
             elif self.noise == "gaussian":
                 mech = GaussianRows((n_s, d), sigma, float(self.clip_norm), random_state=np.random.default_rng(nss))
-            states.append({"n": n_l, "P": P, "index": (np.repeat(np.arange(P.shape[0]), np.diff(P.indptr)), P.indices),
-                           "Y": Y, "update": np.zeros_like(Y), "gains": np.ones_like(Y), "mech": mech})
+            states.append(
+                {
+                    "n": n_l,
+                    "P": P,
+                    "index": (np.repeat(np.arange(P.shape[0]), np.diff(P.indptr)), P.indices),
+                    "Y": Y,
+                    "update": np.zeros_like(Y),
+                    "gains": np.ones_like(Y),
+                    "mech": mech,
+                }
+            )
 
         return Y_s, states
 

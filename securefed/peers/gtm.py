@@ -48,10 +48,12 @@ __all__ = [
 ]
 
 WHAT_LEAVES = {
-    "gtm": ("once, from every site: c Gaussian components of its records (count N_l, mean μ_l, "
-            "regularised covariance Σ_l; c·(1 + d + d(d+1)/2) numbers), cut from a Ward hierarchy. "
-            "No formal privacy: a component of one record is that record. Back to the sites: the "
-            "global map (W, β); each site projects its own records locally."),
+    "gtm": (
+        "once, from every site: c Gaussian components of its records (count N_l, mean μ_l, "
+        "regularised covariance Σ_l; c·(1 + d + d(d+1)/2) numbers), cut from a Ward hierarchy. "
+        "No formal privacy: a component of one record is that record. Back to the sites: the "
+        "global map (W, β); each site projects its own records locally."
+    ),
 }
 
 
@@ -158,8 +160,9 @@ def m_step_beta(T: np.ndarray, R: np.ndarray, Y: np.ndarray) -> float:
     return float(N * d / np.sum(R * _sq_dists(T, Y)))
 
 
-def kl_local_gtm(means: np.ndarray, covs: np.ndarray, Y: np.ndarray, beta: float,
-                 include_constant: bool = True) -> np.ndarray:
+def kl_local_gtm(
+    means: np.ndarray, covs: np.ndarray, Y: np.ndarray, beta: float, include_constant: bool = True
+) -> np.ndarray:
     """Eq. (7) of Zhang & Cheung: ``D(N(μ_l, Σ_l) ‖ N(y_k, β⁻¹ I))`` for every pair (L × K).
 
     ``D = ln(β^{-d/2} / |Σ_l|^{1/2}) + β/2 tr Σ_l + ½ (β ‖y_k − μ_l‖² − d)``. With
@@ -237,8 +240,11 @@ def local_abstraction(X: np.ndarray, n_components: int | str, reg_covar: float =
         labels = np.arange(n)
     else:
         if n_components > n:
-            raise ConfigError(bad_value("n_components_per_site", n_components,
-                                        f"a site holds only {n} records; use at most {n} or 'all'"))
+            raise ConfigError(
+                bad_value(
+                    "n_components_per_site", n_components, f"a site holds only {n} records; use at most {n} or 'all'"
+                )
+            )
         if n_components == 1:
             labels = np.zeros(n, dtype=int)
         else:
@@ -353,8 +359,17 @@ class CentralizedGTM(_GTMBase):
     embedding_ : ndarray (fit_transform's output)
     """
 
-    def __init__(self, grid=(20, 20), n_rbf=(5, 5), rbf_width=1.0, alpha=1e-3, iters=100, tol=0.0,
-                 projection="mean", random_state=None):
+    def __init__(
+        self,
+        grid=(20, 20),
+        n_rbf=(5, 5),
+        rbf_width=1.0,
+        alpha=1e-3,
+        iters=100,
+        tol=0.0,
+        projection="mean",
+        random_state=None,
+    ):
         self.grid = grid
         self.n_rbf = n_rbf
         self.rbf_width = rbf_width
@@ -425,8 +440,19 @@ class DistributedGTM(_GTMBase):
         Bytes each site sent (float64 statistics).
     """
 
-    def __init__(self, n_components_per_site=60, grid=(20, 20), n_rbf=(5, 5), rbf_width=1.0, alpha=1e-3,
-                 iters=100, tol=0.0, projection="mean", reg_covar=1e-6, random_state=None):
+    def __init__(
+        self,
+        n_components_per_site=60,
+        grid=(20, 20),
+        n_rbf=(5, 5),
+        rbf_width=1.0,
+        alpha=1e-3,
+        iters=100,
+        tol=0.0,
+        projection="mean",
+        reg_covar=1e-6,
+        random_state=None,
+    ):
         self.n_components_per_site = n_components_per_site
         self.grid = grid
         self.n_rbf = n_rbf
@@ -466,8 +492,12 @@ class DistributedGTM(_GTMBase):
         mu, cov = global_moments(counts, means, covs)
         W, beta = pca_init_weights(mu, cov, Z, Phi)
         alpha = float(self.alpha)
-        history = [{"objective": _abstraction_objective(means, covs, Phi @ W, beta, counts)
-                    + _log_prior(W, alpha), "beta": beta}]
+        history = [
+            {
+                "objective": _abstraction_objective(means, covs, Phi @ W, beta, counts) + _log_prior(W, alpha),
+                "beta": beta,
+            }
+        ]
         for _ in range(int(self.iters)):
             Y = Phi @ W
             R = abstraction_responsibilities(kl_local_gtm(means, covs, Y, beta, include_constant=False), counts)
@@ -497,7 +527,12 @@ class DistributedGTM(_GTMBase):
         per_site = []
         for s in range(int(comp["site"].max()) + 1):
             cnt = comp["counts"][comp["site"] == s]
-            per_site.append({"components": int(len(cnt)), "smallest_group": int(cnt.min()),
-                             "singleton_groups": int(np.sum(cnt == 1)), "bytes_up": self.bytes_up_[s]})
-        return {"method": "gtm", "what_leaves": WHAT_LEAVES["gtm"], "sites": per_site,
-                "formal_guarantee": None}
+            per_site.append(
+                {
+                    "components": int(len(cnt)),
+                    "smallest_group": int(cnt.min()),
+                    "singleton_groups": int(np.sum(cnt == 1)),
+                    "bytes_up": self.bytes_up_[s],
+                }
+            )
+        return {"method": "gtm", "what_leaves": WHAT_LEAVES["gtm"], "sites": per_site, "formal_guarantee": None}

@@ -16,6 +16,7 @@ from ..errors import ConfigError, bad_value
 
 __all__ = ["record_sensitivity", "calibrate_noise_multiplier"]
 
+
 def record_sensitivity(n_rows: int) -> float:
     """L2 sensitivity of one clipped AdaCliP release when one site record is replaced.
 

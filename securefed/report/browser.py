@@ -10,8 +10,17 @@ import tempfile
 
 __all__ = ["find_chromium", "render_report"]
 
-_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-          "--no-first-run", "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 
 
 def find_chromium() -> str | None:
@@ -23,8 +32,15 @@ def find_chromium() -> str | None:
     return None
 
 
-def render_report(html_path, png_path=None, *, width: int = 1280, height: int = 2400, timeout: float = 90.0,
-                  chromium: str | None = None) -> tuple[str, str]:
+def render_report(
+    html_path,
+    png_path=None,
+    *,
+    width: int = 1280,
+    height: int = 2400,
+    timeout: float = 90.0,
+    chromium: str | None = None,
+) -> tuple[str, str]:
     """Render ``html_path``; write a ``width × height`` screenshot (default: ``report.png`` beside it).
 
     Returns ``(png_path, dom)``. Raises ``FileNotFoundError`` when no Chromium is installed and
@@ -34,17 +50,25 @@ def render_report(html_path, png_path=None, *, width: int = 1280, height: int = 
     if exe is None:
         raise FileNotFoundError("no chromium on PATH (Debian: apt-get install -y chromium)")
     html_path = os.path.abspath(os.fspath(html_path))
-    png_path = os.path.abspath(os.fspath(png_path) if png_path is not None
-                               else os.path.join(os.path.dirname(html_path), "report.png"))
+    png_path = os.path.abspath(
+        os.fspath(png_path) if png_path is not None else os.path.join(os.path.dirname(html_path), "report.png")
+    )
     url = "file://" + html_path
     with tempfile.TemporaryDirectory(prefix="securefed-chromium-") as profile:
         base = [exe, *_FLAGS, f"--user-data-dir={profile}"]
         dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, timeout=timeout)
         if dom.returncode != 0 or not dom.stdout:
-            raise RuntimeError(f"chromium --dump-dom failed ({dom.returncode}): {dom.stderr.decode(errors='replace')[-1500:]}")
-        shot = subprocess.run(base + [f"--screenshot={png_path}", f"--window-size={width},{height}", url],
-                              capture_output=True, timeout=timeout)
+            raise RuntimeError(
+                f"chromium --dump-dom failed ({dom.returncode}): {dom.stderr.decode(errors='replace')[-1500:]}"
+            )
+        shot = subprocess.run(
+            base + [f"--screenshot={png_path}", f"--window-size={width},{height}", url],
+            capture_output=True,
+            timeout=timeout,
+        )
         if not os.path.exists(png_path):
-            raise RuntimeError(f"chromium --screenshot wrote nothing ({shot.returncode}): "
-                               f"{shot.stderr.decode(errors='replace')[-1500:]}")
+            raise RuntimeError(
+                f"chromium --screenshot wrote nothing ({shot.returncode}): "
+                f"{shot.stderr.decode(errors='replace')[-1500:]}"
+            )
     return png_path, dom.stdout.decode("utf-8", errors="replace")

@@ -30,8 +30,19 @@ from ..audits.gate import AuditPolicy, audit_gate
 from ..errors import ConfigError, DataError, bad_value
 from .guarantee import run_guarantee
 from .labels import GLOSSARY, LABELS
-from .summary import (RunFolder, coordinates_kept, epsilon_is_void, infer_mode, paper_formula, privacy_block,
-                      release_inventory, run_warnings, site_table, summary, utility_table)
+from .summary import (
+    RunFolder,
+    coordinates_kept,
+    epsilon_is_void,
+    infer_mode,
+    paper_formula,
+    privacy_block,
+    release_inventory,
+    run_warnings,
+    site_table,
+    summary,
+    utility_table,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -51,8 +62,20 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = "2.1"
-LIBRARIES = ("securefed", "numpy", "scipy", "scikit-learn", "openTSNE", "umap-learn", "tenseal", "cryptography",
-             "opacus", "dp-accounting", "matplotlib", "jsonschema")
+LIBRARIES = (
+    "securefed",
+    "numpy",
+    "scipy",
+    "scikit-learn",
+    "openTSNE",
+    "umap-learn",
+    "tenseal",
+    "cryptography",
+    "opacus",
+    "dp-accounting",
+    "matplotlib",
+    "jsonschema",
+)
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -73,8 +96,13 @@ def validate_report(report: dict) -> None:
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise DataError(bad_value(f"report.json:{where}", e.instance if not isinstance(e.instance, dict) else "object",
-                                  f"does not match the report schema: {e.message}"))
+        raise DataError(
+            bad_value(
+                f"report.json:{where}",
+                e.instance if not isinstance(e.instance, dict) else "object",
+                f"does not match the report schema: {e.message}",
+            )
+        )
 
 
 def _get(d, *keys, default=None):
@@ -87,8 +115,9 @@ def _get(d, *keys, default=None):
 # ------------------------------------------------------------------------------------------ modes
 
 
-def what_leaves(mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_features=None,
-                rows_privacy: dict | None = None) -> list[dict]:
+def what_leaves(
+    mode: dict, *, privacy: dict | None = None, n_landmarks=None, n_features=None, rows_privacy: dict | None = None
+) -> list[dict]:
     """Every mode of the protocol and what the coordinator learns in it, filled in for this run (``applies`` marks
     the rows that hold here; ``docs/what-leaves-each-site.md`` explains each)."""
     return _landmark_rows(mode, privacy) + _nystrom_rows(mode, n_landmarks, n_features, rows_privacy)
@@ -105,44 +134,78 @@ def _landmark_rows(mode: dict, privacy: dict | None) -> list[dict]:
     lm = mode.get("landmark_method") or "feddl"  # run folders from before the cells and the billboard: FedDL
     floor = mode.get("cell_floor") or "the floor"
     return [
-        {"stage": "landmarks", "mode": "cells (a cell tree with a floor, no DP)",
-         "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per level the "
-                          f"pooled histogram of every candidate cell along its principal axes and, for the children of each "
-                          f"split whose children all hold ≥ {floor} records, the pooled sums of their features, of their "
-                          f"squares, and of their products on as many public axes as each child's size allows (never the "
-                          f"full second moments of a small cell, which would span its records). Every site recomputes each query, verifies each total and refuses a sum after which a "
-                          f"set of fewer than {floor} of the records would be a combination of the released sums — against a "
-                          "coordinator that deviates, colluding with no site",
-         "applies": lm == "cells"},
-        {"stage": "landmarks", "mode": "the DP billboard",
-         "server_learns": ("three" if releases == 3 else "two") + " noisy secure sums — a random-feature mean embedding of "
-                          "every record and the landmarks' counts" + (" (and, after the placement, a density of every record "
-                          "on the map)" if releases == 3 else "") + " — "
-                          + ("each site adding its full Gaussian noise" if (privacy or {}).get("noise") != "distributed"
-                             else "each site adding a share σ/√t of the Gaussian noise inside the secure sum (the sum "
-                                  "carries σ while ≥ t sites survive; a site's upload alone is not private)")
-                          + " and booking it in its own ledger first: " + (
-             f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record for the whole run" if isinstance(eps, (int, float))
-             and isinstance(delta, (int, float)) else "(ε, δ) per record for the whole run") +
-             "; the landmarks, their masses and their map are post-processing (a billboard)",
-         "applies": lm == "billboard"},
-        {"stage": "landmarks", "mode": "plain aggregation",
-         "server_learns": f"every site's {upload if lm == 'feddl' else 'upload'}, every round", "applies": agg == "plain"},
-        {"stage": "landmarks", "mode": "SecAgg+ or CKKS aggregation",
-         "server_learns": "only the sum of the sites' uploads" + (" (CKKS: the secret key never reaches the coordinator)" if agg == "ckks" else ""),
-         "applies": agg in ("secagg", "ckks")},
-        {"stage": "landmarks", "mode": "a malicious site (no range proofs)",
-         "server_learns": "nothing more — but a site can put any value into the sum as its own input and so bias the "
-                          "landmarks; it cannot read the others' inputs, and under DP the other sites' noise still covers "
-                          "their records (docs/threat-model-secure-sum.md §5)",
-         "applies": agg in ("secagg", "ckks")},
-        {"stage": "landmarks", "mode": "FedDL with differential privacy",
-         "server_learns": "the sum plus Gaussian noise: " + (
-             f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record over all {releases if releases is not None else 'S·Q'} noisy releases"
-             if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) else "(ε, δ) per record, tracked over all S·Q releases") +
-             (". This ε covers the landmarks only: the rows sent in the Nyström stage below are not covered by it"
-              if nys in ("rows", "kernel_rows") else ""),
-         "applies": dp and lm == "feddl"},
+        {
+            "stage": "landmarks",
+            "mode": "cells (a cell tree with a floor, no DP)",
+            "server_learns": f"one secure sum of record counts, feature sums and second moments (a PCA basis); then per level the "
+            f"pooled histogram of every candidate cell along its principal axes and, for the children of each "
+            f"split whose children all hold ≥ {floor} records, the pooled sums of their features, of their "
+            f"squares, and of their products on as many public axes as each child's size allows (never the "
+            f"full second moments of a small cell, which would span its records). Every site recomputes each query, verifies each total and refuses a sum after which a "
+            f"set of fewer than {floor} of the records would be a combination of the released sums — against a "
+            "coordinator that deviates, colluding with no site",
+            "applies": lm == "cells",
+        },
+        {
+            "stage": "landmarks",
+            "mode": "the DP billboard",
+            "server_learns": ("three" if releases == 3 else "two")
+            + " noisy secure sums — a random-feature mean embedding of "
+            "every record and the landmarks' counts"
+            + (" (and, after the placement, a density of every record on the map)" if releases == 3 else "")
+            + " — "
+            + (
+                "each site adding its full Gaussian noise"
+                if (privacy or {}).get("noise") != "distributed"
+                else "each site adding a share σ/√t of the Gaussian noise inside the secure sum (the sum "
+                "carries σ while ≥ t sites survive; a site's upload alone is not private)"
+            )
+            + " and booking it in its own ledger first: "
+            + (
+                f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record for the whole run"
+                if isinstance(eps, (int, float)) and isinstance(delta, (int, float))
+                else "(ε, δ) per record for the whole run"
+            )
+            + "; the landmarks, their masses and their map are post-processing (a billboard)",
+            "applies": lm == "billboard",
+        },
+        {
+            "stage": "landmarks",
+            "mode": "plain aggregation",
+            "server_learns": f"every site's {upload if lm == 'feddl' else 'upload'}, every round",
+            "applies": agg == "plain",
+        },
+        {
+            "stage": "landmarks",
+            "mode": "SecAgg+ or CKKS aggregation",
+            "server_learns": "only the sum of the sites' uploads"
+            + (" (CKKS: the secret key never reaches the coordinator)" if agg == "ckks" else ""),
+            "applies": agg in ("secagg", "ckks"),
+        },
+        {
+            "stage": "landmarks",
+            "mode": "a malicious site (no range proofs)",
+            "server_learns": "nothing more — but a site can put any value into the sum as its own input and so bias the "
+            "landmarks; it cannot read the others' inputs, and under DP the other sites' noise still covers "
+            "their records (docs/threat-model-secure-sum.md §5)",
+            "applies": agg in ("secagg", "ckks"),
+        },
+        {
+            "stage": "landmarks",
+            "mode": "FedDL with differential privacy",
+            "server_learns": "the sum plus Gaussian noise: "
+            + (
+                f"(ε, δ) = ({eps:.4g}, {delta:.3g}) per record over all {releases if releases is not None else 'S·Q'} noisy releases"
+                if isinstance(eps, (int, float)) and isinstance(delta, (int, float))
+                else "(ε, δ) per record, tracked over all S·Q releases"
+            )
+            + (
+                ". This ε covers the landmarks only: the rows sent in the Nyström stage below are not covered by it"
+                if nys in ("rows", "kernel_rows")
+                else ""
+            ),
+            "applies": dp and lm == "feddl",
+        },
     ]
 
 
@@ -155,33 +218,53 @@ def _nystrom_rows(mode: dict, n_landmarks, n_features, rows_privacy: dict | None
     exact = None
     if n_landmarks is not None and n_features is not None:
         exact = int(n_landmarks) > int(n_features)
-    rows_note = ("Here n_y > m, so every record is recoverable exactly." if exact else
-                 "Here n_y ≤ m, so the part of each record in the landmarks' span is recoverable."
-                 if exact is False else "")
+    rows_note = (
+        "Here n_y > m, so every record is recoverable exactly."
+        if exact
+        else "Here n_y ≤ m, so the part of each record in the landmarks' span is recoverable."
+        if exact is False
+        else ""
+    )
     sigma = (rows_privacy or {}).get("sigma")
     return [
-        {"stage": "Nyström", "mode": "distance rows sent in the clear (paper mode)",
-         "server_learns": f"one row of {ny} distances per record. With n_y > m the rows give every record back exactly "
-                          f"(trilateration); with fewer landmarks the part of x in the landmarks' span ({mm}). {rows_note}".strip(),
-         "applies": nys == "rows"},
-        {"stage": "Nyström", "mode": "kernel rows sent in the clear (spectral clustering)",
-         "server_learns": f"one row of {ny} kernel values per record: −log k / γ gives the squared distances back, so they leak "
-                          f"exactly what distance rows leak. {rows_note}".strip(),
-         "applies": nys == "kernel_rows"},
-        {"stage": "Nyström", "mode": "rows of perturbed records (data perturbation)",
-         "server_learns": "rows of X + E, E ~ N(0, σ²)" + (f" with σ = {sigma:.4g}" if isinstance(sigma, (int, float)) else "") +
-                          ", σ ≥ 2cτ_X/ε: the coordinator recovers x + e exactly, so the noise is the only protection",
-         "applies": nys == "perturbed_rows"},
-        {"stage": "Nyström", "mode": "no rows, coordinates sent (local placement, the default)",
-         "server_learns": "no per-record rows: the coordinator embeds only the landmarks; each site places its records locally "
-                          "and sends the coordinator each record's final 2-D coordinate (cluster label for spectral "
-                          "clustering); the reconstruction audit measures what those reveal. A record's own coordinate is "
-                          "a function of that record: no ε covers it",
-         "applies": nys == "local" and not kept},
-        {"stage": "Nyström", "mode": "no rows, coordinates kept (--coordinates keep)",
-         "server_learns": "nothing per record: the coordinator embeds only the landmarks; each site places its records "
-                          "locally and keeps their coordinates (cluster labels) on the site",
-         "applies": nys == "local" and kept},
+        {
+            "stage": "Nyström",
+            "mode": "distance rows sent in the clear (paper mode)",
+            "server_learns": f"one row of {ny} distances per record. With n_y > m the rows give every record back exactly "
+            f"(trilateration); with fewer landmarks the part of x in the landmarks' span ({mm}). {rows_note}".strip(),
+            "applies": nys == "rows",
+        },
+        {
+            "stage": "Nyström",
+            "mode": "kernel rows sent in the clear (spectral clustering)",
+            "server_learns": f"one row of {ny} kernel values per record: −log k / γ gives the squared distances back, so they leak "
+            f"exactly what distance rows leak. {rows_note}".strip(),
+            "applies": nys == "kernel_rows",
+        },
+        {
+            "stage": "Nyström",
+            "mode": "rows of perturbed records (data perturbation)",
+            "server_learns": "rows of X + E, E ~ N(0, σ²)"
+            + (f" with σ = {sigma:.4g}" if isinstance(sigma, (int, float)) else "")
+            + ", σ ≥ 2cτ_X/ε: the coordinator recovers x + e exactly, so the noise is the only protection",
+            "applies": nys == "perturbed_rows",
+        },
+        {
+            "stage": "Nyström",
+            "mode": "no rows, coordinates sent (local placement, the default)",
+            "server_learns": "no per-record rows: the coordinator embeds only the landmarks; each site places its records locally "
+            "and sends the coordinator each record's final 2-D coordinate (cluster label for spectral "
+            "clustering); the reconstruction audit measures what those reveal. A record's own coordinate is "
+            "a function of that record: no ε covers it",
+            "applies": nys == "local" and not kept,
+        },
+        {
+            "stage": "Nyström",
+            "mode": "no rows, coordinates kept (--coordinates keep)",
+            "server_learns": "nothing per record: the coordinator embeds only the landmarks; each site places its records "
+            "locally and keeps their coordinates (cluster labels) on the site",
+            "applies": nys == "local" and kept,
+        },
     ]
 
 
@@ -214,10 +297,16 @@ def _read_ledger(path, run_id=None, dp: bool = True):
             lines = [ln for ln in fh.read().splitlines() if ln.strip()]
     except FileNotFoundError:
         if not dp:
-            return {"available": False, "reason": "no privacy ledger: this run has no differential privacy, so no noisy "
-                                                  "release was booked against a privacy budget"}
-        return {"available": False, "reason": "ledger.jsonl not found (a DP run's coordinator ledger should be here; "
-                                              "each site's own ledger stays on the site)"}
+            return {
+                "available": False,
+                "reason": "no privacy ledger: this run has no differential privacy, so no noisy "
+                "release was booked against a privacy budget",
+            }
+        return {
+            "available": False,
+            "reason": "ledger.jsonl not found (a DP run's coordinator ledger should be here; "
+            "each site's own ledger stays on the site)",
+        }
     kinds: Counter = Counter()
     bad, overrides = 0, 0
     for ln in lines[:1]:
@@ -227,7 +316,10 @@ def _read_ledger(path, run_id=None, dp: bool = True):
             first = None
         other = first.get("run_id") if isinstance(first, dict) and first.get("type") == "header" else None
         if run_id and other and other != run_id:
-            return {"available": False, "reason": f"ledger.jsonl belongs to another run ({other}), not to {run_id}; not read"}
+            return {
+                "available": False,
+                "reason": f"ledger.jsonl belongs to another run ({other}), not to {run_id}; not read",
+            }
     for ln in lines:
         try:
             ev = json.loads(ln)
@@ -269,8 +361,6 @@ def _jsonable(x):
     return x
 
 
-
-
 # ------------------------------------------------------------------------------------------ plots
 
 
@@ -300,7 +390,12 @@ def _roc_png(per_score: dict) -> str:
         roc = v.get("roc") or {}
         f, t = np.asarray(roc.get("fpr", []), float), np.asarray(roc.get("tpr", []), float)
         if f.size:
-            ax.step(np.maximum(f, floor), np.maximum(t, floor), where="post", label=f"{kind} (AUC {v.get('auc', float('nan')):.3f})")
+            ax.step(
+                np.maximum(f, floor),
+                np.maximum(t, floor),
+                where="post",
+                label=f"{kind} (AUC {v.get('auc', float('nan')):.3f})",
+            )
     g = np.logspace(-4, 0, 100)
     ax.plot(g, g, "k--", lw=1, label="no signal (TPR = FPR)")
     ax.set_xscale("log")
@@ -351,11 +446,22 @@ def _embedding_png(run: RunFolder, mode: dict, privacy: dict | None) -> str | No
             y = lab
             break
     method = mode.get("method") or run.metrics.get("method") or "tsne"
-    panels = standard_panels(method if method != "spectral" else "tsne", E[:, :2], y=y,
-                             site_sizes=run.config.get("site_sizes"), mode=mode, privacy=privacy,
-                             fed_metrics=run.metrics.get("federated"), partition=run.metrics.get("partition"))
-    fig = draw_panels(panels, class_names=run.config.get("target_names"),
-                      site_names=_get(run.result or {}, "sites") or run.config.get("sites"), panel_size=5.2)
+    panels = standard_panels(
+        method if method != "spectral" else "tsne",
+        E[:, :2],
+        y=y,
+        site_sizes=run.config.get("site_sizes"),
+        mode=mode,
+        privacy=privacy,
+        fed_metrics=run.metrics.get("federated"),
+        partition=run.metrics.get("partition"),
+    )
+    fig = draw_panels(
+        panels,
+        class_names=run.config.get("target_names"),
+        site_names=_get(run.result or {}, "sites") or run.config.get("sites"),
+        panel_size=5.2,
+    )
     return _png(fig)
 
 
@@ -381,20 +487,29 @@ def reconstruction_verdict(rec: dict, max_rebuilt: float = MAX_REBUILT_BEYOND_GU
         return "not audited", None
     raw = float(rec["fraction_within_5pct"])
     beyond = rec.get("fraction_within_5pct_beyond_baseline")
-    detail = (f"median relative error {rec['median_relative_error']:.3g}"
-              + (f" against {rec['baseline_median_relative_error']:.3g} for the guess"
-                 if isinstance(rec.get("baseline_median_relative_error"), (int, float)) else "")
-              + f", attack: {rec.get('attack', 'see report')}")
+    detail = (
+        f"median relative error {rec['median_relative_error']:.3g}"
+        + (
+            f" against {rec['baseline_median_relative_error']:.3g} for the guess"
+            if isinstance(rec.get("baseline_median_relative_error"), (int, float))
+            else ""
+        )
+        + f", attack: {rec.get('attack', 'see report')}"
+    )
     if beyond is None:
         if raw > 0.0:
-            return "fail", (f"{100 * raw:.1f} % of records are reconstructible to within 5 % relative error from what left "
-                            f"the sites (limit 0 %: this run folder records no baseline guess; {detail})")
+            return "fail", (
+                f"{100 * raw:.1f} % of records are reconstructible to within 5 % relative error from what left "
+                f"the sites (limit 0 %: this run folder records no baseline guess; {detail})"
+            )
         return "pass", None
     if float(beyond) > max_rebuilt:
-        return "fail", (f"{100 * float(beyond):.1f} % of records are reconstructible to within 5 % from what left the "
-                        f"sites beyond guessing the average record (limit {100 * max_rebuilt:g} %; attack "
-                        f"{100 * raw:.1f} %, the guess {100 * float(rec.get('baseline_fraction_within_5pct', 0.0)):.1f} %; "
-                        f"{detail})")
+        return "fail", (
+            f"{100 * float(beyond):.1f} % of records are reconstructible to within 5 % from what left the "
+            f"sites beyond guessing the average record (limit {100 * max_rebuilt:g} %; attack "
+            f"{100 * raw:.1f} %, the guess {100 * float(rec.get('baseline_fraction_within_5pct', 0.0)):.1f} %; "
+            f"{detail})"
+        )
     return "pass", None
 
 
@@ -405,34 +520,62 @@ def read_run_folder(run_dir) -> RunFolder:
         raise ConfigError(bad_value("run_dir", run_dir, "no such folder; pass the --out folder of `securefed run`"))
     metrics, why = _read_json(os.path.join(run_dir, "metrics.json"))
     if not isinstance(metrics, dict):
-        raise ConfigError(bad_value("run_dir", run_dir, f"{why or 'metrics.json is not a JSON object'}: run "
-                                    f"`securefed run --out {run_dir}` first (the report needs metrics.json)"))
+        raise ConfigError(
+            bad_value(
+                "run_dir",
+                run_dir,
+                f"{why or 'metrics.json is not a JSON object'}: run "
+                f"`securefed run --out {run_dir}` first (the report needs metrics.json)",
+            )
+        )
     config, _ = _read_json(os.path.join(run_dir, "config.json"))
     result, _ = _read_json(os.path.join(run_dir, "result.json"))
     history, _ = _read_json(os.path.join(run_dir, "history.json"))
     mia, mia_why = _read_json(os.path.join(run_dir, "audit", "mia.json"))
     rec, rec_why = _read_json(os.path.join(run_dir, "audit", "reconstruction.json"))
-    return RunFolder(run_dir, config if isinstance(config, dict) else {}, metrics,
-                     result if isinstance(result, dict) else None, history if isinstance(history, dict) else {},
-                     mia if isinstance(mia, dict) else None, rec if isinstance(rec, dict) else None,
-                     {"mia": mia_why, "reconstruction": rec_why})
+    return RunFolder(
+        run_dir,
+        config if isinstance(config, dict) else {},
+        metrics,
+        result if isinstance(result, dict) else None,
+        history if isinstance(history, dict) else {},
+        mia if isinstance(mia, dict) else None,
+        rec if isinstance(rec, dict) else None,
+        {"mia": mia_why, "reconstruction": rec_why},
+    )
 
 
 def _budget(privacy, history, figures) -> dict:
     eps_hist = [float(e) for e in (history.get("epsilon") or []) if e is not None]
     if privacy:
-        budget = {"available": True, "epsilon": privacy.get("epsilon"), "delta": privacy.get("delta"),
-                  "epsilon_paper_formula": paper_formula(privacy), "accountant": privacy.get("accountant"),
-                  "epsilon_per_round": eps_hist, "details": privacy}
+        budget = {
+            "available": True,
+            "epsilon": privacy.get("epsilon"),
+            "delta": privacy.get("delta"),
+            "epsilon_paper_formula": paper_formula(privacy),
+            "accountant": privacy.get("accountant"),
+            "epsilon_per_round": eps_hist,
+            "details": privacy,
+        }
     else:
-        budget = {"available": False, "reason": "no differential privacy in this run: the landmarks carry no (ε, δ) guarantee",
-                  "epsilon_per_round": eps_hist}
-    figures["epsilon"] = _series_png(eps_hist, "ε spent (cumulative) per round", "ε", history.get("rounds")) if eps_hist else None
+        budget = {
+            "available": False,
+            "reason": "no differential privacy in this run: the landmarks carry no (ε, δ) guarantee",
+            "epsilon_per_round": eps_hist,
+        }
+    figures["epsilon"] = (
+        _series_png(eps_hist, "ε spent (cumulative) per round", "ε", history.get("rounds")) if eps_hist else None
+    )
     mmd = [float(v) for v in (history.get("mmd") or []) if v is not None]
-    figures["mmd"] = _series_png(mmd, "MMD(records, landmarks) per round", "MMD²", history.get("rounds")) if mmd else None
+    figures["mmd"] = (
+        _series_png(mmd, "MMD(records, landmarks) per round", "MMD²", history.get("rounds")) if mmd else None
+    )
     if not mmd:
-        budget["mmd_not_shown"] = ("not monitored: with differential privacy the MMD would be a release outside ε"
-                                   if privacy else "not recorded in history.json")
+        budget["mmd_not_shown"] = (
+            "not monitored: with differential privacy the MMD would be a release outside ε"
+            if privacy
+            else "not recorded in history.json"
+        )
     return budget
 
 
@@ -440,27 +583,39 @@ def membership_threat_model(mode: dict, scores) -> str:
     """The membership attack's threat model in the words of this run: its landmark method and the scores that ran
     (shadow fits of the landmark method only for the ``lira`` score)."""
     lm = mode.get("landmark_method") or "feddl"
-    what = {"cells": "the cell landmarks (cell means) and their counts",
-            "billboard": "the DP landmarks (the billboard), their masses and their map",
-            "feddl": "the FedDL landmarks Y and the kernel bandwidth γ"}.get(lm, "the released landmarks")
+    what = {
+        "cells": "the cell landmarks (cell means) and their counts",
+        "billboard": "the DP landmarks (the billboard), their masses and their map",
+        "feddl": "the FedDL landmarks Y and the kernel bandwidth γ",
+    }.get(lm, "the released landmarks")
     method = {"cells": "the cells", "billboard": "the billboard", "feddl": "FedDL"}.get(lm, "the landmark method")
     scores = list(scores or [])
-    shadow = (f" (in this audit: a share of each site's held-out records, used for shadow runs of {method} by the lira "
-              "score)") if "lira" in scores else ""
-    return (f"Attacker: holds {what} and the run's public parameters, and has records from the same population"
-            f"{shadow}; it does not have the target records. Question: was record x used to fit the landmarks? Each site "
-            "scores its own members and held-out non-members locally"
-            + (f" ({', '.join(scores)} score{'s' if len(scores) > 1 else ''})" if scores else "")
-            + "; only per-threshold counts on a public grid leave a site (summed, through the secure sum when "
-            "configured). Empirical ε: score, threshold and direction chosen on a selection split, Clopper-Pearson 95 % "
-            "bounds on a disjoint test split, δ subtracted (Jagielski et al. 2020; Nasr et al. 2023).")
+    shadow = (
+        (
+            f" (in this audit: a share of each site's held-out records, used for shadow runs of {method} by the lira "
+            "score)"
+        )
+        if "lira" in scores
+        else ""
+    )
+    return (
+        f"Attacker: holds {what} and the run's public parameters, and has records from the same population"
+        f"{shadow}; it does not have the target records. Question: was record x used to fit the landmarks? Each site "
+        "scores its own members and held-out non-members locally"
+        + (f" ({', '.join(scores)} score{'s' if len(scores) > 1 else ''})" if scores else "")
+        + "; only per-threshold counts on a public grid leave a site (summed, through the secure sum when "
+        "configured). Empirical ε: score, threshold and direction chosen on a selection split, Clopper-Pearson 95 % "
+        "bounds on a disjoint test split, δ subtracted (Jagielski et al. 2020; Nasr et al. 2023)."
+    )
 
 
 def _mia_block(run: RunFolder, figures, mode: dict) -> dict:
     mia = run.mia
     if isinstance(mia, dict) and "auc" in mia:
         block = {"available": True, **{k: v for k, v in mia.items() if k != "per_score"}}
-        block["per_score"] = {k: {kk: vv for kk, vv in v.items() if kk != "roc"} for k, v in (mia.get("per_score") or {}).items()}
+        block["per_score"] = {
+            k: {kk: vv for kk, vv in v.items() if kk != "roc"} for k, v in (mia.get("per_score") or {}).items()
+        }
         block["threat_model"] = membership_threat_model(mode, list(block["per_score"]))
         figures["roc"] = _roc_png(mia.get("per_score") or {})
         return block
@@ -475,10 +630,16 @@ def _rec_block(run: RunFolder, mode: dict) -> dict:
     if isinstance(rec, dict) and isinstance(rec.get("risk"), dict):
         return {"available": True, **{k: v for k, v in rec.items() if k != "risk"}, **rec["risk"]}
     if coordinates_kept(run, mode):
-        return {"available": False, "kept": True,
-                "reason": "nothing to attack: no per-record output left the sites (each site kept its records' "
-                          "coordinates or labels: --coordinates keep)"}
-    return {"available": False, "reason": run.why.get("reconstruction") or "audit/reconstruction.json has no risk figures"}
+        return {
+            "available": False,
+            "kept": True,
+            "reason": "nothing to attack: no per-record output left the sites (each site kept its records' "
+            "coordinates or labels: --coordinates keep)",
+        }
+    return {
+        "available": False,
+        "reason": run.why.get("reconstruction") or "audit/reconstruction.json has no risk figures",
+    }
 
 
 def _verdict(run: RunFolder, budget, mia_block, rec_block) -> tuple[dict, dict | None]:
@@ -506,9 +667,16 @@ def _verdict(run: RunFolder, budget, mia_block, rec_block) -> tuple[dict, dict |
         reasons.append("reconstruction: " + rec_reason)
     if not rec_block["available"]:
         stopped = gate_status == "fail" and not run.metrics.get("federated")
-        reasons.append("reconstruction audit: " + (
-            "not run — the run stopped at the audit gate, so nothing per record left the sites" if stopped else
-            rec_block["reason"] if rec_block.get("kept") else "not available (" + rec_block["reason"] + ")"))
+        reasons.append(
+            "reconstruction audit: "
+            + (
+                "not run — the run stopped at the audit gate, so nothing per record left the sites"
+                if stopped
+                else rec_block["reason"]
+                if rec_block.get("kept")
+                else "not available (" + rec_block["reason"] + ")"
+            )
+        )
     if "fail" in (gate_status, rec_status):
         status = "fail"
     elif gate_status == "fail (overridden)":
@@ -520,22 +688,33 @@ def _verdict(run: RunFolder, budget, mia_block, rec_block) -> tuple[dict, dict |
         status = "pass"
     if status == "pass":
         reasons.insert(0, "every available check passed")
-    return ({"status": status, "reasons": reasons, "landmark_gate": gate_status, "reconstruction": rec_status,
-             "overridden": overridden}, gate)
+    return (
+        {
+            "status": status,
+            "reasons": reasons,
+            "landmark_gate": gate_status,
+            "reconstruction": rec_status,
+            "overridden": overridden,
+        },
+        gate,
+    )
 
 
 def _run_facts(run: RunFolder, mode: dict) -> dict:
     ds = run.config.get("dataset")
     sizes = run.config.get("site_sizes")
-    return {"run_id": _get(run.result or {}, "run_id") or run.config.get("run_id"),
-            "dataset": _get(ds if isinstance(ds, dict) else {}, "name") or (ds if isinstance(ds, str) else None)
-            or run.metrics.get("dataset"),
-            "method": mode.get("method") or run.metrics.get("method"),
-            "n_records": run.metrics.get("n_samples") or (sum(sizes) if isinstance(sizes, list) and sizes else None),
-            "n_sites": run.metrics.get("n_clients") or (len(sizes) if isinstance(sizes, list) else None),
-            "n_features": run.config.get("n_features") or _get(ds if isinstance(ds, dict) else {}, "n_features"),
-            "partition": run.metrics.get("partition"),
-            "has_result_json": run.result is not None}
+    return {
+        "run_id": _get(run.result or {}, "run_id") or run.config.get("run_id"),
+        "dataset": _get(ds if isinstance(ds, dict) else {}, "name")
+        or (ds if isinstance(ds, str) else None)
+        or run.metrics.get("dataset"),
+        "method": mode.get("method") or run.metrics.get("method"),
+        "n_records": run.metrics.get("n_samples") or (sum(sizes) if isinstance(sizes, list) and sizes else None),
+        "n_sites": run.metrics.get("n_clients") or (len(sizes) if isinstance(sizes, list) else None),
+        "n_features": run.config.get("n_features") or _get(ds if isinstance(ds, dict) else {}, "n_features"),
+        "partition": run.metrics.get("partition"),
+        "has_result_json": run.result is not None,
+    }
 
 
 def build_report(run_dir) -> tuple[dict, dict]:
@@ -545,8 +724,14 @@ def build_report(run_dir) -> tuple[dict, dict]:
     mode = infer_mode(config, metrics, run.result)
     mode["coordinates"] = "keep" if coordinates_kept(run, mode) else "send"
     privacy = privacy_block(run)
-    n_landmarks = _get(run.options, "landmarks") or _get(config, "n_landmarks") or _get(config.get("mode") or {}, "n_landmarks")
-    n_features = _get(config, "n_features") or _get(config.get("dataset") or {}, "n_features") or _get(run.result or {}, "n_features")
+    n_landmarks = (
+        _get(run.options, "landmarks") or _get(config, "n_landmarks") or _get(config.get("mode") or {}, "n_landmarks")
+    )
+    n_features = (
+        _get(config, "n_features")
+        or _get(config.get("dataset") or {}, "n_features")
+        or _get(run.result or {}, "n_features")
+    )
     figures: dict = {}
     budget = _budget(privacy, run.history, figures)
     mia_block = _mia_block(run, figures, mode)
@@ -559,8 +744,18 @@ def build_report(run_dir) -> tuple[dict, dict]:
     inventory = release_inventory(run, mode)
     util = utility_table(run, mode)
     warnings = run_warnings(run, mode, privacy)
-    summ = summary(run, mode, verdict, gate, rec_block, inventory, util, warnings, mia_block=mia_block,
-                   max_rebuilt=MAX_REBUILT_BEYOND_GUESS)
+    summ = summary(
+        run,
+        mode,
+        verdict,
+        gate,
+        rec_block,
+        inventory,
+        util,
+        warnings,
+        mia_block=mia_block,
+        max_rebuilt=MAX_REBUILT_BEYOND_GUESS,
+    )
     verdict["remedies"] = summ["remedies"]
     rows_privacy = _get(config, "rows_privacy")
     report = {
@@ -576,8 +771,13 @@ def build_report(run_dir) -> tuple[dict, dict]:
         "sites": site_table(run),
         "utility": util,
         "warnings": warnings,
-        "what_leaves": what_leaves(mode, privacy=privacy, n_landmarks=n_landmarks, n_features=n_features,
-                                   rows_privacy=rows_privacy if isinstance(rows_privacy, dict) else None),
+        "what_leaves": what_leaves(
+            mode,
+            privacy=privacy,
+            n_landmarks=n_landmarks,
+            n_features=n_features,
+            rows_privacy=rows_privacy if isinstance(rows_privacy, dict) else None,
+        ),
         "budget": dict(budget, epsilon_void=epsilon_is_void(run, privacy)) if budget["available"] else budget,
         "mia": mia_block,
         "reconstruction": rec_block,
@@ -587,8 +787,9 @@ def build_report(run_dir) -> tuple[dict, dict]:
         "glossary": [{"term": t, "definition": d} for t, d in GLOSSARY],
         "labels": dict(LABELS),
         "plots": {k: v is not None for k, v in figures.items()},
-        "ledger": _read_ledger(os.path.join(run.path, "ledger.jsonl"), _run_facts(run, mode)["run_id"],
-                               dp=bool(mode.get("dp"))),
+        "ledger": _read_ledger(
+            os.path.join(run.path, "ledger.jsonl"), _run_facts(run, mode)["run_id"], dp=bool(mode.get("dp"))
+        ),
     }
     return _jsonable(report), figures
 
@@ -633,7 +834,9 @@ def write_report(run_dir, out_dir=None) -> tuple[str, str]:
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(bad_value("out", out_dir, f"cannot create the folder ({exc.strerror}); pick a writable path")) from None
+        raise ConfigError(
+            bad_value("out", out_dir, f"cannot create the folder ({exc.strerror}); pick a writable path")
+        ) from None
     json_path = os.path.join(out_dir, "report.json")
     html_path = os.path.join(out_dir, "report.html")
     _atomic_write(json_path, json.dumps(report, indent=2, sort_keys=False, allow_nan=False))

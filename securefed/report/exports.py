@@ -17,8 +17,14 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, bad_value
 
-__all__ = ["OBSM_KEYS", "obsm_key", "embedding_rows", "write_embedding_table", "to_anndata_obsm",
-           "write_h5ad_with_embedding"]
+__all__ = [
+    "OBSM_KEYS",
+    "obsm_key",
+    "embedding_rows",
+    "write_embedding_table",
+    "to_anndata_obsm",
+    "write_h5ad_with_embedding",
+]
 
 #: the ``obsm`` key of each federated map (scanpy names its own ``X_tsne`` / ``X_umap``)
 OBSM_KEYS = {"tsne": "X_fedtsne", "umap": "X_fedumap"}
@@ -47,23 +53,40 @@ def _per_site(name: str, d, sites, n: dict) -> dict:
     for s, v in d.items():
         v = list(v) if not isinstance(v, np.ndarray) else v
         if len(v) != n[s]:
-            raise DataError(bad_value(f"{name}[{s!r}]", f"<{len(v)} values>", f"give one per record of site {s!r} ({n[s]})"))
+            raise DataError(
+                bad_value(f"{name}[{s!r}]", f"<{len(v)} values>", f"give one per record of site {s!r} ({n[s]})")
+            )
         out[s] = v
     return out
 
 
-def embedding_rows(coordinates: Mapping, ids: Mapping | None = None, labels: Mapping | None = None, *,
-                   label_names: Sequence[str] | None = None) -> tuple[list[str], list[list]]:
+def embedding_rows(
+    coordinates: Mapping,
+    ids: Mapping | None = None,
+    labels: Mapping | None = None,
+    *,
+    label_names: Sequence[str] | None = None,
+) -> tuple[list[str], list[list]]:
     """``(header, rows)`` of the joinable table (see the module docstring); validates every site's lengths."""
     if not isinstance(coordinates, Mapping) or not coordinates:
-        raise DataError(bad_value("coordinates", f"<{type(coordinates).__name__}>",
-                                  "give a dict: site name → array of coordinates (n, k) or cluster labels (n,)"))
+        raise DataError(
+            bad_value(
+                "coordinates",
+                f"<{type(coordinates).__name__}>",
+                "give a dict: site name → array of coordinates (n, k) or cluster labels (n,)",
+            )
+        )
     arrs, n = {}, {}
     for s, a in coordinates.items():
         a = np.asarray(a)
         if a.ndim not in (1, 2) or a.dtype.kind not in "iufb":
-            raise DataError(bad_value(f"coordinates[{s!r}]", f"<array of shape {a.shape}, dtype {a.dtype}>",
-                                      "give numeric coordinates (n, k) or integer cluster labels (n,)"))
+            raise DataError(
+                bad_value(
+                    f"coordinates[{s!r}]",
+                    f"<array of shape {a.shape}, dtype {a.dtype}>",
+                    "give numeric coordinates (n, k) or integer cluster labels (n,)",
+                )
+            )
         arrs[str(s)], n[str(s)] = a, len(a)
     dims = {a.shape[1] if a.ndim == 2 else 0 for a in arrs.values()}
     if len(dims) != 1:
@@ -73,7 +96,9 @@ def embedding_rows(coordinates: Mapping, ids: Mapping | None = None, labels: Map
     ids_, labels_ = _per_site("ids", ids, sites, n), _per_site("labels", labels, sites, n)
     if labels is not None and len(labels_) != len(sites):
         raise DataError(bad_value("labels", sorted(labels_), f"give labels for every site or none; sites: {sites}"))
-    header = ["site", "record_id"] + ([f"x{j + 1}" for j in range(k)] if k else ["cluster"]) + (["label"] if labels_ else [])
+    header = (
+        ["site", "record_id"] + ([f"x{j + 1}" for j in range(k)] if k else ["cluster"]) + (["label"] if labels_ else [])
+    )
     rows = []
     for s in sites:
         a = arrs[s]
@@ -90,8 +115,15 @@ def embedding_rows(coordinates: Mapping, ids: Mapping | None = None, labels: Map
     return header, rows
 
 
-def write_embedding_table(path, coordinates: Mapping, ids: Mapping | None = None, labels: Mapping | None = None,
-                          format: str = "csv", *, label_names: Sequence[str] | None = None) -> str:
+def write_embedding_table(
+    path,
+    coordinates: Mapping,
+    ids: Mapping | None = None,
+    labels: Mapping | None = None,
+    format: str = "csv",
+    *,
+    label_names: Sequence[str] | None = None,
+) -> str:
     """Write ``embedding.csv`` or ``embedding.parquet``: one row per record, joinable on ``(site, record_id)``.
 
     Parameters
@@ -137,16 +169,24 @@ def _parquet_engine() -> str:
             return engine
         except ImportError:
             continue
-    raise ConfigError(bad_value("format", "parquet", "writing parquet needs pyarrow (pip install pyarrow) or "
-                                "fastparquet; or use format='csv'"))
+    raise ConfigError(
+        bad_value(
+            "format",
+            "parquet",
+            "writing parquet needs pyarrow (pip install pyarrow) or fastparquet; or use format='csv'",
+        )
+    )
 
 
 def _anndata():
     try:
         import anndata
     except ImportError:
-        raise ConfigError(bad_value("adata", None, "AnnData support needs the optional dependency anndata: "
-                                    "pip install 'securefed[anndata]'")) from None
+        raise ConfigError(
+            bad_value(
+                "adata", None, "AnnData support needs the optional dependency anndata: pip install 'securefed[anndata]'"
+            )
+        ) from None
     return anndata
 
 
@@ -163,19 +203,31 @@ def to_anndata_obsm(adata, coords, key: str = "X_fedtsne", *, ids: Sequence[str]
     coords = np.asarray(coords)
     n_obs = int(adata.n_obs)
     if coords.ndim not in (1, 2) or len(coords) != n_obs:
-        raise DataError(bad_value("coords", f"<array of shape {coords.shape}>",
-                                  f"give one row per observation of this site's AnnData ({n_obs}), in its obs order"))
+        raise DataError(
+            bad_value(
+                "coords",
+                f"<array of shape {coords.shape}>",
+                f"give one row per observation of this site's AnnData ({n_obs}), in its obs order",
+            )
+        )
     if ids is not None:
         names = [str(v) for v in adata.obs_names]
         got = [str(v) for v in ids]
         if got != names:
             i = next((j for j in range(min(len(got), len(names))) if got[j] != names[j]), min(len(got), len(names)))
-            raise DataError(bad_value("ids", got[i] if i < len(got) else None,
-                                      f"the coordinates' record {i} is not observation {names[i] if i < len(names) else None!r}; "
-                                      "pass the AnnData the site's coordinates were computed from, in the same order"))
+            raise DataError(
+                bad_value(
+                    "ids",
+                    got[i] if i < len(got) else None,
+                    f"the coordinates' record {i} is not observation {names[i] if i < len(names) else None!r}; "
+                    "pass the AnnData the site's coordinates were computed from, in the same order",
+                )
+            )
     if coords.ndim == 2:
         if not key.startswith("X_"):
-            raise ConfigError(bad_value("key", key, "obsm keys of embeddings start with 'X_' (scanpy), e.g. 'X_fedtsne'"))
+            raise ConfigError(
+                bad_value("key", key, "obsm keys of embeddings start with 'X_' (scanpy), e.g. 'X_fedtsne'")
+            )
         adata.obsm[key] = np.ascontiguousarray(coords, dtype=np.float64)
     else:
         import pandas as pd
@@ -186,14 +238,17 @@ def to_anndata_obsm(adata, coords, key: str = "X_fedtsne", *, ids: Sequence[str]
     return adata
 
 
-def write_h5ad_with_embedding(path_in, path_out, coords, key: str = "X_fedtsne", *,
-                              ids: Sequence[str] | None = None) -> str:
+def write_h5ad_with_embedding(
+    path_in, path_out, coords, key: str = "X_fedtsne", *, ids: Sequence[str] | None = None
+) -> str:
     """Read a site's ``.h5ad``, add its federated map (:func:`to_anndata_obsm`) and write it to ``path_out``."""
     anndata = _anndata()
     try:
         adata = anndata.read_h5ad(os.fspath(path_in))
     except Exception as exc:  # h5py / anndata raise many kinds for a missing or broken file
-        raise DataError(bad_value("path_in", os.fspath(path_in), f"cannot read it as .h5ad ({exc.__class__.__name__}: {exc})")) from None
+        raise DataError(
+            bad_value("path_in", os.fspath(path_in), f"cannot read it as .h5ad ({exc.__class__.__name__}: {exc})")
+        ) from None
     to_anndata_obsm(adata, coords, key, ids=ids)
     path_out = os.fspath(path_out)
     os.makedirs(os.path.dirname(os.path.abspath(path_out)), exist_ok=True)

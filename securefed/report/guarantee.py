@@ -28,7 +28,8 @@ _DEVIATIONS = {
 }
 _FALLBACK_COLLUSION = (
     "a coordinator colluding with a site also sees that site's records and can set them against the shared landmarks "
-    "and sums; only differential privacy (--epsilon) bounds what the two learn about any one record of another site")
+    "and sums; only differential privacy (--epsilon) bounds what the two learn about any one record of another site"
+)
 
 
 def run_guarantee(result: dict | None) -> dict:
@@ -38,20 +39,33 @@ def run_guarantee(result: dict | None) -> dict:
     ``source`` ``"run"`` (read from result.json) or ``"fallback"`` (not recorded: honest-but-curious only).
     """
     g = (result or {}).get("guarantee") if isinstance(result, dict) else None
-    if isinstance(g, dict) and isinstance(g.get("adversary"), str) and g["adversary"].strip() \
-            and isinstance(g.get("holds_against_deviating_coordinator"), bool):
+    if (
+        isinstance(g, dict)
+        and isinstance(g.get("adversary"), str)
+        and g["adversary"].strip()
+        and isinstance(g.get("holds_against_deviating_coordinator"), bool)
+    ):
         reasons = g.get("reasons")
-        return {"adversary": g["adversary"].strip(),
-                "holds_against_deviating_coordinator": g["holds_against_deviating_coordinator"],
-                "reasons": [str(r) for r in reasons] if isinstance(reasons, list) else [],
-                "collusion": str(g.get("collusion") or _FALLBACK_COLLUSION),
-                "source": "run"}
+        return {
+            "adversary": g["adversary"].strip(),
+            "holds_against_deviating_coordinator": g["holds_against_deviating_coordinator"],
+            "reasons": [str(r) for r in reasons] if isinstance(reasons, list) else [],
+            "collusion": str(g.get("collusion") or _FALLBACK_COLLUSION),
+            "source": "run",
+        }
     method = ((result or {}).get("options") or {}).get("landmark_method") if isinstance(result, dict) else None
     example = _DEVIATIONS.get(method, "ask different sites different questions")
-    reason = (f"the sites do not check what the coordinator asks of them in this run: one that deviates could, for "
-              f"instance, {example}, and no site would notice (docs/threat-model.md)")
-    return {"adversary": FALLBACK_ADVERSARY, "holds_against_deviating_coordinator": False,
-            "reasons": [reason], "collusion": _FALLBACK_COLLUSION, "source": "fallback"}
+    reason = (
+        f"the sites do not check what the coordinator asks of them in this run: one that deviates could, for "
+        f"instance, {example}, and no site would notice (docs/threat-model.md)"
+    )
+    return {
+        "adversary": FALLBACK_ADVERSARY,
+        "holds_against_deviating_coordinator": False,
+        "reasons": [reason],
+        "collusion": _FALLBACK_COLLUSION,
+        "source": "fallback",
+    }
 
 
 def verdict_scope(guarantee: dict) -> str:

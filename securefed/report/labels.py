@@ -10,8 +10,20 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["LABELS", "GLOSSARY", "AGGREGATION_NAMES", "SENT_NAMES", "label", "show", "count", "percent", "points",
-           "plain_release", "plain_failure", "PAPER"]
+__all__ = [
+    "LABELS",
+    "GLOSSARY",
+    "AGGREGATION_NAMES",
+    "SENT_NAMES",
+    "label",
+    "show",
+    "count",
+    "percent",
+    "points",
+    "plain_release",
+    "plain_failure",
+    "PAPER",
+]
 
 #: the paper securefed implements, cited by title (the repository ships no copy of it)
 PAPER = "Qiao, Ma & Fan, Federated t-SNE and UMAP for Distributed Data Visualization (AAAI 2025)"
@@ -31,10 +43,16 @@ SENT_NAMES = {
     "local": "no rows: each record's final position or cluster only",
 }
 
-_RELEASE_WORDS = ((" (hello)", ""), ("(secagg)", "(SecAgg+)"), ("(ckks)", "(CKKS)"), ("(plain)", "(plain sums)"),
-                  ("the landmarks and γ,", "the landmarks and the kernel bandwidth γ,"), ("one row of n_y per record", "one row of n_y values (one per landmark) per record"),
-                  ("yes (noise: local)", "Gaussian noise added on each site"),
-                  ("yes (noise: distributed)", "noise shared across sites, summed securely"))
+_RELEASE_WORDS = (
+    (" (hello)", ""),
+    ("(secagg)", "(SecAgg+)"),
+    ("(ckks)", "(CKKS)"),
+    ("(plain)", "(plain sums)"),
+    ("the landmarks and γ,", "the landmarks and the kernel bandwidth γ,"),
+    ("one row of n_y per record", "one row of n_y values (one per landmark) per record"),
+    ("yes (noise: local)", "Gaussian noise added on each site"),
+    ("yes (noise: distributed)", "noise shared across sites, summed securely"),
+)
 
 
 def plain_release(text: str) -> str:
@@ -49,8 +67,11 @@ def plain_failure(text: str) -> str:
     """An audit-gate failure in words: ``membership AUC 0.625 > max_auc 0.600`` → ``…AUC 0.625 is above the limit 0.600``."""
     s = str(text)
     s = re.sub(r"membership AUC ([\d.]+) > max_auc ([\d.]+)", r"membership-attack AUC \1 is above the limit \2", s)
-    s = re.sub(r"empirical epsilon lower bound ([\d.]+) > max_empirical_epsilon ([\d.]+)",
-               r"the attack proves ε ≥ \1, above the limit \2", s)
+    s = re.sub(
+        r"empirical epsilon lower bound ([\d.]+) > max_empirical_epsilon ([\d.]+)",
+        r"the attack proves ε ≥ \1, above the limit \2",
+        s,
+    )
     return s.replace("epsilon", "ε")
 
 
@@ -174,32 +195,72 @@ def label(key: str) -> str:
 GLOSSARY = [
     ("Site", "A party (e.g. a hospital) that holds records and never pools them."),
     ("Coordinator", "Runs the rounds; honest-but-curious: follows the protocol but may study everything it receives."),
-    ("Landmarks", "Synthetic points FedDL fits so that their distribution matches all sites' records (MMD); the shared "
-                  "map is drawn through them."),
+    (
+        "Landmarks",
+        "Synthetic points FedDL fits so that their distribution matches all sites' records (MMD); the shared "
+        "map is drawn through them.",
+    ),
     ("MMD", "Maximum mean discrepancy: a kernel distance between two sets of points; FedDL minimises it per round."),
-    ("Embedding stage", "How records are placed on the map: the paper's rows mode sends one row of distances per record; "
-                        "the no-rows mode lets each site place its own records against the landmarks."),
-    ("Distance / kernel row", "For one record, its distances (or kernel values) to the landmarks; the rows mode sends one per record."),
-    ("Trilateration", "Recovering a point from its distances to known points; with more landmarks than features it is exact."),
+    (
+        "Embedding stage",
+        "How records are placed on the map: the paper's rows mode sends one row of distances per record; "
+        "the no-rows mode lets each site place its own records against the landmarks.",
+    ),
+    (
+        "Distance / kernel row",
+        "For one record, its distances (or kernel values) to the landmarks; the rows mode sends one per record.",
+    ),
+    (
+        "Trilateration",
+        "Recovering a point from its distances to known points; with more landmarks than features it is exact.",
+    ),
     ("SecAgg+", "Secure aggregation by pairwise masking: the coordinator learns only the sum of the sites' updates."),
-    ("CKKS", "Homomorphic encryption (TenSEAL): updates are summed encrypted; the coordinator never holds the secret key."),
-    ("(ε, δ)-differential privacy", "No single record changes the probability of any output by more than a factor e^ε, "
-                                    "except with probability δ."),
-    ("Joint differential privacy", "Each site places its own records using only the DP landmarks and its own data, so what "
-                                   "any site learns about another site's records is (ε, δ)-DP (billboard lemma, Hsu et al. 2014)."),
-    ("Accountant's ε", "The ε the privacy accountant guarantees for the landmark releases given the noise and their number."),
-    ("The paper's formula", f"The ε given by the formula in {PAPER}, §5.2, for the same noise; shown for comparison, it is "
-                            "not a bound and can be below the true ε."),
-    ("μ-GDP", "Gaussian differential privacy: telling a record in from out is no easier than telling N(0,1) from N(μ,1)."),
+    (
+        "CKKS",
+        "Homomorphic encryption (TenSEAL): updates are summed encrypted; the coordinator never holds the secret key.",
+    ),
+    (
+        "(ε, δ)-differential privacy",
+        "No single record changes the probability of any output by more than a factor e^ε, except with probability δ.",
+    ),
+    (
+        "Joint differential privacy",
+        "Each site places its own records using only the DP landmarks and its own data, so what "
+        "any site learns about another site's records is (ε, δ)-DP (billboard lemma, Hsu et al. 2014).",
+    ),
+    (
+        "Accountant's ε",
+        "The ε the privacy accountant guarantees for the landmark releases given the noise and their number.",
+    ),
+    (
+        "The paper's formula",
+        f"The ε given by the formula in {PAPER}, §5.2, for the same noise; shown for comparison, it is "
+        "not a bound and can be below the true ε.",
+    ),
+    (
+        "μ-GDP",
+        "Gaussian differential privacy: telling a record in from out is no easier than telling N(0,1) from N(μ,1).",
+    ),
     ("Membership inference", "An attack deciding whether a given record was used to fit the landmarks."),
-    ("Membership-attack AUC", "Area under the attack's ROC curve: 0.5 = coin toss, 1.0 = perfect membership inference."),
+    (
+        "Membership-attack AUC",
+        "Area under the attack's ROC curve: 0.5 = coin toss, 1.0 = perfect membership inference.",
+    ),
     ("TPR at FPR", "Share of members the attack finds while wrongly flagging at most the given share of non-members."),
-    ("Empirical ε", "A 95 % lower bound on the privacy loss proven by the attack (Clopper–Pearson); above the claimed ε "
-                    "means the claim is wrong."),
-    ("Relative reconstruction error", "‖x̂ − x‖ / ‖x‖ for the coordinator's best reconstruction x̂ of record x; ≤ 5 % "
-                                      "counts as recovered."),
-    ("Audit gate", "The membership check between the landmarks and the embedding stage; a fail stops the run unless "
-                   "--allow-audit-failure."),
+    (
+        "Empirical ε",
+        "A 95 % lower bound on the privacy loss proven by the attack (Clopper–Pearson); above the claimed ε "
+        "means the claim is wrong.",
+    ),
+    (
+        "Relative reconstruction error",
+        "‖x̂ − x‖ / ‖x‖ for the coordinator's best reconstruction x̂ of record x; ≤ 5 % counts as recovered.",
+    ),
+    (
+        "Audit gate",
+        "The membership check between the landmarks and the embedding stage; a fail stops the run unless "
+        "--allow-audit-failure.",
+    ),
     ("Points", "Differences of proportions in percentage points: 0.93 vs 0.98 is a gap of −5 points."),
 ]
 

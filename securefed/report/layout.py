@@ -68,16 +68,37 @@ def result_document(res, plan) -> dict:
     if "density" in emb:
         emb["density"] = dict({k: v for k, v in emb["density"].items() if k != "counts"}, file="density.npz")
     audit = None if res.audit is None else {k: v for k, v in res.audit.items() if k != "mia_result"}
-    return {"status": "completed", "run_id": res.run_id, "options": plan.as_dict(), "gamma": res.gamma, "lr": res.lr,
-            "rounds_done": res.rounds_done, "mmd_history": res.mmd_history, "sites": res.sites,
-            "site_sizes": res.site_sizes, "holdouts": res.holdouts, "n_features": res.n_features,
-            "survivors": [res.sites[i] for i in res.survivors], "released": res.released,
-            "inventory": res.inventory, "warnings": res.warnings,
-            "privacy": res.privacy, "audit": audit, "landmark_stage": res.landmark_info, "embedding": emb or None,
-            "steps": res.steps, "readmitted": res.readmitted, "site_errors": res.site_errors, "seconds": res.seconds,
-            "round_trips": res.round_trips, "round_trips_per_stage": res.round_trips_per_stage(),
-            "messages": res.messages, "aggregation": res.aggregation, "identity_fingerprints": res.identity_fingerprints,
-            **({"guarantee": res.guarantee} if getattr(res, "guarantee", None) else {})}
+    return {
+        "status": "completed",
+        "run_id": res.run_id,
+        "options": plan.as_dict(),
+        "gamma": res.gamma,
+        "lr": res.lr,
+        "rounds_done": res.rounds_done,
+        "mmd_history": res.mmd_history,
+        "sites": res.sites,
+        "site_sizes": res.site_sizes,
+        "holdouts": res.holdouts,
+        "n_features": res.n_features,
+        "survivors": [res.sites[i] for i in res.survivors],
+        "released": res.released,
+        "inventory": res.inventory,
+        "warnings": res.warnings,
+        "privacy": res.privacy,
+        "audit": audit,
+        "landmark_stage": res.landmark_info,
+        "embedding": emb or None,
+        "steps": res.steps,
+        "readmitted": res.readmitted,
+        "site_errors": res.site_errors,
+        "seconds": res.seconds,
+        "round_trips": res.round_trips,
+        "round_trips_per_stage": res.round_trips_per_stage(),
+        "messages": res.messages,
+        "aggregation": res.aggregation,
+        "identity_fingerprints": res.identity_fingerprints,
+        **({"guarantee": res.guarantee} if getattr(res, "guarantee", None) else {}),
+    }
 
 
 def write_run_result(out_dir: str, res, plan) -> dict:

@@ -17,16 +17,46 @@ from typing import Sequence, cast
 
 import numpy as np
 
-__all__ = ["Panel", "plot_run", "plot_density", "standard_panels", "privacy_line", "metrics_line", "draw_panels", "MAX_LEGEND_CLASSES",
-           "MAX_MARKER_SITES", "palette"]
+__all__ = [
+    "Panel",
+    "plot_run",
+    "plot_density",
+    "standard_panels",
+    "privacy_line",
+    "metrics_line",
+    "draw_panels",
+    "MAX_LEGEND_CLASSES",
+    "MAX_MARKER_SITES",
+    "palette",
+]
 
-MAX_LEGEND_CLASSES = 20   # more classes: a colour bar instead of a legend
-MAX_MARKER_SITES = 8      # more sites: a second panel coloured by site instead of marker shapes
+MAX_LEGEND_CLASSES = 20  # more classes: a colour bar instead of a legend
+MAX_MARKER_SITES = 8  # more sites: a second panel coloured by site instead of marker shapes
 #: Kelly's colours of maximum contrast (without white and black): the clusters' palette — never the classes'
 #: (tab10 / tab20), so a cluster's colour never looks like a class's colour on one figure
-KELLY = ("#F3C300", "#875692", "#F38400", "#A1CAF1", "#BE0032", "#C2B280", "#848482", "#008856", "#E68FAC", "#0067A5",
-         "#F99379", "#604E97", "#F6A600", "#B3446C", "#DCD300", "#882D17", "#8DB600", "#654522", "#E25822", "#2B3D26")
-TITLE_WIDTH = 58          # characters per title line of a panel (longer lines wrap instead of running into the next)
+KELLY = (
+    "#F3C300",
+    "#875692",
+    "#F38400",
+    "#A1CAF1",
+    "#BE0032",
+    "#C2B280",
+    "#848482",
+    "#008856",
+    "#E68FAC",
+    "#0067A5",
+    "#F99379",
+    "#604E97",
+    "#F6A600",
+    "#B3446C",
+    "#DCD300",
+    "#882D17",
+    "#8DB600",
+    "#654522",
+    "#E25822",
+    "#2B3D26",
+)
+TITLE_WIDTH = 58  # characters per title line of a panel (longer lines wrap instead of running into the next)
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _AGG = {"plain": "plain sums", "secagg": "SecAgg+", "ckks": "CKKS"}
 _METHOD = {"tsne": "Fed-tSNE", "umap": "Fed-UMAP", "spectral": "Fed-SpeClust"}
@@ -77,14 +107,22 @@ def privacy_line(mode: dict | None, privacy: dict | None = None) -> str:
             first = f"{'kernel ' if spectral or nys == 'kernel_rows' else ''}rows mode — records reconstructible"
     else:
         first = "what left the sites: see the report"
-    parts = [first, _AGG.get(str(mode.get("aggregation") or "").lower(), str(mode.get("aggregation") or "aggregation ?"))]
+    parts = [
+        first,
+        _AGG.get(str(mode.get("aggregation") or "").lower(), str(mode.get("aggregation") or "aggregation ?")),
+    ]
     eps = (privacy or {}).get("epsilon")
     if mode.get("dp") or eps is not None:
         if eps is not None:
             delta = (privacy or {}).get("delta")
-            void = (privacy or {}).get("epsilon_void") or "seeded" in str((privacy or {}).get("noise_source", "")).lower()
-            parts.append(f"ε={_fmt_eps(eps)}" + (f" (δ={delta:.0e})" if isinstance(delta, (int, float)) else "")
-                         + (" VOID: seeded test noise" if void else ""))
+            void = (privacy or {}).get("epsilon_void") or "seeded" in str(
+                (privacy or {}).get("noise_source", "")
+            ).lower()
+            parts.append(
+                f"ε={_fmt_eps(eps)}"
+                + (f" (δ={delta:.0e})" if isinstance(delta, (int, float)) else "")
+                + (" VOID: seeded test noise" if void else "")
+            )
         else:
             parts.append("differential privacy")
     else:
@@ -95,8 +133,11 @@ def privacy_line(mode: dict | None, privacy: dict | None = None) -> str:
 def metrics_line(method: str, metrics: dict | None) -> str | None:
     """``"CA-10NN 0.926 · trustworthiness 0.991"`` (maps) or ``"NMI 0.72 · ARI 0.61"`` (clusterings); None if none."""
     m = metrics or {}
-    keys = (("nmi", "NMI"), ("ari", "ARI")) if method == "spectral" else \
-        (("ca_10nn", "CA-10NN"), ("trustworthiness", "trustworthiness"), ("nmi", "NMI"))
+    keys = (
+        (("nmi", "NMI"), ("ari", "ARI"))
+        if method == "spectral"
+        else (("ca_10nn", "CA-10NN"), ("trustworthiness", "trustworthiness"), ("nmi", "NMI"))
+    )
     parts = [f"{label} {m[k]:.3f}" for k, label in keys if isinstance(m.get(k), (int, float)) and math.isfinite(m[k])]
     if method != "spectral" and len(parts) == 3:
         parts = parts[:2]
@@ -113,13 +154,30 @@ def _where(partition: str | None, n_sites: int | None) -> str:
     """Where the records come from, for the federated panel's title: the partition (``"label partition"``, or
     ``partition`` as given when it names no split) and the number of sites, as far as they are known."""
     split = partition in ("iid", "label") or str(partition).startswith("dirichlet")  # a data set split into sites
-    return ", ".join(p for p in (f"{partition} partition" if split else (str(partition) if partition else None),
-                                 f"{n_sites} sites" if n_sites else None) if p)
+    return ", ".join(
+        p
+        for p in (
+            f"{partition} partition" if split else (str(partition) if partition else None),
+            f"{n_sites} sites" if n_sites else None,
+        )
+        if p
+    )
 
 
-def standard_panels(method: str, federated, *, y=None, site_sizes=None, centralized=None, X=None,
-                    mode: dict | None = None, privacy: dict | None = None, fed_metrics: dict | None = None,
-                    cen_metrics: dict | None = None, partition: str | None = None) -> list[Panel]:
+def standard_panels(
+    method: str,
+    federated,
+    *,
+    y=None,
+    site_sizes=None,
+    centralized=None,
+    X=None,
+    mode: dict | None = None,
+    privacy: dict | None = None,
+    fed_metrics: dict | None = None,
+    cen_metrics: dict | None = None,
+    partition: str | None = None,
+) -> list[Panel]:
     """The panels of a run's ``embedding.png``.
 
     method : "tsne" | "umap" | "spectral" (or a related system's name: drawn like a map)
@@ -140,20 +198,65 @@ def standard_panels(method: str, federated, *, y=None, site_sizes=None, centrali
         from sklearn.decomposition import PCA
 
         P2 = PCA(2, random_state=0).fit_transform(np.asarray(X, dtype=np.float64))
-        panels = [Panel(f"{name} clusters (PCA view{', ' + where if where else ''})", P2, federated, "cluster", sites,
-                        metrics_line(method, fed_metrics), fed_privacy)]
+        panels = [
+            Panel(
+                f"{name} clusters (PCA view{', ' + where if where else ''})",
+                P2,
+                federated,
+                "cluster",
+                sites,
+                metrics_line(method, fed_metrics),
+                fed_privacy,
+            )
+        ]
         if centralized is not None:
-            panels.append(Panel("centralized spectral clusters on pooled data (PCA view)", P2, np.asarray(centralized),
-                                "cluster", None, metrics_line(method, cen_metrics), pooled))
+            panels.append(
+                Panel(
+                    "centralized spectral clusters on pooled data (PCA view)",
+                    P2,
+                    np.asarray(centralized),
+                    "cluster",
+                    None,
+                    metrics_line(method, cen_metrics),
+                    pooled,
+                )
+            )
         if y is not None:
-            panels.append(Panel("true labels (PCA view)", P2, np.asarray(y), "class", None, None,
-                                "PCA of the pooled records — exists only in this simulation"))
+            panels.append(
+                Panel(
+                    "true labels (PCA view)",
+                    P2,
+                    np.asarray(y),
+                    "class",
+                    None,
+                    None,
+                    "PCA of the pooled records — exists only in this simulation",
+                )
+            )
         return panels
-    panels = [Panel(f"{name}{' (' + where + ')' if where else ''}", federated, None if y is None else np.asarray(y),
-                    "class", sites, metrics_line(method, fed_metrics), fed_privacy)]
+    panels = [
+        Panel(
+            f"{name}{' (' + where + ')' if where else ''}",
+            federated,
+            None if y is None else np.asarray(y),
+            "class",
+            sites,
+            metrics_line(method, fed_metrics),
+            fed_privacy,
+        )
+    ]
     if centralized is not None:
-        panels.append(Panel(f"centralized {_CENTRAL.get(method, method)} on pooled data", np.asarray(centralized),
-                            None if y is None else np.asarray(y), "class", None, metrics_line(method, cen_metrics), pooled))
+        panels.append(
+            Panel(
+                f"centralized {_CENTRAL.get(method, method)} on pooled data",
+                np.asarray(centralized),
+                None if y is None else np.asarray(y),
+                "class",
+                None,
+                metrics_line(method, cen_metrics),
+                pooled,
+            )
+        )
     return panels
 
 
@@ -194,7 +297,11 @@ def _colours(codes: np.ndarray, kind: str, class_names, plt):
             if kind == "cluster":
                 return f"cluster {u}"
             if kind == "site":
-                return str(class_names[int(u)]) if class_names is not None and 0 <= int(u) < len(class_names) else f"site {u}"
+                return (
+                    str(class_names[int(u)])
+                    if class_names is not None and 0 <= int(u) < len(class_names)
+                    else f"site {u}"
+                )
             if class_names is not None and isinstance(u, (int, np.integer)) and 0 <= int(u) < len(class_names):
                 return str(class_names[int(u)])
             return str(u)
@@ -220,8 +327,18 @@ def draw_panels(panels: Sequence[Panel], *, class_names=None, site_names=None, p
     # many sites: a panel coloured by site after the first one that has sites, instead of marker shapes
     for i, p in enumerate(panels):
         if p.sites is not None and len(np.unique(p.sites)) > MAX_MARKER_SITES and p.colour is not None:
-            panels.insert(i + 1, Panel(f"the same map, coloured by site ({len(np.unique(p.sites))} sites)", p.coords,
-                                       p.sites, "site", None, None, p.privacy))
+            panels.insert(
+                i + 1,
+                Panel(
+                    f"the same map, coloured by site ({len(np.unique(p.sites))} sites)",
+                    p.coords,
+                    p.sites,
+                    "site",
+                    None,
+                    None,
+                    p.privacy,
+                ),
+            )
             break
     fig, axes = plt.subplots(1, len(panels), figsize=(panel_size * len(panels), panel_size + 0.9), squeeze=False)
     legends: list = []
@@ -246,17 +363,33 @@ def draw_panels(panels: Sequence[Panel], *, class_names=None, site_names=None, p
         else:
             ax.scatter(E[:, 0], E[:, 1], c=rgba, s=size, linewidths=0)
         if sm is not None:
-            fig.colorbar(sm, ax=ax, fraction=0.046, pad=0.02,
-                         label={"class": "class", "cluster": "cluster", "site": "site"}[p.colour_kind])
+            fig.colorbar(
+                sm,
+                ax=ax,
+                fraction=0.046,
+                pad=0.02,
+                label={"class": "class", "cluster": "cluster", "site": "site"}[p.colour_kind],
+            )
         if handles:
             key = (p.colour_kind, tuple(h.get_label() for h in handles))
             if key not in [k for k, _ in legends]:
                 title = {"class": "class", "cluster": "cluster", "site": "site"}[p.colour_kind]
                 legends.append((key, (handles, title)))
         if few_sites:
-            sh = [Line2D([], [], ls="", marker=_MARKERS[int(s) % len(_MARKERS)], ms=7, color="0.35",
-                         label=str(site_names[int(s)]) if site_names is not None and int(s) < len(site_names) else f"site {int(s)}")
-                  for s in np.unique(p.sites)]
+            sh = [
+                Line2D(
+                    [],
+                    [],
+                    ls="",
+                    marker=_MARKERS[int(s) % len(_MARKERS)],
+                    ms=7,
+                    color="0.35",
+                    label=str(site_names[int(s)])
+                    if site_names is not None and int(s) < len(site_names)
+                    else f"site {int(s)}",
+                )
+                for s in np.unique(p.sites)
+            ]
             key = ("marker", tuple(h.get_label() for h in sh))
             if key not in [k for k, _ in legends]:
                 legends.append((key, (sh, "site (marker)")))
@@ -267,15 +400,29 @@ def draw_panels(panels: Sequence[Panel], *, class_names=None, site_names=None, p
     fig.tight_layout(w_pad=2.5)
     y = 0.98
     for _, (handles, title) in legends:
-        leg = fig.legend(handles=handles, title=title, loc="upper left", bbox_to_anchor=(1.0, y), fontsize=8,
-                         title_fontsize=9, frameon=False, ncol=1 if len(handles) <= 12 else 2)
+        leg = fig.legend(
+            handles=handles,
+            title=title,
+            loc="upper left",
+            bbox_to_anchor=(1.0, y),
+            fontsize=8,
+            title_fontsize=9,
+            frameon=False,
+            ncol=1 if len(handles) <= 12 else 2,
+        )
         fig.add_artist(leg)
         y -= 0.05 + 0.032 * math.ceil(len(handles) / (1 if len(handles) <= 12 else 2))
     return fig
 
 
-def plot_run(path, panels: Sequence[Panel | tuple], *, class_names: Sequence[str] | None = None,
-             site_names: Sequence[str] | None = None, dpi: int = 110) -> str:
+def plot_run(
+    path,
+    panels: Sequence[Panel | tuple],
+    *,
+    class_names: Sequence[str] | None = None,
+    site_names: Sequence[str] | None = None,
+    dpi: int = 110,
+) -> str:
     """Draw ``panels`` side by side into ``path`` (PNG); returns the path.
 
     panels : :class:`Panel` objects (:func:`standard_panels` builds a run's), or ``(title, coords, colour)`` tuples
@@ -284,8 +431,9 @@ def plot_run(path, panels: Sequence[Panel | tuple], *, class_names: Sequence[str
     """
     import matplotlib.pyplot as plt
 
-    panels = [p if isinstance(p, Panel) else Panel(p[0], p[1], None if p[2] is None else np.asarray(p[2]))
-              for p in panels]
+    panels = [
+        p if isinstance(p, Panel) else Panel(p[0], p[1], None if p[2] is None else np.asarray(p[2])) for p in panels
+    ]
     fig = draw_panels(cast(list[Panel], panels), class_names=class_names, site_names=site_names)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -312,9 +460,13 @@ def plot_density(path, density: dict, landmark_embedding=None, *, epsilon=None, 
         ax.scatter(E[:, 0], E[:, 1], s=6, c="white", edgecolors="black", linewidths=0.3, label="landmarks")
         ax.legend(loc="upper right", fontsize=8, frameon=True)
     eps = f"ε = {_fmt_eps(epsilon)}" if epsilon is not None else "ε"
-    ax.set_title(f"Every record on the shared map: a DP density ({eps} covers it)\n{density['grid']} × "
-                 f"{density['grid']} cells, noise σ = {density['sigma_per_cell']:.3g} per cell; no coordinate left "
-                 "its site", fontsize=10, loc="left")
+    ax.set_title(
+        f"Every record on the shared map: a DP density ({eps} covers it)\n{density['grid']} × "
+        f"{density['grid']} cells, noise σ = {density['sigma_per_cell']:.3g} per cell; no coordinate left "
+        "its site",
+        fontsize=10,
+        loc="left",
+    )
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()

@@ -28,9 +28,26 @@ from .secagg_server import SecAggServer
 from .secagg_proof import SumProofError, verify_sum
 from .simulator import simulate
 
-__all__ = ["SecAggAggregator", "CKKSAggregator", "simulate", "choose_parameters", "harary_graph", "TAMPER_KINDS",
-           "STAGES", "DEFAULT_TIMEOUTS", "RoundSpec", "SetupSpec", "InputSpec", "SecAggClient", "SecAggServer", "CKKSClient", "CKKSServer",
-           "CKKSRoundSpec", "SumProofError", "verify_sum"]
+__all__ = [
+    "SecAggAggregator",
+    "CKKSAggregator",
+    "simulate",
+    "choose_parameters",
+    "harary_graph",
+    "TAMPER_KINDS",
+    "STAGES",
+    "DEFAULT_TIMEOUTS",
+    "RoundSpec",
+    "SetupSpec",
+    "InputSpec",
+    "SecAggClient",
+    "SecAggServer",
+    "CKKSClient",
+    "CKKSServer",
+    "CKKSRoundSpec",
+    "SumProofError",
+    "verify_sum",
+]
 
 _CKKS = {"CKKSAggregator", "CKKSClient", "CKKSServer", "CKKSRoundSpec"}
 

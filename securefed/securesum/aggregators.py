@@ -84,15 +84,35 @@ class SecAggAggregator:
 
     name = "secagg"
 
-    def __init__(self, clip_range=None, *, modulus_bits: int = 32, fractional_bits: int | None = None,
-                 degree: int | None = None, threshold: int | None = None, dropout_rate: float = 0.1,
-                 corrupt_fraction: float = 0.1, security_bits: float = 40.0, correctness_bits: float = 10.0,
-                 server_model: str = "malicious", timeouts: dict | None = None, dropout=None,
-                 drop_stage: str | None = None, random_state=None, colluders: int | None = None,
-                 quorum: int | None = None):
+    def __init__(
+        self,
+        clip_range=None,
+        *,
+        modulus_bits: int = 32,
+        fractional_bits: int | None = None,
+        degree: int | None = None,
+        threshold: int | None = None,
+        dropout_rate: float = 0.1,
+        corrupt_fraction: float = 0.1,
+        security_bits: float = 40.0,
+        correctness_bits: float = 10.0,
+        server_model: str = "malicious",
+        timeouts: dict | None = None,
+        dropout=None,
+        drop_stage: str | None = None,
+        random_state=None,
+        colluders: int | None = None,
+        quorum: int | None = None,
+    ):
         if clip_range is None:
-            raise ConfigError(bad_value("clip_range", None, "SecAgg needs a public bound on |update| coordinates, "
-                                        "e.g. clip_range=1.0 for data scaled to [0, 1]; a data-derived default would leak"))
+            raise ConfigError(
+                bad_value(
+                    "clip_range",
+                    None,
+                    "SecAgg needs a public bound on |update| coordinates, "
+                    "e.g. clip_range=1.0 for data scaled to [0, 1]; a data-derived default would leak",
+                )
+            )
         if not np.isfinite(clip_range) or clip_range <= 0:
             raise ConfigError(bad_value("clip_range", clip_range, "use a positive finite number"))
         if drop_stage is not None and drop_stage not in STAGES:
@@ -107,9 +127,15 @@ class SecAggAggregator:
         self.modulus_bits = modulus_bits
         self.fractional_bits = fractional_bits
         self.degree, self.threshold = degree, threshold
-        self.threat_model: dict[str, Any] = dict(dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
-                                 security_bits=security_bits, correctness_bits=correctness_bits,
-                                 server_model=server_model, colluders=colluders, quorum=quorum)
+        self.threat_model: dict[str, Any] = dict(
+            dropout_rate=dropout_rate,
+            corrupt_fraction=corrupt_fraction,
+            security_bits=security_bits,
+            correctness_bits=correctness_bits,
+            server_model=server_model,
+            colluders=colluders,
+            quorum=quorum,
+        )
         self.timeouts = tmo
         self.dropout, self.drop_stage = dropout, drop_stage
         self.random_state = random_state
@@ -122,9 +148,18 @@ class SecAggAggregator:
     def with_options(self, **changes) -> "SecAggAggregator":
         """A copy with some options changed (e.g. another ``clip_range`` for a differently scaled
         release) that keeps this aggregator's session id, round counter and identity keys."""
-        opts = dict(clip_range=self.clip_range, modulus_bits=self.modulus_bits, fractional_bits=self.fractional_bits,
-                    degree=self.degree, threshold=self.threshold, timeouts=self.timeouts, dropout=self.dropout,
-                    drop_stage=self.drop_stage, random_state=self._rng, **self.threat_model)
+        opts = dict(
+            clip_range=self.clip_range,
+            modulus_bits=self.modulus_bits,
+            fractional_bits=self.fractional_bits,
+            degree=self.degree,
+            threshold=self.threshold,
+            timeouts=self.timeouts,
+            dropout=self.dropout,
+            drop_stage=self.drop_stage,
+            random_state=self._rng,
+            **self.threat_model,
+        )
         opts.update(changes)
         other = SecAggAggregator(**opts)
         other.session_id, other._identity, other._counter = self.session_id, self._identity, self._counter
@@ -133,8 +168,9 @@ class SecAggAggregator:
     def graph_parameters(self, n_clients: int):
         """The (degree, threshold, quorum) used for ``n_clients`` (cached)."""
         if n_clients not in self._params:
-            self._params[n_clients] = choose_parameters(n_clients, degree=self.degree, threshold=self.threshold,
-                                                        **self.threat_model)
+            self._params[n_clients] = choose_parameters(
+                n_clients, degree=self.degree, threshold=self.threshold, **self.threat_model
+            )
         return self._params[n_clients]
 
     def _identities(self, n: int):
@@ -146,10 +182,22 @@ class SecAggAggregator:
     def round_spec(self, n_clients: int, length: int, weights) -> RoundSpec:
         """The public parameters of the next round (checks overflow against the active clients)."""
         gp = self.graph_parameters(n_clients)
-        fp = plan_fixed_point(self.clip_range, weights, modulus_bits=self.modulus_bits,
-                              fractional_bits=self.fractional_bits)
-        return RoundSpec(self.session_id, self._counter[0], n_clients, gp.degree, gp.threshold, self.session_id, length, fp,
-                         self._identities(n_clients)[1], tuple(self.timeouts.items()), gp.quorum)
+        fp = plan_fixed_point(
+            self.clip_range, weights, modulus_bits=self.modulus_bits, fractional_bits=self.fractional_bits
+        )
+        return RoundSpec(
+            self.session_id,
+            self._counter[0],
+            n_clients,
+            gp.degree,
+            gp.threshold,
+            self.session_id,
+            length,
+            fp,
+            self._identities(n_clients)[1],
+            tuple(self.timeouts.items()),
+            gp.quorum,
+        )
 
     def aggregate(self, updates, weights=None, *, round_index: int = 0) -> AggregateResult:
         """One SecAgg+ round: the weighted sum over the surviving clients (see AggregateResult)."""
@@ -172,12 +220,27 @@ class SecAggAggregator:
         up = [out.bytes_up[i] for i in surv]
         seconds = time.perf_counter() - t0
         return AggregateResult(
-            total=total, survivors=tuple(int(i) for i in surv), weight_sum=float(w[list(surv)].sum()),
-            protocol="secagg", clipped=clipped, bytes_up=int(np.mean(up)) if up else 0,
-            bytes_down=int(sum(out.bytes_up.values())), seconds=seconds,
-            details=dict(round_index=round_index, protocol_round=spec.round_index, degree=spec.degree,
-                         threshold=spec.threshold, graph=self.graph_parameters(n).as_dict(), fixed_point=fp.as_dict(),
-                         quorum=spec.signatures_needed, dropped_at={k: list(v) for k, v in out.dropped_at.items()},
-                         scheduled_dropouts=sched, timings=out.timings,
-                         bytes_to_clients=int(sum(out.bytes_down.values())), rejected=out.rejected,
-                         client_errors=out.client_errors))
+            total=total,
+            survivors=tuple(int(i) for i in surv),
+            weight_sum=float(w[list(surv)].sum()),
+            protocol="secagg",
+            clipped=clipped,
+            bytes_up=int(np.mean(up)) if up else 0,
+            bytes_down=int(sum(out.bytes_up.values())),
+            seconds=seconds,
+            details=dict(
+                round_index=round_index,
+                protocol_round=spec.round_index,
+                degree=spec.degree,
+                threshold=spec.threshold,
+                graph=self.graph_parameters(n).as_dict(),
+                fixed_point=fp.as_dict(),
+                quorum=spec.signatures_needed,
+                dropped_at={k: list(v) for k, v in out.dropped_at.items()},
+                scheduled_dropouts=sched,
+                timings=out.timings,
+                bytes_to_clients=int(sum(out.bytes_down.values())),
+                rejected=out.rejected,
+                client_errors=out.client_errors,
+            ),
+        )

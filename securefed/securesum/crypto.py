@@ -179,7 +179,9 @@ def expand_mask(seed: bytes, *, session_id: bytes, info: bytes, count: int, dtyp
     return keystream_words(key, count, dtype).copy()
 
 
-def add_mask_inplace(acc: np.ndarray, seed: bytes, *, session_id: bytes, info: bytes, sign: int, buf: bytearray) -> None:
+def add_mask_inplace(
+    acc: np.ndarray, seed: bytes, *, session_id: bytes, info: bytes, sign: int, buf: bytearray
+) -> None:
     """``acc += sign · PRG(seed)`` in the ring of ``acc.dtype`` (wrapping is the modular arithmetic).
 
     Uses the caller's reusable ``buf`` for the keystream so expansion runs at cipher speed.

@@ -49,9 +49,19 @@ from scipy import stats
 
 from ..errors import ConfigError, bad_value
 
-__all__ = ["GraphParams", "harary_graph", "choose_parameters", "share_leak_probability",
-           "disconnect_probability", "dropout_failure_probability", "cut_probability", "default_colluders",
-           "default_quorum", "check_parameters", "COMPLETE_UP_TO"]
+__all__ = [
+    "GraphParams",
+    "harary_graph",
+    "choose_parameters",
+    "share_leak_probability",
+    "disconnect_probability",
+    "dropout_failure_probability",
+    "cut_probability",
+    "default_colluders",
+    "default_quorum",
+    "check_parameters",
+    "COMPLETE_UP_TO",
+]
 
 #: Up to this many clients the default graph (and the sites' degree floor) is the complete graph.
 COMPLETE_UP_TO = 128
@@ -82,10 +92,19 @@ class GraphParams:
         def fin(v):  # JSON has no -inf: None means "probability exactly 0"
             return None if v == -math.inf else round(v, 3)
 
-        return dict(n=self.n, degree=self.degree, threshold=self.threshold, quorum=self.quorum,
-                    colluders=self.colluders, server_model=self.server_model, log2_leak=fin(self.log2_leak),
-                    log2_disconnect=fin(self.log2_disconnect), log2_dropout_failure=fin(self.log2_dropout_failure),
-                    dropouts_tolerated=self.dropouts_tolerated, source=self.source)
+        return dict(
+            n=self.n,
+            degree=self.degree,
+            threshold=self.threshold,
+            quorum=self.quorum,
+            colluders=self.colluders,
+            server_model=self.server_model,
+            log2_leak=fin(self.log2_leak),
+            log2_disconnect=fin(self.log2_disconnect),
+            log2_dropout_failure=fin(self.log2_dropout_failure),
+            dropouts_tolerated=self.dropouts_tolerated,
+            source=self.source,
+        )
 
 
 def _log2(p: float) -> float:
@@ -102,8 +121,9 @@ def default_quorum(n: int, colluders: int) -> int:
     return (n + colluders) // 2 + 1
 
 
-def share_leak_probability(n: int, k: int, t: int, corrupt_fraction: float, server_model: str = "semi-honest",
-                           colluders: int | None = None) -> float:
+def share_leak_probability(
+    n: int, k: int, t: int, corrupt_fraction: float, server_model: str = "semi-honest", colluders: int | None = None
+) -> float:
     """Bell et al. 2020, Lemma 3.5 (privacy): ``n · P[Hyp(n−1, c, k) ≥ need]`` (capped at 1).
 
     ``need = t`` for an honest-but-curious server, ``2t − k`` for a malicious one; c is ``colluders`` or
@@ -142,8 +162,17 @@ def cut_probability(n: int, k: int, t: int, colluders: int) -> float:
     return min(1.0, n * p)
 
 
-def check_parameters(n: int, k: int, t: int, q: int, colluders: int, *, security_bits: float = 40.0,
-                     complete_up_to: int = COMPLETE_UP_TO, min_threshold: int = 2) -> list[str]:
+def check_parameters(
+    n: int,
+    k: int,
+    t: int,
+    q: int,
+    colluders: int,
+    *,
+    security_bits: float = 40.0,
+    complete_up_to: int = COMPLETE_UP_TO,
+    min_threshold: int = 2,
+) -> list[str]:
     """What is unsafe about (n, k, t, q) against a malicious server with ``colluders`` colluding sites.
 
     Returns a list of violations (empty: safe), each naming the rule and its fix: t ≥ ``min_threshold``;
@@ -155,25 +184,35 @@ def check_parameters(n: int, k: int, t: int, q: int, colluders: int, *, security
     if t < min_threshold:
         out.append(f"threshold t = {t} is below the floor {min_threshold} (secagg-min-threshold)")
     if n <= complete_up_to and k != n - 1:
-        out.append(f"degree k = {k} for n = {n} sites: up to secagg-complete-up-to = {complete_up_to} sites the "
-                   f"graph must be complete (k = {n - 1})")
-    sec = 2.0 ** -security_bits
+        out.append(
+            f"degree k = {k} for n = {n} sites: up to secagg-complete-up-to = {complete_up_to} sites the "
+            f"graph must be complete (k = {n - 1})"
+        )
+    sec = 2.0**-security_bits
     if k >= n - 1:
         if not 2 * t > k + min(c, k):
-            out.append(f"threshold t = {t} with k = {k} neighbours and c = {c} colluders: 2t > k + c fails, so an "
-                       f"equivocating server could collect both shares of a site (use t >= {(k + min(c, k)) // 2 + 1})")
+            out.append(
+                f"threshold t = {t} with k = {k} neighbours and c = {c} colluders: 2t > k + c fails, so an "
+                f"equivocating server could collect both shares of a site (use t >= {(k + min(c, k)) // 2 + 1})"
+            )
     else:
         leak = share_leak_probability(n, k, t, 0.0, "malicious", colluders=c)
         if leak > sec:
-            out.append(f"threshold t = {t} with k = {k}: probability 2^{_log2(leak):.1f} that some site has "
-                       f">= 2t - k colluding neighbours (need <= 2^-{security_bits:g}); raise t or the degree")
+            out.append(
+                f"threshold t = {t} with k = {k}: probability 2^{_log2(leak):.1f} that some site has "
+                f">= 2t - k colluding neighbours (need <= 2^-{security_bits:g}); raise t or the degree"
+            )
         cut = cut_probability(n, k, t, c)
         if cut > sec:
-            out.append(f"degree k = {k}, t = {t}: probability 2^{_log2(cut):.1f} of a cut next to an honest "
-                       f"survivor (partial sums; need <= 2^-{security_bits:g}); raise the degree")
+            out.append(
+                f"degree k = {k}, t = {t}: probability 2^{_log2(cut):.1f} of a cut next to an honest "
+                f"survivor (partial sums; need <= 2^-{security_bits:g}); raise the degree"
+            )
     if not 2 * q > n + c:
-        out.append(f"quorum q = {q} of n = {n} sites with c = {c} colluders: 2q > n + c fails, so two survivor "
-                   f"sets could both be confirmed (use q >= {default_quorum(n, c)})")
+        out.append(
+            f"quorum q = {q} of n = {n} sites with c = {c} colluders: 2q > n + c fails, so two survivor "
+            f"sets could both be confirmed (use q >= {default_quorum(n, c)})"
+        )
     if q > n:
         out.append(f"quorum q = {q} exceeds the {n} sites")
     return out
@@ -185,8 +224,15 @@ def dropout_failure_probability(n: int, k: int, t: int, dropout_rate: float) -> 
     return min(1.0, n * p)
 
 
-def _checked_choice(n: int, degree: int | None, dropout_rate: float, corrupt_fraction: float, server_model: str,
-                    colluders: int | None, quorum: int | None) -> tuple[int, int]:
+def _checked_choice(
+    n: int,
+    degree: int | None,
+    dropout_rate: float,
+    corrupt_fraction: float,
+    server_model: str,
+    colluders: int | None,
+    quorum: int | None,
+) -> tuple[int, int]:
     """The arguments of :func:`choose_parameters`, checked; returns the colluders bound c and the quorum q (their
     defaults when not given)."""
     if server_model not in ("semi-honest", "malicious"):
@@ -199,8 +245,9 @@ def _checked_choice(n: int, degree: int | None, dropout_rate: float, corrupt_fra
     if degree is not None and not 1 <= degree <= n - 1:
         raise ConfigError(bad_value("degree", degree, f"use 1 <= degree <= clients-1 = {n - 1}"))
     if degree is not None and degree % 2 == 1 and n % 2 == 1 and degree != n - 1:
-        raise ConfigError(bad_value("degree", degree, "an odd degree needs an even number of clients; use an even "
-                                    "degree"))
+        raise ConfigError(
+            bad_value("degree", degree, "an odd degree needs an even number of clients; use an even degree")
+        )
     c = default_colluders(n, corrupt_fraction) if colluders is None else int(colluders)
     if not 0 <= c < n:
         raise ConfigError(bad_value("colluders", colluders, f"use 0 <= colluders < clients = {n}"))
@@ -210,11 +257,21 @@ def _checked_choice(n: int, degree: int | None, dropout_rate: float, corrupt_fra
     return c, q
 
 
-def _search_threat_model(n: int, degree: int | None, params, *, dropout_rate: float, corrupt_fraction: float,
-                         security_bits: float, correctness_bits: float, server_model: str, c: int) -> GraphParams:
+def _search_threat_model(
+    n: int,
+    degree: int | None,
+    params,
+    *,
+    dropout_rate: float,
+    corrupt_fraction: float,
+    security_bits: float,
+    correctness_bits: float,
+    server_model: str,
+    c: int,
+) -> GraphParams:
     """The smallest degree k (``degree`` only, when given) with a threshold t meeting the bounds, and the largest
     such t (``params(k, t, source)`` builds the result); raises :class:`ConfigError` when none does."""
-    sec, cor = 2.0 ** -security_bits, 2.0 ** -correctness_bits
+    sec, cor = 2.0**-security_bits, 2.0**-correctness_bits
     candidates = [degree] if degree is not None else [k for k in range(2, n) if k % 2 == 0 or n % 2 == 0] + [n - 1]
     seen = set()
     failures = []
@@ -237,20 +294,39 @@ def _search_threat_model(n: int, degree: int | None, params, *, dropout_rate: fl
             best = params(k, t, "threat-model")
         if best is not None:
             return best
-        failures.append(f"k={k}: no t has share leak <= 2^-{security_bits:g} and dropout failure <= "
-                        f"2^-{correctness_bits:g}")
-    raise ConfigError(bad_value(
-        "threat model", dict(clients=n, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
-                             security_bits=security_bits, correctness_bits=correctness_bits),
-        "no degree/threshold meets these bounds (" + "; ".join(failures[-3:]) + "); lower the dropout rate or the "
-        "corrupt fraction, relax security_bits/correctness_bits, or give degree and threshold explicitly"))
+        failures.append(
+            f"k={k}: no t has share leak <= 2^-{security_bits:g} and dropout failure <= 2^-{correctness_bits:g}"
+        )
+    raise ConfigError(
+        bad_value(
+            "threat model",
+            dict(
+                clients=n,
+                dropout_rate=dropout_rate,
+                corrupt_fraction=corrupt_fraction,
+                security_bits=security_bits,
+                correctness_bits=correctness_bits,
+            ),
+            "no degree/threshold meets these bounds (" + "; ".join(failures[-3:]) + "); lower the dropout rate or the "
+            "corrupt fraction, relax security_bits/correctness_bits, or give degree and threshold explicitly",
+        )
+    )
 
 
-def choose_parameters(n: int, *, degree: int | None = None, threshold: int | None = None,
-                      dropout_rate: float = 0.1, corrupt_fraction: float = 0.1,
-                      security_bits: float = 40.0, correctness_bits: float = 10.0,
-                      server_model: str = "malicious", colluders: int | None = None, quorum: int | None = None,
-                      complete_up_to: int = COMPLETE_UP_TO) -> GraphParams:
+def choose_parameters(
+    n: int,
+    *,
+    degree: int | None = None,
+    threshold: int | None = None,
+    dropout_rate: float = 0.1,
+    corrupt_fraction: float = 0.1,
+    security_bits: float = 40.0,
+    correctness_bits: float = 10.0,
+    server_model: str = "malicious",
+    colluders: int | None = None,
+    quorum: int | None = None,
+    complete_up_to: int = COMPLETE_UP_TO,
+) -> GraphParams:
     """Pick (k, t, q) for ``n`` clients from the threat model, or check explicitly given ones.
 
     Parameters
@@ -280,9 +356,18 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
     c, q = _checked_choice(n, degree, dropout_rate, corrupt_fraction, server_model, colluders, quorum)
 
     def params(k, t, source):
-        return GraphParams(n, k, t, _log2(share_leak_probability(n, k, t, corrupt_fraction, server_model, c)),
-                           _log2(disconnect_probability(n, k, corrupt_fraction, dropout_rate)),
-                           _log2(dropout_failure_probability(n, k, t, dropout_rate)), source, q, c, server_model)
+        return GraphParams(
+            n,
+            k,
+            t,
+            _log2(share_leak_probability(n, k, t, corrupt_fraction, server_model, c)),
+            _log2(disconnect_probability(n, k, corrupt_fraction, dropout_rate)),
+            _log2(dropout_failure_probability(n, k, t, dropout_rate)),
+            source,
+            q,
+            c,
+            server_model,
+        )
 
     if threshold is not None and degree is None:
         degree = n - 1
@@ -293,14 +378,27 @@ def choose_parameters(n: int, *, degree: int | None = None, threshold: int | Non
     if server_model == "malicious" and n <= complete_up_to and degree in (None, n - 1):
         t = (n - 1 + c) // 2 + 1
         if t > n - 1 or t < 2 or q > n:
-            raise ConfigError(bad_value(
-                "clients", n, f"with c = {c} colluding site(s) no safe SecAgg parameters exist for {n} sites (need "
-                f"2t > n - 1 + c with 2 <= t <= n - 1 and a quorum 2q > n + c with q <= n); use more sites or a "
-                "smaller colluders bound"))
+            raise ConfigError(
+                bad_value(
+                    "clients",
+                    n,
+                    f"with c = {c} colluding site(s) no safe SecAgg parameters exist for {n} sites (need "
+                    f"2t > n - 1 + c with 2 <= t <= n - 1 and a quorum 2q > n + c with q <= n); use more sites or a "
+                    "smaller colluders bound",
+                )
+            )
         return params(n - 1, t, "malicious-complete")
-    return _search_threat_model(n, degree, params, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction,
-                                security_bits=security_bits, correctness_bits=correctness_bits,
-                                server_model=server_model, c=c)
+    return _search_threat_model(
+        n,
+        degree,
+        params,
+        dropout_rate=dropout_rate,
+        corrupt_fraction=corrupt_fraction,
+        security_bits=security_bits,
+        correctness_bits=correctness_bits,
+        server_model=server_model,
+        c=c,
+    )
 
 
 def harary_graph(n: int, k: int, seed: bytes) -> list[frozenset]:

@@ -91,8 +91,14 @@ class StageServer:
             return []
         try:
             handlers = self.TRANSITIONS[self.stage]
-            msg = decode_expected(data, self.spec, tuple(handlers), f"{self.NAME} in stage {self.stage!r}",
-                                  "stale, replayed or reordered; discarded", UnexpectedMessageError)
+            msg = decode_expected(
+                data,
+                self.spec,
+                tuple(handlers),
+                f"{self.NAME} in stage {self.stage!r}",
+                "stale, replayed or reordered; discarded",
+                UnexpectedMessageError,
+            )
             if not 0 <= msg.sender < self.spec.n_clients:
                 raise ProtocolError(f"{self.NAME}: message from unknown client {msg.sender}; discarded")
             getattr(self, handlers[type(msg)])(msg)
@@ -139,7 +145,8 @@ class StageServer:
         from ..errors import ProtocolTimeoutError
 
         err = (ProtocolTimeoutError if timed_out else ProtocolAbortedError)(
-            f"{self.ROUND_NAME} {self.spec.round_index} aborted, {what}: {reason}")
+            f"{self.ROUND_NAME} {self.spec.round_index} aborted, {what}: {reason}"
+        )
         self._abort_on(err)
         raise err
 
@@ -194,8 +201,9 @@ class StageClient:
         from .secagg import advert_payload
 
         spec = self.spec
-        sig = crypto.sign(self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest,
-                                                         c_pk, s_pk, commit))
+        sig = crypto.sign(
+            self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest, c_pk, s_pk, commit)
+        )
         self.state = "advertised"
         return [encode(AdvertiseKeys(spec.session_id, spec.round_index, self.id, c_pk, s_pk, commit, sig))]
 
@@ -205,11 +213,15 @@ class StageClient:
         if any(not 0 <= u < self.spec.n_clients for u in surv):
             raise ProtocolError(f"client {self.id}: survivor list names unknown clients")
         if self.id not in surv:
-            raise ProtocolAbortedError(f"client {self.id} is declared dropped; it confirms no survivor set and "
-                                       "takes no part in the rest of the round")
+            raise ProtocolAbortedError(
+                f"client {self.id} is declared dropped; it confirms no survivor set and "
+                "takes no part in the rest of the round"
+            )
         if len(surv) < floor:
-            raise error(f"client {self.id} refuses a survivor set of {len(surv)} clients: it confirms only sets of "
-                        f"at least {floor} (min_survivors / quorum)")
+            raise error(
+                f"client {self.id} refuses a survivor set of {len(surv)} clients: it confirms only sets of "
+                f"at least {floor} (min_survivors / quorum)"
+            )
         return surv
 
     def receive(self, data: bytes, now: float = 0.0) -> list[bytes]:
@@ -220,8 +232,14 @@ class StageClient:
             handlers = self.TRANSITIONS.get(self.state)
             if not handlers:
                 raise ProtocolError(f"client {self.id}: no message expected in state {self.state!r}")
-            msg = decode_expected(data, self.spec, tuple(handlers), f"client {self.id} in state {self.state!r}",
-                                  "replayed or reordered message", UnexpectedMessageError)
+            msg = decode_expected(
+                data,
+                self.spec,
+                tuple(handlers),
+                f"client {self.id} in state {self.state!r}",
+                "replayed or reordered message",
+                UnexpectedMessageError,
+            )
             to = getattr(msg, "recipient", self.id)  # a forwarded PublicContext is for every client (holder-signed)
             if to != self.id:
                 raise ProtocolError(f"client {self.id} received a message addressed to client {to}")
@@ -285,8 +303,9 @@ class _Relay:
     """The in-process wire of :func:`drive_round`: who is alive at which stage, the interception hook, byte counts,
     timings per stage, what the server rejected and the messages it has yet to deliver."""
 
-    def __init__(self, server, clients, message_stage: dict, stages: tuple, drop_at: dict | None, intercept,
-                 now: float):
+    def __init__(
+        self, server, clients, message_stage: dict, stages: tuple, drop_at: dict | None, intercept, now: float
+    ):
         self.server, self.clients, self.message_stage, self.stages = server, clients, message_stage, stages
         self.drop_at = dict(drop_at or {})
         self.idx = {s: i for i, s in enumerate(stages)}
@@ -386,8 +405,16 @@ class _Relay:
             self.timings[stage]["server"] += time.perf_counter() - t0
 
 
-def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: dict | None = None,
-                intercept=None, now: float = 0.0, max_steps: int = 10_000) -> RoundOutcome:
+def drive_round(
+    server,
+    clients,
+    message_stage: dict,
+    stages: tuple,
+    drop_at: dict | None = None,
+    intercept=None,
+    now: float = 0.0,
+    max_steps: int = 10_000,
+) -> RoundOutcome:
     """Run one round between ``server`` and ``clients`` in this process (module docstring).
 
     Parameters
@@ -416,9 +443,18 @@ def drive_round(server, clients, message_stage: dict, stages: tuple, drop_at: di
     if error is None and server.error is not None:  # pragma: no cover - defensive
         error = server.error
     return RoundOutcome(
-        result=None if error is not None else server.result, survivors=() if error is not None else tuple(server.survivors),
-        error=error, timings=relay.timings, bytes_up=relay.bytes_up, bytes_down=relay.bytes_down,
-        clipped={i: int(getattr(c, "clipped", 0)) for i, c in enumerate(clients)}, dropped_at=dict(server.dropped_at),
-        revealed=relay.revealed, rejected=relay.rejected, client_errors=relay.client_errors,
-        decryptor=getattr(server, "decryptor", None), blame=tuple(getattr(server, "blame", ())),
-        suspects=tuple(getattr(server, "suspects", ())))
+        result=None if error is not None else server.result,
+        survivors=() if error is not None else tuple(server.survivors),
+        error=error,
+        timings=relay.timings,
+        bytes_up=relay.bytes_up,
+        bytes_down=relay.bytes_down,
+        clipped={i: int(getattr(c, "clipped", 0)) for i, c in enumerate(clients)},
+        dropped_at=dict(server.dropped_at),
+        revealed=relay.revealed,
+        rejected=relay.rejected,
+        client_errors=relay.client_errors,
+        decryptor=getattr(server, "decryptor", None),
+        blame=tuple(getattr(server, "blame", ())),
+        suspects=tuple(getattr(server, "suspects", ())),
+    )

@@ -42,14 +42,44 @@ from typing import Annotated, ClassVar
 from ..errors import DecodeError, ProtocolError
 
 __all__ = [
-    "VERSION", "MAGIC", "HEADER", "MESSAGE_TYPES", "encode", "decode", "decode_expected", "peek_header",
+    "VERSION",
+    "MAGIC",
+    "HEADER",
+    "MESSAGE_TYPES",
+    "encode",
+    "decode",
+    "decode_expected",
+    "peek_header",
     "wire_fields",
-    "KeyEntry", "ShareItem", "ShareValue", "SignatureEntry", "sender_of", "CLIENT_MESSAGES",
-    "AdvertiseKeys", "KeysBroadcast", "EncryptedShares", "ForwardedShares", "MaskedInput",
-    "ConsistencyRequest", "ConsistencySignature", "UnmaskRequest", "UnmaskResponse", "SharePlaintext",
-    "ContextHandoff", "PublicContext", "EncryptedInput", "EncryptedSum", "DecryptedSum",
-    "InputDigest", "InputEntry", "SignedInput", "DecryptRequest", "BoundConsistencyRequest", "ProofInput",
-    "SecretEntry", "SumProof",
+    "KeyEntry",
+    "ShareItem",
+    "ShareValue",
+    "SignatureEntry",
+    "sender_of",
+    "CLIENT_MESSAGES",
+    "AdvertiseKeys",
+    "KeysBroadcast",
+    "EncryptedShares",
+    "ForwardedShares",
+    "MaskedInput",
+    "ConsistencyRequest",
+    "ConsistencySignature",
+    "UnmaskRequest",
+    "UnmaskResponse",
+    "SharePlaintext",
+    "ContextHandoff",
+    "PublicContext",
+    "EncryptedInput",
+    "EncryptedSum",
+    "DecryptedSum",
+    "InputDigest",
+    "InputEntry",
+    "SignedInput",
+    "DecryptRequest",
+    "BoundConsistencyRequest",
+    "ProofInput",
+    "SecretEntry",
+    "SumProof",
 ]
 
 VERSION = 2
@@ -365,14 +395,44 @@ class SumProof(_Message):
     mask_keys: Annotated[tuple, SecretEntry]
 
 
-MESSAGE_TYPES = {cls.TYPE: cls for cls in (
-    AdvertiseKeys, KeysBroadcast, EncryptedShares, ForwardedShares, MaskedInput, ConsistencyRequest,
-    ConsistencySignature, UnmaskRequest, UnmaskResponse, SharePlaintext, ContextHandoff, PublicContext,
-    EncryptedInput, EncryptedSum, DecryptedSum, SignedInput, DecryptRequest, BoundConsistencyRequest, SumProof)}
+MESSAGE_TYPES = {
+    cls.TYPE: cls
+    for cls in (
+        AdvertiseKeys,
+        KeysBroadcast,
+        EncryptedShares,
+        ForwardedShares,
+        MaskedInput,
+        ConsistencyRequest,
+        ConsistencySignature,
+        UnmaskRequest,
+        UnmaskResponse,
+        SharePlaintext,
+        ContextHandoff,
+        PublicContext,
+        EncryptedInput,
+        EncryptedSum,
+        DecryptedSum,
+        SignedInput,
+        DecryptRequest,
+        BoundConsistencyRequest,
+        SumProof,
+    )
+}
 
 #: Messages a client sends (sender id first in the body); the rest are server → client (recipient first).
-CLIENT_MESSAGES = (AdvertiseKeys, EncryptedShares, MaskedInput, ConsistencySignature, UnmaskResponse,
-                   ContextHandoff, PublicContext, EncryptedInput, DecryptedSum, SignedInput)
+CLIENT_MESSAGES = (
+    AdvertiseKeys,
+    EncryptedShares,
+    MaskedInput,
+    ConsistencySignature,
+    UnmaskResponse,
+    ContextHandoff,
+    PublicContext,
+    EncryptedInput,
+    DecryptedSum,
+    SignedInput,
+)
 
 _WIRE_FIELDS: dict[type, tuple] = {}
 
@@ -383,8 +443,9 @@ def wire_fields(cls: type) -> tuple:
     out = _WIRE_FIELDS.get(cls)
     if out is None:
         hints = typing.get_type_hints(cls, include_extras=True)
-        out = _WIRE_FIELDS[cls] = tuple((f.name, hints[f.name].__metadata__[0]) for f in fields(cls)
-                                        if getattr(hints[f.name], "__metadata__", None))
+        out = _WIRE_FIELDS[cls] = tuple(
+            (f.name, hints[f.name].__metadata__[0]) for f in fields(cls) if getattr(hints[f.name], "__metadata__", None)
+        )
     return out
 
 
@@ -467,7 +528,7 @@ class _Reader:
         end = self.pos + n
         if n < 0 or end > len(self.buf):
             raise DecodeError(f"field {name!r} runs past the end of the message ({n} bytes wanted)")
-        out = self.buf[self.pos:end]
+        out = self.buf[self.pos : end]
         self.pos = end
         return out
 

@@ -28,8 +28,18 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, OverflowRiskError, bad_value
 
-__all__ = ["FixedPoint", "plan_fixed_point", "integer_plan", "integer_words", "overflow_bound", "quantize", "dequantize", "ClippingWarning",
-           "check_random_state", "word_dtype"]
+__all__ = [
+    "FixedPoint",
+    "plan_fixed_point",
+    "integer_plan",
+    "integer_words",
+    "overflow_bound",
+    "quantize",
+    "dequantize",
+    "ClippingWarning",
+    "check_random_state",
+    "word_dtype",
+]
 
 MAX_FRACTIONAL_BITS = 40
 
@@ -64,7 +74,7 @@ class FixedPoint:
 
     @property
     def scale(self) -> float:
-        return float(2 ** self.fractional_bits)
+        return float(2**self.fractional_bits)
 
     @property
     def dtype(self):
@@ -73,29 +83,39 @@ class FixedPoint:
     @property
     def step(self) -> float:
         """Quantisation step 2^−f; each client's rounding error is below one step."""
-        return 2.0 ** -self.fractional_bits
+        return 2.0**-self.fractional_bits
 
     def as_dict(self) -> dict:
-        return dict(clip_range=self.clip, fractional_bits=self.fractional_bits, modulus_bits=self.modulus_bits,
-                    active_clients=self.active_clients, weight_total=self.weight_total, step=self.step,
-                    max_abs_error=self.active_clients * self.step)
+        return dict(
+            clip_range=self.clip,
+            fractional_bits=self.fractional_bits,
+            modulus_bits=self.modulus_bits,
+            active_clients=self.active_clients,
+            weight_total=self.weight_total,
+            step=self.step,
+            max_abs_error=self.active_clients * self.step,
+        )
 
 
 def overflow_bound(clip: float, fractional_bits: int, weight_total: float, active_clients: int) -> float:
     """Largest possible ``|Σ_p q_p|``: ``W·c·2^f + A`` (one extra unit per client from rounding up)."""
-    return weight_total * clip * 2.0 ** fractional_bits + active_clients
+    return weight_total * clip * 2.0**fractional_bits + active_clients
 
 
-def plan_fixed_point(clip_range: float, weights, *, modulus_bits: int = 32,
-                     fractional_bits: int | None = None) -> FixedPoint:
+def plan_fixed_point(
+    clip_range: float, weights, *, modulus_bits: int = 32, fractional_bits: int | None = None
+) -> FixedPoint:
     """Check (or choose) the fixed-point plan for the *active* clients' public ``weights``.
 
     ``fractional_bits=None`` picks the largest f ≤ 40 that cannot overflow. An explicit f, or a clip
     range / weight total too large for any f ≥ 0, raises :class:`OverflowRiskError`.
     """
     if clip_range is None or not np.isfinite(clip_range) or clip_range <= 0:
-        raise ConfigError(bad_value("clip_range", clip_range,
-                                    "pass a positive public bound on |update| (e.g. the data's known value range)"))
+        raise ConfigError(
+            bad_value(
+                "clip_range", clip_range, "pass a positive public bound on |update| (e.g. the data's known value range)"
+            )
+        )
     if not isinstance(modulus_bits, (int, np.integer)) or not 16 <= modulus_bits <= 64:
         raise ConfigError(bad_value("modulus_bits", modulus_bits, "use an integer in [16, 64], e.g. 32 or 64"))
     w = np.asarray(weights, dtype=float)
@@ -106,36 +126,60 @@ def plan_fixed_point(clip_range: float, weights, *, modulus_bits: int = 32,
     wmax = float(w.max()) if w.size else 0.0
     if fractional_bits is None:
         if overflow_bound(clip_range, 0, wt, n) > limit:
-            raise OverflowRiskError(bad_value(
-                "clip_range", clip_range,
-                f"{n} active clients with total weight {wt:g} can overflow a 2^{modulus_bits} modulus even without "
-                "fractional bits; lower clip_range or the weights, or raise modulus_bits (max 64)"))
+            raise OverflowRiskError(
+                bad_value(
+                    "clip_range",
+                    clip_range,
+                    f"{n} active clients with total weight {wt:g} can overflow a 2^{modulus_bits} modulus even without "
+                    "fractional bits; lower clip_range or the weights, or raise modulus_bits (max 64)",
+                )
+            )
         f = 0
-        while (f < MAX_FRACTIONAL_BITS and overflow_bound(clip_range, f + 1, wt, n) <= limit
-               and wmax * clip_range * 2.0 ** (f + 1) < 2.0 ** 52):
+        while (
+            f < MAX_FRACTIONAL_BITS
+            and overflow_bound(clip_range, f + 1, wt, n) <= limit
+            and wmax * clip_range * 2.0 ** (f + 1) < 2.0**52
+        ):
             f += 1
     else:
         f = int(fractional_bits)
         if f < 0 or f > 52:
             raise ConfigError(bad_value("fractional_bits", fractional_bits, "use an integer in [0, 52] or None (auto)"))
         if overflow_bound(clip_range, f, wt, n) > limit:
-            best = plan_fixed_point(clip_range, w, modulus_bits=modulus_bits).fractional_bits \
-                if overflow_bound(clip_range, 0, wt, n) <= limit else None
-            raise OverflowRiskError(bad_value(
-                "fractional_bits", fractional_bits,
-                f"{n} active clients × clip {clip_range:g} × total weight {wt:g} × 2^{f} can exceed 2^{modulus_bits - 2} "
-                "(one guard bit below the sign bit); "
-                + (f"use fractional_bits <= {best}" if best is not None else "lower clip_range")
-                + " or raise modulus_bits"))
+            best = (
+                plan_fixed_point(clip_range, w, modulus_bits=modulus_bits).fractional_bits
+                if overflow_bound(clip_range, 0, wt, n) <= limit
+                else None
+            )
+            raise OverflowRiskError(
+                bad_value(
+                    "fractional_bits",
+                    fractional_bits,
+                    f"{n} active clients × clip {clip_range:g} × total weight {wt:g} × 2^{f} can exceed 2^{modulus_bits - 2} "
+                    "(one guard bit below the sign bit); "
+                    + (f"use fractional_bits <= {best}" if best is not None else "lower clip_range")
+                    + " or raise modulus_bits",
+                )
+            )
     return FixedPoint(float(clip_range), f, int(modulus_bits), n, wt)
 
 
 def integer_plan(modulus_bits: int, active_clients: int) -> FixedPoint:
     """The "plan" of a secure sum whose inputs are already integers mod ``2^k`` (no codec: no clip range, no
     fractional bits, weight 1 per client — a weight is folded in by the input mechanism before it encodes)."""
-    if isinstance(modulus_bits, bool) or not isinstance(modulus_bits, (int, np.integer)) or not 16 <= modulus_bits <= 64:
-        raise ConfigError(bad_value("modulus_bits", modulus_bits, "use an integer in [16, 64] (SecAgg+ words are "
-                                    "uint32 or uint64); a mechanism needing fewer bits is summed in 16"))
+    if (
+        isinstance(modulus_bits, bool)
+        or not isinstance(modulus_bits, (int, np.integer))
+        or not 16 <= modulus_bits <= 64
+    ):
+        raise ConfigError(
+            bad_value(
+                "modulus_bits",
+                modulus_bits,
+                "use an integer in [16, 64] (SecAgg+ words are "
+                "uint32 or uint64); a mechanism needing fewer bits is summed in 16",
+            )
+        )
     return FixedPoint(0.0, 0, int(modulus_bits), int(active_clients), float(active_clients))
 
 
@@ -143,11 +187,22 @@ def integer_words(update, fp: FixedPoint) -> np.ndarray:
     """An integer input vector as words mod ``2^k`` (refused unless every value is an integer in ``[0, 2^k)``)."""
     x = np.asarray(update).ravel()
     if x.dtype.kind not in "ui":
-        raise DataError(bad_value("update.dtype", x.dtype, "an integer secure sum takes unsigned integers mod 2^k "
-                                  "(e.g. DistributedDiscreteGaussian.encode's output), not floats"))
+        raise DataError(
+            bad_value(
+                "update.dtype",
+                x.dtype,
+                "an integer secure sum takes unsigned integers mod 2^k "
+                "(e.g. DistributedDiscreteGaussian.encode's output), not floats",
+            )
+        )
     if x.size and (x.min() < 0 or int(x.max()) >= (1 << fp.modulus_bits)):
-        raise DataError(bad_value("update", f"values in [{int(x.min())}, {int(x.max())}]",
-                                  f"reduce the input mod 2^{fp.modulus_bits} before the secure sum"))
+        raise DataError(
+            bad_value(
+                "update",
+                f"values in [{int(x.min())}, {int(x.max())}]",
+                f"reduce the input mod 2^{fp.modulus_bits} before the secure sum",
+            )
+        )
     return x.astype(fp.dtype)
 
 
@@ -193,5 +248,9 @@ def dequantize(words: np.ndarray, fp: FixedPoint) -> np.ndarray:
 def warn_clipped(n_clipped: int, clip: float, where: str) -> None:
     """Never clip silently: one warning per aggregation that clipped anything."""
     if n_clipped:
-        warnings.warn(f"{where}: {n_clipped} update coordinates exceeded clip_range={clip:g} and were clipped "
-                      "(counted in AggregateResult.clipped)", ClippingWarning, stacklevel=3)
+        warnings.warn(
+            f"{where}: {n_clipped} update coordinates exceeded clip_range={clip:g} and were clipped "
+            "(counted in AggregateResult.clipped)",
+            ClippingWarning,
+            stacklevel=3,
+        )

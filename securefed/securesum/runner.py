@@ -35,19 +35,34 @@ import numpy as np
 from ..errors import ConfigError, bad_value
 from . import crypto
 from .machine import RoundOutcome, drive_round
-from .messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, EncryptedShares, ForwardedShares,
-                       KeysBroadcast, MaskedInput, UnmaskResponse, decode, encode, peek_header)
+from .messages import (
+    AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencySignature,
+    EncryptedShares,
+    ForwardedShares,
+    KeysBroadcast,
+    MaskedInput,
+    UnmaskResponse,
+    decode,
+    encode,
+    peek_header,
+)
 from .secagg import STAGES, RoundSpec
 from .secagg_client import SecAggClient
 from .secagg_server import SecAggServer
 
-__all__ = ["TAMPER_KINDS", "RoundOutcome", "run_secagg_round", "dropout_schedule", "tamper_intercept",
-           "MESSAGE_STAGE"]
+__all__ = ["TAMPER_KINDS", "RoundOutcome", "run_secagg_round", "dropout_schedule", "tamper_intercept", "MESSAGE_STAGE"]
 
 TAMPER_KINDS = ("ciphertext", "signature", "replay", "reorder", "wrong_round", "wrong_session", "truncate")
 #: SecAgg+ client message → the client stage it belongs to (dropout schedules)
-MESSAGE_STAGE = {AdvertiseKeys: "advertise", EncryptedShares: "share", MaskedInput: "masked",
-                 ConsistencySignature: "consistency", UnmaskResponse: "unmask"}
+MESSAGE_STAGE = {
+    AdvertiseKeys: "advertise",
+    EncryptedShares: "share",
+    MaskedInput: "masked",
+    ConsistencySignature: "consistency",
+    UnmaskResponse: "unmask",
+}
 
 
 def dropout_schedule(n: int, dropout, drop_stage, rng: np.random.Generator, stages=STAGES) -> dict:
@@ -63,14 +78,20 @@ def dropout_schedule(n: int, dropout, drop_stage, rng: np.random.Generator, stag
         sched = {int(k): v for k, v in dropout.items()}
     elif isinstance(dropout, (float, int)) and not isinstance(dropout, bool):
         if not 0.0 <= float(dropout) <= 1.0:
-            raise ConfigError(bad_value("dropout", dropout, "use a probability in [0, 1], a list of client indices or {client: stage}"))
+            raise ConfigError(
+                bad_value(
+                    "dropout", dropout, "use a probability in [0, 1], a list of client indices or {client: stage}"
+                )
+            )
         hit = np.flatnonzero(rng.random(n) < float(dropout))
         sched = {int(i): None for i in hit}
     else:
         try:
             sched = {int(i): None for i in dropout}
         except TypeError:
-            raise ConfigError(bad_value("dropout", dropout, "use a probability, a list of client indices or {client: stage}")) from None
+            raise ConfigError(
+                bad_value("dropout", dropout, "use a probability, a list of client indices or {client: stage}")
+            ) from None
     if drop_stage is not None and drop_stage not in stages:
         raise ConfigError(bad_value("drop_stage", drop_stage, f"use one of {', '.join(stages)} or None (random stage)"))
     for i in sorted(sched):
@@ -122,17 +143,28 @@ def tamper_intercept(kind: str, spec: RoundSpec):
             it = msg.items[0]
             ct = bytearray(it.ciphertext)
             ct[len(ct) // 2] ^= 0x01
-            return [encode(dataclasses.replace(msg, items=(dataclasses.replace(it, ciphertext=bytes(ct)),)
-                                               + msg.items[1:]))]
+            return [
+                encode(dataclasses.replace(msg, items=(dataclasses.replace(it, ciphertext=bytes(ct)),) + msg.items[1:]))
+            ]
         return [data]
 
     return intercept
 
 
-def run_secagg_round(spec: RoundSpec, identity_private, updates, weights, rng: np.random.Generator,
-                     drop_at: dict | None = None, tamper: str | None = None, min_survivors: int = 1,
-                     colluders: int | None = None, intercept=None, clients=None,
-                     schedule: str | None = None) -> RoundOutcome:
+def run_secagg_round(
+    spec: RoundSpec,
+    identity_private,
+    updates,
+    weights,
+    rng: np.random.Generator,
+    drop_at: dict | None = None,
+    tamper: str | None = None,
+    min_survivors: int = 1,
+    colluders: int | None = None,
+    intercept=None,
+    clients=None,
+    schedule: str | None = None,
+) -> RoundOutcome:
     """Run one SecAgg+ round in-process over the real state machines and the byte codec.
 
     ``min_survivors`` and ``colluders`` go to every :class:`SecAggClient` (its floor on the survivor set it
@@ -150,6 +182,18 @@ def run_secagg_round(spec: RoundSpec, identity_private, updates, weights, rng: n
     n = spec.n_clients
     server = SecAggServer(spec, 0.0, schedule=schedule)
     if clients is None:
-        clients = [SecAggClient(spec, i, identity_private[i], updates[i], weights[i], rng, min_survivors=min_survivors,
-                                colluders=colluders, schedule=schedule) for i in range(n)]
+        clients = [
+            SecAggClient(
+                spec,
+                i,
+                identity_private[i],
+                updates[i],
+                weights[i],
+                rng,
+                min_survivors=min_survivors,
+                colluders=colluders,
+                schedule=schedule,
+            )
+            for i in range(n)
+        ]
     return drive_round(server, clients, MESSAGE_STAGE, STAGES, drop_at=drop_at, intercept=intercept)

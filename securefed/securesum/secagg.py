@@ -77,10 +77,36 @@ from .graph import harary_graph
 from .quantize import FixedPoint
 from .task import NO_TASK
 
-__all__ = ["STAGES", "DEFAULT_TIMEOUTS", "NO_TASK", "SCHEDULES", "RoundSpec", "SetupSpec", "InputSpec", "SecAggClient",
-           "SecAggServer", "encode_spec", "decode_spec", "encode_setup", "decode_setup", "encode_input", "decode_input",
-           "input_hash", "bound_masked_payload", "advert_payload", "commitment", "share_hash", "share_item_payload", "masked_payload",
-           "consistency_payload", "unmask_payload", "share_aad", "channel_key", "pair_info", "self_info"]
+__all__ = [
+    "STAGES",
+    "DEFAULT_TIMEOUTS",
+    "NO_TASK",
+    "SCHEDULES",
+    "RoundSpec",
+    "SetupSpec",
+    "InputSpec",
+    "SecAggClient",
+    "SecAggServer",
+    "encode_spec",
+    "decode_spec",
+    "encode_setup",
+    "decode_setup",
+    "encode_input",
+    "decode_input",
+    "input_hash",
+    "bound_masked_payload",
+    "advert_payload",
+    "commitment",
+    "share_hash",
+    "share_item_payload",
+    "masked_payload",
+    "consistency_payload",
+    "unmask_payload",
+    "share_aad",
+    "channel_key",
+    "pair_info",
+    "self_info",
+]
 
 STAGES = ("advertise", "share", "masked", "consistency", "unmask")
 #: "construction": the input is known when the machines are built and every stage signs the full spec digest
@@ -107,8 +133,9 @@ def _h(*parts: bytes) -> bytes:
 # ---------------------------------------------------------------------------------- what is signed
 
 
-def advert_payload(session: bytes, rnd: int, sender: int, digest: bytes, c_pk: bytes, s_pk: bytes,
-                   commit: bytes = _ZERO32) -> bytes:
+def advert_payload(
+    session: bytes, rnd: int, sender: int, digest: bytes, c_pk: bytes, s_pk: bytes, commit: bytes = _ZERO32
+) -> bytes:
     """Bytes an AdvertiseKeys signature covers: session, round, sender, spec digest, both keys, commitment."""
     return b"securefed/advertise/v2|" + session + _pack(rnd, sender) + digest + c_pk + s_pk + commit
 
@@ -124,18 +151,17 @@ def share_hash(session: bytes, rnd: int, dealer: int, holder: int, kind: bytes, 
     return _h(b"securefed/share/v2|", session, _pack(rnd, dealer, holder), kind, value.to_bytes(33, "big"))
 
 
-def share_item_payload(session: bytes, rnd: int, digest: bytes, dealer: int, holder: int, ciphertext: bytes,
-                       h_b: bytes, h_s: bytes) -> bytes:
+def share_item_payload(
+    session: bytes, rnd: int, digest: bytes, dealer: int, holder: int, ciphertext: bytes, h_b: bytes, h_s: bytes
+) -> bytes:
     """Bytes a dealer signs for one share item: who to whom, the ciphertext's hash and both share hashes."""
-    return (b"securefed/share-item/v2|" + session + _pack(rnd, dealer, holder) + digest + _h(ciphertext)
-            + h_b + h_s)
+    return b"securefed/share-item/v2|" + session + _pack(rnd, dealer, holder) + digest + _h(ciphertext) + h_b + h_s
 
 
 def masked_payload(session: bytes, rnd: int, digest: bytes, sender: int, bits: int, data: bytes, peers) -> bytes:
     """Bytes a MaskedInput signature covers: the vector's hash and the peer set it was masked with."""
     ids = tuple(peers)
-    return (b"securefed/masked/v2|" + session + _pack(rnd, sender, bits) + digest + _h(data)
-            + _pack(len(ids), *ids))
+    return b"securefed/masked/v2|" + session + _pack(rnd, sender, bits) + digest + _h(data) + _pack(len(ids), *ids)
 
 
 def input_hash(data: bytes, peers) -> bytes:
@@ -197,7 +223,9 @@ def _check_setup(spec) -> None:
     if not 0 <= spec.round_index < 2**32:
         raise ConfigError(bad_value("round_index", spec.round_index, "use an integer in [0, 2^32)"))
     if len(spec.identity_keys) != spec.n_clients:
-        raise ConfigError(bad_value("identity_keys", len(spec.identity_keys), f"give {spec.n_clients} Ed25519 public keys"))
+        raise ConfigError(
+            bad_value("identity_keys", len(spec.identity_keys), f"give {spec.n_clients} Ed25519 public keys")
+        )
     if not 1 <= spec.threshold <= spec.degree:
         raise ConfigError(bad_value("threshold", spec.threshold, f"use 1 <= threshold <= degree = {spec.degree}"))
     if not 0 <= spec.quorum <= spec.n_clients:
@@ -214,8 +242,13 @@ def _check_input(spec) -> None:
     if not isinstance(spec.fixed_point, FixedPoint):
         raise ConfigError(bad_value("fixed_point", spec.fixed_point, "give a quantize.FixedPoint plan"))
     if not isinstance(spec.task_digest, bytes) or len(spec.task_digest) != 32:
-        raise ConfigError(bad_value("task_digest", spec.task_digest, "use 32 bytes (SHA-256 of the request's "
-                                    "fields, securefed.securesum.task.task_digest) or NO_TASK"))
+        raise ConfigError(
+            bad_value(
+                "task_digest",
+                spec.task_digest,
+                "use 32 bytes (SHA-256 of the request's fields, securefed.securesum.task.task_digest) or NO_TASK",
+            )
+        )
 
 
 class _SetupMixin:
@@ -292,8 +325,17 @@ class RoundSpec(_SetupMixin):
     @functools.cached_property
     def setup(self) -> SetupSpec:
         """The setup part (signed at advertise and share in the late-bound schedule)."""
-        return SetupSpec(self.session_id, self.round_index, self.n_clients, self.degree, self.threshold,
-                         self.graph_seed, self.identity_keys, self.timeouts, self.quorum)
+        return SetupSpec(
+            self.session_id,
+            self.round_index,
+            self.n_clients,
+            self.degree,
+            self.threshold,
+            self.graph_seed,
+            self.identity_keys,
+            self.timeouts,
+            self.quorum,
+        )
 
     @property
     def input_spec(self) -> InputSpec:
@@ -337,9 +379,21 @@ class SetupSpec(_SetupMixin):
         """The full spec of the round: this setup part joined with ``input_spec``."""
         if not isinstance(input_spec, InputSpec):
             raise ConfigError(bad_value("input_spec", type(input_spec).__name__, "give an InputSpec (decode_input)"))
-        return RoundSpec(self.session_id, self.round_index, self.n_clients, self.degree, self.threshold,
-                         self.graph_seed, input_spec.length, input_spec.fixed_point, self.identity_keys, self.timeouts,
-                         self.quorum, input_spec.integer, input_spec.task_digest)
+        return RoundSpec(
+            self.session_id,
+            self.round_index,
+            self.n_clients,
+            self.degree,
+            self.threshold,
+            self.graph_seed,
+            input_spec.length,
+            input_spec.fixed_point,
+            self.identity_keys,
+            self.timeouts,
+            self.quorum,
+            input_spec.integer,
+            input_spec.task_digest,
+        )
 
 
 @dataclass(frozen=True)
@@ -363,10 +417,20 @@ def _fp_list(fp: FixedPoint) -> list:
 
 def encode_spec(spec: RoundSpec) -> bytes:
     """The public round parameters as JSON bytes (byte strings hex-encoded)."""
-    doc = {"v": SPEC_VERSION, "session_id": spec.session_id.hex(), "round_index": spec.round_index,
-           "n_clients": spec.n_clients, "degree": spec.degree, "threshold": spec.threshold, "quorum": spec.quorum,
-           "graph_seed": spec.graph_seed.hex(), "length": spec.length, "fixed_point": _fp_list(spec.fixed_point),
-           "identity_keys": [k.hex() for k in spec.identity_keys], "timeouts": [[k, v] for k, v in spec.timeouts]}
+    doc = {
+        "v": SPEC_VERSION,
+        "session_id": spec.session_id.hex(),
+        "round_index": spec.round_index,
+        "n_clients": spec.n_clients,
+        "degree": spec.degree,
+        "threshold": spec.threshold,
+        "quorum": spec.quorum,
+        "graph_seed": spec.graph_seed.hex(),
+        "length": spec.length,
+        "fixed_point": _fp_list(spec.fixed_point),
+        "identity_keys": [k.hex() for k in spec.identity_keys],
+        "timeouts": [[k, v] for k, v in spec.timeouts],
+    }
     if spec.integer:  # only then: a fixed-point spec encodes (and digests) exactly as before
         doc["input"] = "integer"
     if spec.task_digest != _ZERO32:  # likewise: a spec without a task digest encodes as before
@@ -376,10 +440,19 @@ def encode_spec(spec: RoundSpec) -> bytes:
 
 def encode_setup(spec: SetupSpec) -> bytes:
     """The setup part as JSON bytes (``"part": "setup"``; byte strings hex-encoded)."""
-    doc = {"v": PART_VERSION, "part": "setup", "session_id": spec.session_id.hex(), "round_index": spec.round_index,
-           "n_clients": spec.n_clients, "degree": spec.degree, "threshold": spec.threshold, "quorum": spec.quorum,
-           "graph_seed": spec.graph_seed.hex(), "identity_keys": [k.hex() for k in spec.identity_keys],
-           "timeouts": [[k, v] for k, v in spec.timeouts]}
+    doc = {
+        "v": PART_VERSION,
+        "part": "setup",
+        "session_id": spec.session_id.hex(),
+        "round_index": spec.round_index,
+        "n_clients": spec.n_clients,
+        "degree": spec.degree,
+        "threshold": spec.threshold,
+        "quorum": spec.quorum,
+        "graph_seed": spec.graph_seed.hex(),
+        "identity_keys": [k.hex() for k in spec.identity_keys],
+        "timeouts": [[k, v] for k, v in spec.timeouts],
+    }
     return json.dumps(doc, sort_keys=True).encode()
 
 
@@ -443,13 +516,39 @@ def _strict(decode):
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DecodeError(f"malformed round spec: {exc}") from None
+
     return wrapped
 
 
-_SPEC_KEYS = {"v", "session_id", "round_index", "n_clients", "degree", "threshold", "quorum", "graph_seed", "length",
-              "fixed_point", "identity_keys", "timeouts", "input", "task"}
-_SETUP_KEYS = {"v", "part", "session_id", "round_index", "n_clients", "degree", "threshold", "quorum", "graph_seed",
-               "identity_keys", "timeouts"}
+_SPEC_KEYS = {
+    "v",
+    "session_id",
+    "round_index",
+    "n_clients",
+    "degree",
+    "threshold",
+    "quorum",
+    "graph_seed",
+    "length",
+    "fixed_point",
+    "identity_keys",
+    "timeouts",
+    "input",
+    "task",
+}
+_SETUP_KEYS = {
+    "v",
+    "part",
+    "session_id",
+    "round_index",
+    "n_clients",
+    "degree",
+    "threshold",
+    "quorum",
+    "graph_seed",
+    "identity_keys",
+    "timeouts",
+}
 _INPUT_KEYS = {"v", "part", "length", "fixed_point", "input", "task"}
 
 
@@ -462,18 +561,38 @@ def decode_spec(data: bytes) -> RoundSpec:
     """Strict inverse of :func:`encode_spec` (DecodeError on any unknown version or malformed field)."""
     doc = _load(data, "round spec", SPEC_VERSION, _SPEC_KEYS)
     fp, keys, integer, task = _fp(doc), _keys(doc), _input_kind(doc), _decode_task(doc)
-    return RoundSpec(bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
-                     int(doc["degree"]), int(doc["threshold"]), bytes.fromhex(doc["graph_seed"]),
-                     int(doc["length"]), fp, keys, _timeouts(doc), int(doc["quorum"]), integer, task)
+    return RoundSpec(
+        bytes.fromhex(doc["session_id"]),
+        int(doc["round_index"]),
+        int(doc["n_clients"]),
+        int(doc["degree"]),
+        int(doc["threshold"]),
+        bytes.fromhex(doc["graph_seed"]),
+        int(doc["length"]),
+        fp,
+        keys,
+        _timeouts(doc),
+        int(doc["quorum"]),
+        integer,
+        task,
+    )
 
 
 @_strict
 def decode_setup(data: bytes) -> SetupSpec:
     """Strict inverse of :func:`encode_setup`."""
     doc = _load(data, "setup part", PART_VERSION, _SETUP_KEYS, "setup")
-    return SetupSpec(bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
-                     int(doc["degree"]), int(doc["threshold"]), bytes.fromhex(doc["graph_seed"]), _keys(doc),
-                     _timeouts(doc), int(doc["quorum"]))
+    return SetupSpec(
+        bytes.fromhex(doc["session_id"]),
+        int(doc["round_index"]),
+        int(doc["n_clients"]),
+        int(doc["degree"]),
+        int(doc["threshold"]),
+        bytes.fromhex(doc["graph_seed"]),
+        _keys(doc),
+        _timeouts(doc),
+        int(doc["quorum"]),
+    )
 
 
 @_strict

@@ -42,13 +42,44 @@ from ..errors import AuthenticationError, ConfigError, ProtocolAbortedError, Pro
 from . import crypto, shamir
 from .graph import check_parameters
 from .machine import StageClient
-from .messages import (BoundConsistencyRequest, ConsistencyRequest, ConsistencySignature, EncryptedShares,
-                       ForwardedShares, KeysBroadcast, MaskedInput, SharePlaintext, ShareItem, ShareValue,
-                       UnmaskRequest, UnmaskResponse, decode, encode)
+from .messages import (
+    BoundConsistencyRequest,
+    ConsistencyRequest,
+    ConsistencySignature,
+    EncryptedShares,
+    ForwardedShares,
+    KeysBroadcast,
+    MaskedInput,
+    SharePlaintext,
+    ShareItem,
+    ShareValue,
+    UnmaskRequest,
+    UnmaskResponse,
+    decode,
+    encode,
+)
 from .quantize import check_random_state, integer_words, quantize
-from .secagg import (SCHEDULES, InputSpec, RoundSpec, SetupSpec, advert_payload, bound_masked_payload, channel_key,
-                     commitment, consistency_payload, decode_input, encode_input, input_hash, masked_payload,
-                     pair_info, self_info, share_aad, share_hash, share_item_payload, unmask_payload)
+from .secagg import (
+    SCHEDULES,
+    InputSpec,
+    RoundSpec,
+    SetupSpec,
+    advert_payload,
+    bound_masked_payload,
+    channel_key,
+    commitment,
+    consistency_payload,
+    decode_input,
+    encode_input,
+    input_hash,
+    masked_payload,
+    pair_info,
+    self_info,
+    share_aad,
+    share_hash,
+    share_item_payload,
+    unmask_payload,
+)
 
 __all__ = ["SecAggClient"]
 
@@ -60,8 +91,11 @@ def _check_update(spec, update, weight: float):
         raise ConfigError(bad_value("update.size", np.size(update), f"expected {spec.length} values"))
     if spec.integer:
         if float(weight) != 1.0:
-            raise ConfigError(bad_value("weight", weight, "an integer round takes inputs already weighted by their "
-                                        "encoder: pass weight 1"))
+            raise ConfigError(
+                bad_value(
+                    "weight", weight, "an integer round takes inputs already weighted by their encoder: pass weight 1"
+                )
+            )
         return integer_words(update, spec.fixed_point)  # refused here, before any key is made or any mask computed
     return update
 
@@ -96,36 +130,73 @@ class SecAggClient(StageClient):
         None: ``"late"`` for a setup part, else the class attribute ``SCHEDULE`` (``"construction"``).
     """
 
-    TRANSITIONS = {"advertised": {KeysBroadcast: "_on_keys"}, "shared": {ForwardedShares: "_on_shares"},
-                   "masked": {ConsistencyRequest: "_on_consistency", BoundConsistencyRequest: "_on_bound_consistency"},
-                   "signed": {UnmaskRequest: "_on_unmask"}}
+    TRANSITIONS = {
+        "advertised": {KeysBroadcast: "_on_keys"},
+        "shared": {ForwardedShares: "_on_shares"},
+        "masked": {ConsistencyRequest: "_on_consistency", BoundConsistencyRequest: "_on_bound_consistency"},
+        "signed": {UnmaskRequest: "_on_unmask"},
+    }
     #: the schedule of a client built with a full spec and ``schedule=None``
     SCHEDULE = "construction"
 
-    def __init__(self, spec: RoundSpec | SetupSpec, client_id: int, identity_key, update=None, weight: float = 1.0,
-                 random_state=None, min_survivors: int = 1, colluders: int | None = None, schedule: str | None = None):
+    def __init__(
+        self,
+        spec: RoundSpec | SetupSpec,
+        client_id: int,
+        identity_key,
+        update=None,
+        weight: float = 1.0,
+        random_state=None,
+        min_survivors: int = 1,
+        colluders: int | None = None,
+        schedule: str | None = None,
+    ):
         full = isinstance(spec, RoundSpec)
         if not full and not isinstance(spec, SetupSpec):
-            raise ConfigError(bad_value("spec", type(spec).__name__, "give a RoundSpec or (late-bound input) a SetupSpec"))
+            raise ConfigError(
+                bad_value("spec", type(spec).__name__, "give a RoundSpec or (late-bound input) a SetupSpec")
+            )
         schedule = ("late" if not full else self.SCHEDULE) if schedule is None else schedule
         if schedule not in SCHEDULES or (not full and schedule != "late"):
             raise ConfigError(bad_value("schedule", schedule, f"use one of {SCHEDULES}; a SetupSpec runs 'late'"))
         if not 0 <= client_id < spec.n_clients:
             raise ConfigError(bad_value("client_id", client_id, f"use 0 <= client_id < {spec.n_clients}"))
         if full and update is None:
-            raise ConfigError(bad_value("update", None, "a client built with a full RoundSpec needs its input; build "
-                                        "it with the SetupSpec (spec.setup) to provide the input later"))
+            raise ConfigError(
+                bad_value(
+                    "update",
+                    None,
+                    "a client built with a full RoundSpec needs its input; build "
+                    "it with the SetupSpec (spec.setup) to provide the input later",
+                )
+            )
         if not full and update is not None:
-            raise ConfigError(bad_value("update", "an array", "a late-bound client gets its input through "
-                                        "provide_input(input_spec, update, weight), not at construction"))
+            raise ConfigError(
+                bad_value(
+                    "update",
+                    "an array",
+                    "a late-bound client gets its input through "
+                    "provide_input(input_spec, update, weight), not at construction",
+                )
+            )
         if full:
             update = _check_update(spec, update, weight)
-        if isinstance(min_survivors, bool) or not isinstance(min_survivors, (int, np.integer)) or \
-                not 1 <= min_survivors <= spec.n_clients:
+        if (
+            isinstance(min_survivors, bool)
+            or not isinstance(min_survivors, (int, np.integer))
+            or not 1 <= min_survivors <= spec.n_clients
+        ):
             raise ConfigError(bad_value("min_survivors", min_survivors, f"use an integer in [1, {spec.n_clients}]"))
         if colluders is not None:
-            problems = check_parameters(spec.n_clients, spec.degree, spec.threshold, spec.signatures_needed,
-                                        int(colluders), complete_up_to=0, min_threshold=1)
+            problems = check_parameters(
+                spec.n_clients,
+                spec.degree,
+                spec.threshold,
+                spec.signatures_needed,
+                int(colluders),
+                complete_up_to=0,
+                min_threshold=1,
+            )
             if problems:
                 raise ProtocolError(f"client {client_id} refuses the round: " + "; ".join(problems))
         self.id = int(client_id)
@@ -137,8 +208,11 @@ class SecAggClient(StageClient):
         self._update = update if schedule == "construction" else None
         self._weight = float(weight)
         # late schedule built with the full spec: the input part and the input, provided as soon as ready
-        self._pending = (encode_input(spec.input_spec), update) \
-            if (full and schedule == "late" and isinstance(spec, RoundSpec)) else None
+        self._pending = (
+            (encode_input(spec.input_spec), update)
+            if (full and schedule == "late" and isinstance(spec, RoundSpec))
+            else None
+        )
         self._rng = check_random_state(random_state)
         self.state = "init"
         self.clipped = 0
@@ -185,9 +259,12 @@ class SecAggClient(StageClient):
             if e.sender not in self._neighbours:
                 raise ProtocolError(f"client {self.id}: broadcast contains client {e.sender}, not a neighbour")
             try:
-                crypto.verify(spec.identity_keys[e.sender], e.signature,
-                              advert_payload(sid, rnd, e.sender, self._key_digest, e.c_pk, e.s_pk, e.commit),
-                              what=f"client {e.sender}'s advertised keys")
+                crypto.verify(
+                    spec.identity_keys[e.sender],
+                    e.signature,
+                    advert_payload(sid, rnd, e.sender, self._key_digest, e.c_pk, e.s_pk, e.commit),
+                    what=f"client {e.sender}'s advertised keys",
+                )
                 if e.c_pk == e.s_pk or {e.c_pk, e.s_pk} & {self._c_pk, self._s_pk}:
                     raise AuthenticationError(f"client {e.sender} advertised reused keys")
                 crypto.x25519_shared(self._s_sk, e.s_pk)  # low-order / invalid keys raise here
@@ -218,16 +295,25 @@ class SecAggClient(StageClient):
     def _open_item(self, it: ShareItem) -> tuple[int, int]:
         """Verify one forwarded item from dealer ``it.peer`` and return its two shares (or raise)."""
         spec, sid, rnd, u = self.spec, self.spec.session_id, self.spec.round_index, it.peer
-        crypto.verify(spec.identity_keys[u], it.signature,
-                      share_item_payload(sid, rnd, self._key_digest, u, self.id, it.ciphertext, it.h_b, it.h_s),
-                      what=f"client {u}'s share item")
-        pt = crypto.aead_decrypt(self._chan[u], it.ciphertext, share_aad(sid, rnd, u, self.id),
-                                 what=f"client {self.id}: shares from client {u}")
+        crypto.verify(
+            spec.identity_keys[u],
+            it.signature,
+            share_item_payload(sid, rnd, self._key_digest, u, self.id, it.ciphertext, it.h_b, it.h_s),
+            what=f"client {u}'s share item",
+        )
+        pt = crypto.aead_decrypt(
+            self._chan[u],
+            it.ciphertext,
+            share_aad(sid, rnd, u, self.id),
+            what=f"client {self.id}: shares from client {u}",
+        )
         sp = decode(pt, session_id=sid, round_index=rnd, expected=SharePlaintext)
         if sp.sender != u or sp.recipient != self.id:
             raise AuthenticationError(f"client {self.id}: share plaintext names {sp.sender} → {sp.recipient}")
-        if share_hash(sid, rnd, u, self.id, b"b", sp.self_share) != it.h_b or \
-                share_hash(sid, rnd, u, self.id, b"s", sp.key_share) != it.h_s:
+        if (
+            share_hash(sid, rnd, u, self.id, b"b", sp.self_share) != it.h_b
+            or share_hash(sid, rnd, u, self.id, b"s", sp.key_share) != it.h_s
+        ):
             raise AuthenticationError(f"client {u}'s shares do not match the hashes it signed")
         return sp.self_share, sp.key_share
 
@@ -248,8 +334,9 @@ class SecAggClient(StageClient):
         for v in self._dealt - set(self._held):
             self._exclude(v, "its shares did not arrive")
         if len(self._held) < t:
-            raise ProtocolAbortedError(f"client {self.id}: valid shares from only {len(self._held)} neighbours, "
-                                       f"threshold is {t}")
+            raise ProtocolAbortedError(
+                f"client {self.id}: valid shares from only {len(self._held)} neighbours, threshold is {t}"
+            )
         self._chan, self._c_sk = {}, None  # the channel keys are done with once the shares are open
         if self.schedule == "construction":
             return self._mask()
@@ -260,8 +347,9 @@ class SecAggClient(StageClient):
             return self._bind(decode_input(raw), update, self._weight)
         return []
 
-    def provide_input(self, input_spec: InputSpec, update, weight: float = 1.0, now: float = 0.0, *,
-                      min_survivors: int | None = None) -> list[bytes]:
+    def provide_input(
+        self, input_spec: InputSpec, update, weight: float = 1.0, now: float = 0.0, *, min_survivors: int | None = None
+    ) -> list[bytes]:
         """Late-bound schedule, state ``ready``: bind the input part, quantise and mask ``update`` and return the
         MaskedInput (signed over the full digest of the joined spec). Allowed exactly once; in any other state
         the client aborts (a second masked input of one round would give the server the difference of two
@@ -273,13 +361,18 @@ class SecAggClient(StageClient):
         if self.schedule != "late" or self.state != "ready":
             state = self.state
             self._abort()
-            raise ProtocolError(f"client {self.id}: provide_input is for a late-bound client in state 'ready', not a "
-                                f"{self.schedule!r} client in state {state!r}; aborted")
+            raise ProtocolError(
+                f"client {self.id}: provide_input is for a late-bound client in state 'ready', not a "
+                f"{self.schedule!r} client in state {state!r}; aborted"
+            )
         if not isinstance(input_spec, InputSpec):
             raise ConfigError(bad_value("input_spec", type(input_spec).__name__, "give an InputSpec (decode_input)"))
         n = self.spec.n_clients
-        if min_survivors is not None and (isinstance(min_survivors, bool) or not isinstance(
-                min_survivors, (int, np.integer)) or not 1 <= min_survivors <= n):
+        if min_survivors is not None and (
+            isinstance(min_survivors, bool)
+            or not isinstance(min_survivors, (int, np.integer))
+            or not 1 <= min_survivors <= n
+        ):
             raise ConfigError(bad_value("min_survivors", min_survivors, f"use an integer in [1, {n}]"))
         update = _check_update(input_spec, update, weight)
         if min_survivors is not None:
@@ -304,22 +397,32 @@ class SecAggClient(StageClient):
             q, self.clipped = quantize(self._update, self._weight, fp, self._rng)
         acc = q.copy()
         buf = bytearray(acc.nbytes + 16)
-        crypto.add_mask_inplace(acc, self._b, session_id=spec.session_id, info=self_info(spec.round_index, self.id),
-                                sign=+1, buf=buf)
+        crypto.add_mask_inplace(
+            acc, self._b, session_id=spec.session_id, info=self_info(spec.round_index, self.id), sign=+1, buf=buf
+        )
         peers = tuple(sorted(self._held))
         for v in peers:
             shared = crypto.x25519_shared(self._s_sk, self._peers_keys[v][1])
-            crypto.add_mask_inplace(acc, shared, session_id=spec.session_id, info=pair_info(spec.round_index, self.id, v),
-                                    sign=+1 if self.id < v else -1, buf=buf)
+            crypto.add_mask_inplace(
+                acc,
+                shared,
+                session_id=spec.session_id,
+                info=pair_info(spec.round_index, self.id, v),
+                sign=+1 if self.id < v else -1,
+                buf=buf,
+            )
         if fp.modulus_bits not in (32, 64):
             acc &= fp.dtype((1 << fp.modulus_bits) - 1)
         data = acc.tobytes()
         self._input_hash = input_hash(data, peers)
         if self.schedule == "construction":
-            payload = masked_payload(spec.session_id, spec.round_index, spec.digest, self.id, fp.modulus_bits, data, peers)
+            payload = masked_payload(
+                spec.session_id, spec.round_index, spec.digest, self.id, fp.modulus_bits, data, peers
+            )
         else:
-            payload = bound_masked_payload(spec.session_id, spec.round_index, spec.digest, self.id, fp.modulus_bits,
-                                           self._input_hash)
+            payload = bound_masked_payload(
+                spec.session_id, spec.round_index, spec.digest, self.id, fp.modulus_bits, self._input_hash
+            )
         sig = crypto.sign(self._identity, payload)
         self._b = self._s_sk = self._c_sk = None
         self._update = None
@@ -331,9 +434,11 @@ class SecAggClient(StageClient):
         spec, t = self.spec, self.spec.threshold
         partners = set(self._masked_with) & set(surv)
         if len(partners) < t:
-            raise ProtocolAbortedError(f"client {self.id} refuses to sign: only {len(partners)} of its masking "
-                                       f"partners are survivors (threshold {t}); its input would be exposed in a "
-                                       "partial sum")
+            raise ProtocolAbortedError(
+                f"client {self.id} refuses to sign: only {len(partners)} of its masking "
+                f"partners are survivors (threshold {t}); its input would be exposed in a "
+                "partial sum"
+            )
         self._survivors = surv
         sig = crypto.sign(self._identity, consistency_payload(spec.session_id, spec.round_index, spec.digest, surv))
         self.state = "signed"
@@ -341,8 +446,10 @@ class SecAggClient(StageClient):
 
     def _on_consistency(self, msg: ConsistencyRequest) -> list[bytes]:
         if self.schedule != "construction":
-            raise ProtocolError(f"client {self.id}: a late-bound round's survivor set must come with every member's "
-                                "signed input binding (BoundConsistencyRequest); refused")
+            raise ProtocolError(
+                f"client {self.id}: a late-bound round's survivor set must come with every member's "
+                "signed input binding (BoundConsistencyRequest); refused"
+            )
         return self._sign_survivors(self._survivor_set(msg.survivors, self.min_survivors))
 
     def _on_bound_consistency(self, msg: BoundConsistencyRequest) -> list[bytes]:
@@ -354,16 +461,22 @@ class SecAggClient(StageClient):
         spec = self.spec
         surv = self._survivor_set(msg.survivors, self.min_survivors)
         if tuple(e.sender for e in msg.inputs) != surv:
-            raise ProtocolError(f"client {self.id}: the input bindings name {[e.sender for e in msg.inputs]}, not the "
-                                f"survivor set {list(surv)}; refused")
+            raise ProtocolError(
+                f"client {self.id}: the input bindings name {[e.sender for e in msg.inputs]}, not the "
+                f"survivor set {list(surv)}; refused"
+            )
         bits = spec.fixed_point.modulus_bits
         for e in msg.inputs:
             if e.sender == self.id and e.digest != self._input_hash:
-                raise AuthenticationError(f"client {self.id}: the server replaced the binding of its own masked input; "
-                                          "refused")
-            crypto.verify(spec.identity_keys[e.sender], e.signature,
-                          bound_masked_payload(spec.session_id, spec.round_index, spec.digest, e.sender, bits, e.digest),
-                          what=f"client {e.sender}'s masked-input binding (another input part or a forgery)")
+                raise AuthenticationError(
+                    f"client {self.id}: the server replaced the binding of its own masked input; refused"
+                )
+            crypto.verify(
+                spec.identity_keys[e.sender],
+                e.signature,
+                bound_masked_payload(spec.session_id, spec.round_index, spec.digest, e.sender, bits, e.digest),
+                what=f"client {e.sender}'s masked-input binding (another input part or a forgery)",
+            )
         return self._sign_survivors(surv)
 
     def _on_unmask(self, msg: UnmaskRequest) -> list[bytes]:
@@ -384,8 +497,9 @@ class SecAggClient(StageClient):
             crypto.verify(spec.identity_keys[s.signer], s.signature, payload, what=f"client {s.signer}'s survivor set")
             good += 1
         if good < q:
-            raise ProtocolAbortedError(f"client {self.id}: only {good} members confirmed the survivor set, the quorum "
-                                       f"is {q}; nothing revealed")
+            raise ProtocolAbortedError(
+                f"client {self.id}: only {good} members confirmed the survivor set, the quorum is {q}; nothing revealed"
+            )
         self_shares, key_shares = [], []
         for v in sorted(self._held):  # one kind per peer: b for survivors, s for the others — never both
             bs, ss = self._held[v]
@@ -393,12 +507,17 @@ class SecAggClient(StageClient):
                 self_shares.append(ShareValue(v, bs))
             else:
                 key_shares.append(ShareValue(v, ss))
-        sig = crypto.sign(self._identity, unmask_payload(spec.session_id, spec.round_index, spec.digest, self.id,
-                                                         self_shares, key_shares))
+        sig = crypto.sign(
+            self._identity,
+            unmask_payload(spec.session_id, spec.round_index, spec.digest, self.id, self_shares, key_shares),
+        )
         self.state = "done"
         self._held = {}
-        return [encode(UnmaskResponse(spec.session_id, spec.round_index, self.id, tuple(self_shares),
-                                      tuple(key_shares), sig))]
+        return [
+            encode(
+                UnmaskResponse(spec.session_id, spec.round_index, self.id, tuple(self_shares), tuple(key_shares), sig)
+            )
+        ]
 
     def verify_sum(self, proof: bytes) -> np.ndarray:
         """After the round (``done``): check the server's :meth:`~.secagg_server.SecAggServer.proof` against this
@@ -407,6 +526,14 @@ class SecAggClient(StageClient):
         from .secagg_proof import verify_sum
 
         if self.state != "done":
-            raise ProtocolError(f"client {self.id}: a sum proof is checked after the round, not in state {self.state!r}")
-        return verify_sum(proof, self.spec, self.id, schedule=self.schedule, survivors=self._survivors,
-                          own_input_hash=self._input_hash)
+            raise ProtocolError(
+                f"client {self.id}: a sum proof is checked after the round, not in state {self.state!r}"
+            )
+        return verify_sum(
+            proof,
+            self.spec,
+            self.id,
+            schedule=self.schedule,
+            survivors=self._survivors,
+            own_input_hash=self._input_hash,
+        )

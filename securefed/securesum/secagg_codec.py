@@ -27,12 +27,28 @@ import numpy as np
 
 from ..errors import DecodeError, ProtocolError
 from . import crypto
-from .secagg import (RoundSpec, SetupSpec, decode_input, decode_setup, decode_spec, encode_input, encode_setup,
-                     encode_spec)
+from .secagg import (
+    RoundSpec,
+    SetupSpec,
+    decode_input,
+    decode_setup,
+    decode_spec,
+    encode_input,
+    encode_setup,
+    encode_spec,
+)
 from .secagg_client import SecAggClient
 
-__all__ = ["encode_spec", "decode_spec", "encode_setup", "decode_setup", "encode_input", "decode_input",
-           "dump_client", "load_client"]
+__all__ = [
+    "encode_spec",
+    "decode_spec",
+    "encode_setup",
+    "decode_setup",
+    "encode_input",
+    "decode_input",
+    "dump_client",
+    "load_client",
+]
 
 #: 3: the late-bound schedule (schedule, signed digests, pending input); version-2 states still load
 STATE_VERSION = 3
@@ -70,7 +86,7 @@ def _enc(v):
 def _dec(v):
     if v is None or isinstance(v, (bool, str, float)):
         return v
-    (tag, x), = v.items()
+    ((tag, x),) = v.items()
     if tag == "i":
         return int(x)
     if tag == "b":
@@ -105,8 +121,9 @@ def load_client(blob: bytes, spec: RoundSpec | SetupSpec, identity_key) -> SecAg
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"stored SecAgg client state is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("v") not in (2, STATE_VERSION):
-        raise DecodeError(f"stored client state version {doc.get('v') if isinstance(doc, dict) else None!r} is not "
-                          f"{STATE_VERSION}")
+        raise DecodeError(
+            f"stored client state version {doc.get('v') if isinstance(doc, dict) else None!r} is not {STATE_VERSION}"
+        )
     client = SecAggClient.__new__(SecAggClient)
     client._identity = identity_key
     rng = np.random.default_rng()
@@ -136,6 +153,8 @@ def _spec_for(client: SecAggClient, spec):
     if client._bound_digest is None:
         return spec.setup  # not bound yet: only the setup part is known to the machine
     if not isinstance(spec, RoundSpec) or spec.digest != client._bound_digest:
-        raise DecodeError(f"stored SecAgg client {client.id} is bound to another input part; pass the full spec it was "
-                          "bound to (setup.bind(input_spec)); refused")
+        raise DecodeError(
+            f"stored SecAgg client {client.id} is bound to another input part; pass the full spec it was "
+            "bound to (setup.bind(input_spec)); refused"
+        )
     return spec

@@ -48,11 +48,38 @@ import numpy as np
 from ..errors import AuthenticationError, ConfigError, ProtocolError, bad_value
 from . import crypto, shamir
 from .machine import StageServer, UnexpectedMessageError
-from .messages import (AdvertiseKeys, BoundConsistencyRequest, ConsistencyRequest, ConsistencySignature,
-                       EncryptedShares, ForwardedShares, InputDigest, KeyEntry, KeysBroadcast, MaskedInput, ShareItem,
-                       SignatureEntry, UnmaskRequest, UnmaskResponse, sender_of)
-from .secagg import (SCHEDULES, STAGES, InputSpec, RoundSpec, SetupSpec, advert_payload, bound_masked_payload,
-                     commitment, consistency_payload, input_hash, masked_payload, share_hash, unmask_payload)
+from .messages import (
+    AdvertiseKeys,
+    BoundConsistencyRequest,
+    ConsistencyRequest,
+    ConsistencySignature,
+    EncryptedShares,
+    ForwardedShares,
+    InputDigest,
+    KeyEntry,
+    KeysBroadcast,
+    MaskedInput,
+    ShareItem,
+    SignatureEntry,
+    UnmaskRequest,
+    UnmaskResponse,
+    sender_of,
+)
+from .secagg import (
+    SCHEDULES,
+    STAGES,
+    InputSpec,
+    RoundSpec,
+    SetupSpec,
+    advert_payload,
+    bound_masked_payload,
+    commitment,
+    consistency_payload,
+    input_hash,
+    masked_payload,
+    share_hash,
+    unmask_payload,
+)
 from .quantize import dequantize
 from .secagg_proof import build_proof, range_excess, unmasked_sum
 
@@ -82,9 +109,13 @@ class SecAggServer(StageServer):
     discards everything it holds (fail closed, :class:`~.machine.StageServer`).
     """
 
-    TRANSITIONS = {"advertise": {AdvertiseKeys: "_on_advert"}, "share": {EncryptedShares: "_on_shares"},
-                   "masked": {MaskedInput: "_on_masked"}, "consistency": {ConsistencySignature: "_on_signature"},
-                   "unmask": {UnmaskResponse: "_on_unmask"}}
+    TRANSITIONS = {
+        "advertise": {AdvertiseKeys: "_on_advert"},
+        "share": {EncryptedShares: "_on_shares"},
+        "masked": {MaskedInput: "_on_masked"},
+        "consistency": {ConsistencySignature: "_on_signature"},
+        "unmask": {UnmaskResponse: "_on_unmask"},
+    }
     FIRST_STAGE = "advertise"
     NAME = "server"
     STAGES = STAGES
@@ -95,7 +126,9 @@ class SecAggServer(StageServer):
     def __init__(self, spec: RoundSpec | SetupSpec, now: float = 0.0, schedule: str | None = None):
         full = isinstance(spec, RoundSpec)
         if not full and not isinstance(spec, SetupSpec):
-            raise ConfigError(bad_value("spec", type(spec).__name__, "give a RoundSpec or (late-bound input) a SetupSpec"))
+            raise ConfigError(
+                bad_value("spec", type(spec).__name__, "give a RoundSpec or (late-bound input) a SetupSpec")
+            )
         schedule = ("late" if not full else self.SCHEDULE) if schedule is None else schedule
         if schedule not in SCHEDULES or (not full and schedule != "late"):
             raise ConfigError(bad_value("schedule", schedule, f"use one of {SCHEDULES}; a SetupSpec runs 'late'"))
@@ -117,8 +150,12 @@ class SecAggServer(StageServer):
 
     def receive(self, data: bytes, now: float = 0.0) -> list[tuple[int, bytes]]:
         if self.stage == "ready":  # between the share stage and open_input no client message is expected
-            self._reject(sender_of(data), UnexpectedMessageError(
-                "server in stage 'ready' (waiting for the input part): no client message expected; discarded"))
+            self._reject(
+                sender_of(data),
+                UnexpectedMessageError(
+                    "server in stage 'ready' (waiting for the input part): no client message expected; discarded"
+                ),
+            )
             return []
         convicted = len(self._convicted)
         out = super().receive(data, now)
@@ -133,8 +170,10 @@ class SecAggServer(StageServer):
         ``[]`` (nothing to relay). Any error aborts the machine (fail closed)."""
         try:
             if self.schedule != "late" or self.stage != "ready":
-                raise ProtocolError(f"server: open_input is for a late-bound round in stage 'ready', not a "
-                                    f"{self.schedule!r} round in stage {self.stage!r}")
+                raise ProtocolError(
+                    f"server: open_input is for a late-bound round in stage 'ready', not a "
+                    f"{self.schedule!r} round in stage {self.stage!r}"
+                )
             spec = self.spec.bind(input_spec)
         except Exception as exc:
             self._abort_on(exc)
@@ -168,9 +207,14 @@ class SecAggServer(StageServer):
     def _on_advert(self, msg: AdvertiseKeys) -> None:
         spec = self.spec
         self._accept(msg)
-        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
-                      advert_payload(spec.session_id, spec.round_index, msg.sender, self._key_digest, msg.c_pk,
-                                     msg.s_pk, msg.commit), what=f"client {msg.sender}'s advertised keys")
+        crypto.verify(
+            spec.identity_keys[msg.sender],
+            msg.signature,
+            advert_payload(
+                spec.session_id, spec.round_index, msg.sender, self._key_digest, msg.c_pk, msg.s_pk, msg.commit
+            ),
+            what=f"client {msg.sender}'s advertised keys",
+        )
         if msg.c_pk == msg.s_pk:
             raise AuthenticationError(f"server: client {msg.sender} advertised one key twice; discarded")
         for pk in (msg.c_pk, msg.s_pk):
@@ -186,8 +230,10 @@ class SecAggServer(StageServer):
         peers = [it.peer for it in msg.items]
         allowed = self.spec.neighbours[u] & self._u1
         if peers != sorted(set(peers)) or not set(peers) <= allowed:
-            raise ProtocolError(f"server: client {u} dealt shares to {peers}, not a sorted subset of its live "
-                                f"neighbours {sorted(allowed)}; discarded")
+            raise ProtocolError(
+                f"server: client {u} dealt shares to {peers}, not a sorted subset of its live "
+                f"neighbours {sorted(allowed)}; discarded"
+            )
         if len(peers) < t:
             raise ProtocolError(f"server: client {u} dealt to only {len(peers)} neighbours (threshold {t}); discarded")
         self.received[u] = msg
@@ -209,12 +255,17 @@ class SecAggServer(StageServer):
         if len(msg.data) != nbytes:
             self._convict(u, f"signed a masked input of {len(msg.data)} bytes, the spec has {nbytes}")
         if k not in (32, 64) and np.any(np.frombuffer(msg.data, dtype=fp.dtype) >> fp.dtype(k)):
-            self._convict(u, f"signed a masked input with words >= 2^{k}, which no honest encoder produces (masked "
-                             f"words are reduced mod 2^{k})")
+            self._convict(
+                u,
+                f"signed a masked input with words >= 2^{k}, which no honest encoder produces (masked "
+                f"words are reduced mod 2^{k})",
+            )
         allowed = self._dealt[u] & self._dealers[u]
         if not set(msg.peers) <= allowed:
-            raise ProtocolError(f"server: client {u} claims to have masked with {sorted(set(msg.peers) - allowed)}, "
-                                "with whom it exchanged no shares; discarded (client dropped)")
+            raise ProtocolError(
+                f"server: client {u} claims to have masked with {sorted(set(msg.peers) - allowed)}, "
+                "with whom it exchanged no shares; discarded (client dropped)"
+            )
         if len(msg.peers) < spec.threshold:
             raise ProtocolError(f"server: client {u} masked with only {len(msg.peers)} peers; discarded")
         self._bindings[u] = binding
@@ -226,23 +277,30 @@ class SecAggServer(StageServer):
         if u not in self.blame:
             self.blame = tuple(self.blame) + (u,)
         self._convicted.add(u)
-        raise ProtocolError(f"server: client {u} {why}; discarded and client {u} named (blame), the round goes on "
-                            "without it")
+        raise ProtocolError(
+            f"server: client {u} {why}; discarded and client {u} named (blame), the round goes on without it"
+        )
 
     def _on_signature(self, msg: ConsistencySignature) -> None:
         spec = self.spec
         self._accept(msg)
-        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
-                      consistency_payload(spec.session_id, spec.round_index, spec.digest, self._u3),
-                      what=f"client {msg.sender}'s survivor set")
+        crypto.verify(
+            spec.identity_keys[msg.sender],
+            msg.signature,
+            consistency_payload(spec.session_id, spec.round_index, spec.digest, self._u3),
+            what=f"client {msg.sender}'s survivor set",
+        )
         self.received[msg.sender] = msg
 
     def _on_unmask(self, msg: UnmaskResponse) -> None:
         spec, w = self.spec, msg.sender
         self._accept(msg)
-        crypto.verify(spec.identity_keys[w], msg.signature,
-                      unmask_payload(spec.session_id, spec.round_index, spec.digest, w, msg.self_shares, msg.key_shares),
-                      what=f"client {w}'s unmask response")
+        crypto.verify(
+            spec.identity_keys[w],
+            msg.signature,
+            unmask_payload(spec.session_id, spec.round_index, spec.digest, w, msg.self_shares, msg.key_shares),
+            what=f"client {w}'s unmask response",
+        )
         held = self._peer_sets[w]
         want_self = sorted(held & set(self._u3))
         want_key = sorted(held - set(self._u3))
@@ -271,8 +329,10 @@ class SecAggServer(StageServer):
                 continue  # dropped and nobody in U masked with it: nothing to recover
             n_live = len(self._holders(u, live))
             if n_live < t:
-                self._fail(f"client {u} keeps only {n_live} live holders of its shares at stage {what!r} "
-                           f"(threshold {t})", timed_out)
+                self._fail(
+                    f"client {u} keeps only {n_live} live holders of its shares at stage {what!r} (threshold {t})",
+                    timed_out,
+                )
 
     def _close(self, now: float, timed_out: bool) -> list[tuple[int, bytes]]:
         spec, sid, rnd, t = self.spec, self.spec.session_id, self.spec.round_index, self.spec.threshold
@@ -281,19 +341,22 @@ class SecAggServer(StageServer):
         if self.stage == "advertise":
             u1 = _prune(set(self.received), lambda u, s: len(nb[u] & s) >= t)
             if not u1:
-                self._fail(f"only {len(self.received)} clients advertised valid keys; none keeps {t} live "
-                           "neighbours", timed_out)
+                self._fail(
+                    f"only {len(self.received)} clients advertised valid keys; none keeps {t} live neighbours",
+                    timed_out,
+                )
             self._keys = {u: self.received[u] for u in u1}
             self._u1 = u1
             self._advance("share", now, u1)
             for u in sorted(u1):
-                entries = tuple(KeyEntry(v, self._keys[v].c_pk, self._keys[v].s_pk, self._keys[v].commit,
-                                         self._keys[v].signature) for v in sorted(nb[u] & u1))
+                entries = tuple(
+                    KeyEntry(v, self._keys[v].c_pk, self._keys[v].s_pk, self._keys[v].commit, self._keys[v].signature)
+                    for v in sorted(nb[u] & u1)
+                )
                 self._send(out, u, KeysBroadcast(sid, rnd, u, entries))
         elif self.stage == "share":
             dealt = {u: {it.peer for it in self.received[u].items} for u in self.received}
-            u2 = _prune(set(dealt), lambda u, s: len(dealt[u] & s) >= t and
-                        len({v for v in s if u in dealt[v]}) >= t)
+            u2 = _prune(set(dealt), lambda u, s: len(dealt[u] & s) >= t and len({v for v in s if u in dealt[v]}) >= t)
             if not u2:
                 self._fail(f"only {len(self.received)} clients shared keys; none keeps {t} live holders", timed_out)
             self._u2 = u2
@@ -303,8 +366,16 @@ class SecAggServer(StageServer):
             late = self.schedule == "late"
             self._advance("ready" if late else "masked", now, u2)  # late: wait for the input part (open_input)
             for u in sorted(u2):
-                items = tuple(ShareItem(v, self._items[v][u].ciphertext, self._items[v][u].h_b, self._items[v][u].h_s,
-                                        self._items[v][u].signature) for v in sorted(self._dealers[u]))
+                items = tuple(
+                    ShareItem(
+                        v,
+                        self._items[v][u].ciphertext,
+                        self._items[v][u].h_b,
+                        self._items[v][u].h_s,
+                        self._items[v][u].signature,
+                    )
+                    for v in sorted(self._dealers[u])
+                )
                 self._send(out, u, ForwardedShares(sid, rnd, u, items))
             if late and self._pending is not None:  # built with the full spec: bind the input part at once
                 pending, self._pending = self._pending, None
@@ -366,9 +437,15 @@ class SecAggServer(StageServer):
                 if share_hash(sid, rnd, owner, w, kind, s.value) == want:
                     pts.append((w + 1, s.value))
                 else:
-                    self.rejected.append((w, AuthenticationError(
-                        f"server: client {w} revealed a share of client {owner}'s secret that does not match the "
-                        "hash its dealer signed; share discarded")))
+                    self.rejected.append(
+                        (
+                            w,
+                            AuthenticationError(
+                                f"server: client {w} revealed a share of client {owner}'s secret that does not match the "
+                                "hash its dealer signed; share discarded"
+                            ),
+                        )
+                    )
         return pts
 
     def _finish(self, timed_out: bool) -> None:
@@ -384,8 +461,12 @@ class SecAggServer(StageServer):
             b = shamir.int_to_secret(shamir.reconstruct(pts, t), strict=False)
             if b is None or commitment(sid, rnd, u, b) != self._keys[u].commit:
                 self.blame = (u,)
-                self._fail(f"client {u} dealt shares of a self-mask seed other than the one it committed to (its "
-                           "signed share hashes are the evidence); exclude it and rerun", False, "sum withheld")
+                self._fail(
+                    f"client {u} dealt shares of a self-mask seed other than the one it committed to (its "
+                    "signed share hashes are the evidence); exclude it and rerun",
+                    False,
+                    "sum withheld",
+                )
             seeds[u] = b
         for u in sorted(self._u2 - u3):
             if not self._holders(u, u3):
@@ -397,22 +478,31 @@ class SecAggServer(StageServer):
             s_sk = None if raw is None else crypto.x25519_private_from_bytes(raw)
             if s_sk is None or crypto.x25519_public_bytes(s_sk) != self._keys[u].s_pk:
                 self.blame = (u,)
-                self._fail(f"client {u} dealt shares of a mask key other than the one it advertised (its signed "
-                           "share hashes are the evidence); exclude it and rerun", False, "sum withheld")
+                self._fail(
+                    f"client {u} dealt shares of a mask key other than the one it advertised (its signed "
+                    "share hashes are the evidence); exclude it and rerun",
+                    False,
+                    "sum withheld",
+                )
             mask_keys[u] = s_sk
-        acc = unmasked_sum(spec, self._inputs, seeds, mask_keys, self._peer_sets,
-                           {v: a.s_pk for v, a in self._keys.items()})
+        acc = unmasked_sum(
+            spec, self._inputs, seeds, mask_keys, self._peer_sets, {v: a.s_pk for v, a in self._keys.items()}
+        )
         worst, bound = range_excess(spec, acc)
         if worst > bound:  # integer inputs: the sum lives mod 2^k (the encoder bounds its wrap), no range
             self.suspects = self._u3
             outside = int(np.count_nonzero(np.abs(dequantize(acc, spec.fixed_point)) * spec.fixed_point.scale > bound))
-            self._fail(f"the unmasked sum lies outside its public range at {outside} of {spec.length} coordinates "
-                       f"(|word| {worst:.3g} > {bound:.3g}): the masked input of at least one survivor encodes a value "
-                       "no honest site sends (garbage under honest-looking words, or masked with a seed other than the "
-                       "one it committed to). Which one is not identifiable without opening a site's masked input, "
-                       "which would expose an honest site's input (docs/threat-model-secure-sum.md §5); sites that could "
-                       f"be responsible: {list(self._u3)} (SecAggServer.suspects). Do not rerun this sum over a subset "
-                       "of them", False, "sum withheld")
+            self._fail(
+                f"the unmasked sum lies outside its public range at {outside} of {spec.length} coordinates "
+                f"(|word| {worst:.3g} > {bound:.3g}): the masked input of at least one survivor encodes a value "
+                "no honest site sends (garbage under honest-looking words, or masked with a seed other than the "
+                "one it committed to). Which one is not identifiable without opening a site's masked input, "
+                "which would expose an honest site's input (docs/threat-model-secure-sum.md §5); sites that could "
+                f"be responsible: {list(self._u3)} (SecAggServer.suspects). Do not rerun this sum over a subset "
+                "of them",
+                False,
+                "sum withheld",
+            )
         self.result = acc
         self.survivors = self._u3
         self.stage = "done"
@@ -424,11 +514,22 @@ class SecAggServer(StageServer):
         """The proof that :attr:`result` is the sum over the survivors (:mod:`.secagg_proof`; the same bytes for every
         survivor). Only after the round is ``done``; :meth:`forget` drops the evidence it is built from."""
         if self.stage != "done" or self._evidence is None:
-            raise ProtocolError(f"server: no sum proof in stage {self.stage!r} (a proof exists only for a completed "
-                                "round whose evidence was not forgotten)")
+            raise ProtocolError(
+                f"server: no sum proof in stage {self.stage!r} (a proof exists only for a completed "
+                "round whose evidence was not forgotten)"
+            )
         ev = self._evidence
-        return build_proof(self.spec, self.schedule, self._u3, self.result, self._masked, self._signatures, self._keys,
-                           ev["seeds"], ev["mask_keys"])
+        return build_proof(
+            self.spec,
+            self.schedule,
+            self._u3,
+            self.result,
+            self._masked,
+            self._signatures,
+            self._keys,
+            ev["seeds"],
+            ev["mask_keys"],
+        )
 
     def forget(self) -> None:
         """Drop the evidence kept for :meth:`proof` (the survivors' masked inputs: |U|·d words)."""

@@ -16,14 +16,24 @@ from typing import Iterable, Sequence
 
 from ..errors import ConfigError, ProtocolAbortedError, bad_value
 
-__all__ = ["PRIME", "SHARE_BYTES", "share", "share_with_coefficients", "reconstruct", "lagrange_at_zero",
-           "secret_to_int", "int_to_secret"]
+__all__ = [
+    "PRIME",
+    "SHARE_BYTES",
+    "share",
+    "share_with_coefficients",
+    "reconstruct",
+    "lagrange_at_zero",
+    "secret_to_int",
+    "int_to_secret",
+]
 
 PRIME = 2**256 + 297
 SHARE_BYTES = 33
 
 
-def share_with_coefficients(secret: int, coefficients: Sequence[int], xs: Sequence[int], prime: int = PRIME) -> list[int]:
+def share_with_coefficients(
+    secret: int, coefficients: Sequence[int], xs: Sequence[int], prime: int = PRIME
+) -> list[int]:
     """Evaluate ``f(x) = secret + Σ_i coefficients[i] x^{i+1}`` at each ``x`` (Horner's rule, mod ``prime``).
 
     Shamir 1979, Eq. (1). Deterministic core of :func:`share`, exposed so tests can enumerate every

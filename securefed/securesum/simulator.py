@@ -26,11 +26,25 @@ __all__ = ["simulate", "PROTOCOLS"]
 PROTOCOLS = ("secagg", "ckks")
 
 
-def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dropout=0.0, drop_stage: str | None = None,
-             tamper: str | None = None, seed: int = 0, *, degree: int | None = None, threshold: int | None = None,
-             clip_range: float = 1.0, modulus_bits: int = 32, fractional_bits: int | None = None,
-             precision: float = 1e-6, dropout_rate: float | None = None, corrupt_fraction: float = 0.1,
-             key_holder: int = 0) -> dict:
+def simulate(
+    protocol: str = "secagg",
+    clients: int = 10,
+    length: int = 1000,
+    dropout=0.0,
+    drop_stage: str | None = None,
+    tamper: str | None = None,
+    seed: int = 0,
+    *,
+    degree: int | None = None,
+    threshold: int | None = None,
+    clip_range: float = 1.0,
+    modulus_bits: int = 32,
+    fractional_bits: int | None = None,
+    precision: float = 1e-6,
+    dropout_rate: float | None = None,
+    corrupt_fraction: float = 0.1,
+    key_holder: int = 0,
+) -> dict:
     """Run one round of ``protocol`` among ``clients`` clients on vectors of ``length`` values.
 
     Parameters
@@ -69,20 +83,34 @@ def simulate(protocol: str = "secagg", clients: int = 10, length: int = 1000, dr
         if dropout_rate is None:
             dropout_rate = float(dropout) if isinstance(dropout, float) and dropout > 0 else 0.1
         out, total, error_bound, params, revealed = _secagg_round(
-            priv, pub, inputs, weights, rng, sched, tamper, degree=degree, threshold=threshold,
-            dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction, clip_range=clip_range,
-            modulus_bits=modulus_bits, fractional_bits=fractional_bits)
+            priv,
+            pub,
+            inputs,
+            weights,
+            rng,
+            sched,
+            tamper,
+            degree=degree,
+            threshold=threshold,
+            dropout_rate=dropout_rate,
+            corrupt_fraction=corrupt_fraction,
+            clip_range=clip_range,
+            modulus_bits=modulus_bits,
+            fractional_bits=fractional_bits,
+        )
     else:
-        out, total, error_bound, params, revealed = _ckks_round(priv, pub, inputs, weights, sched, tamper,
-                                                                precision=precision, clip_range=clip_range,
-                                                                key_holder=key_holder)
+        out, total, error_bound, params, revealed = _ckks_round(
+            priv, pub, inputs, weights, sched, tamper, precision=precision, clip_range=clip_range, key_holder=key_holder
+        )
     wall = time.perf_counter() - t0
-    return _round_report(protocol, clients, length, tamper, seed, inputs, sched, out, total, error_bound, params,
-                         revealed, wall)
+    return _round_report(
+        protocol, clients, length, tamper, seed, inputs, sched, out, total, error_bound, params, revealed, wall
+    )
 
 
-def _round_report(protocol, clients, length, tamper, seed, inputs, sched, out, total, error_bound, params, revealed,
-                  wall: float) -> dict:
+def _round_report(
+    protocol, clients, length, tamper, seed, inputs, sched, out, total, error_bound, params, revealed, wall: float
+) -> dict:
     """:func:`simulate`'s report of one round (``out``: the round's outcome, ``total``: the sum it released, ``wall``:
     its time): the survivors, the error against the plain sum of their inputs, the faults, the timings and bytes."""
     err, survivors = out.error, out.survivors
@@ -144,16 +172,33 @@ def _check(protocol, clients, length, tamper, drop_stage) -> tuple:
     return stages
 
 
-def _secagg_round(priv, pub, inputs, weights, rng, sched, tamper, *, degree, threshold, dropout_rate,
-                  corrupt_fraction, clip_range, modulus_bits, fractional_bits):
+def _secagg_round(
+    priv,
+    pub,
+    inputs,
+    weights,
+    rng,
+    sched,
+    tamper,
+    *,
+    degree,
+    threshold,
+    dropout_rate,
+    corrupt_fraction,
+    clip_range,
+    modulus_bits,
+    fractional_bits,
+):
     """One SecAgg+ round: (outcome, the dequantised total or None, the error bound, parameters, revealed shares)."""
     clients, length = len(inputs), len(inputs[0])
-    gp = choose_parameters(clients, degree=degree, threshold=threshold, dropout_rate=dropout_rate,
-                           corrupt_fraction=corrupt_fraction)
+    gp = choose_parameters(
+        clients, degree=degree, threshold=threshold, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction
+    )
     fp = plan_fixed_point(clip_range, weights, modulus_bits=modulus_bits, fractional_bits=fractional_bits)
     sid = os.urandom(16)
-    spec = RoundSpec(sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()),
-                     gp.quorum)
+    spec = RoundSpec(
+        sid, 0, clients, gp.degree, gp.threshold, sid, length, fp, pub, tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+    )
     out = run_secagg_round(spec, priv, inputs, weights, rng, drop_at=sched, tamper=tamper)
     total = dequantize(out.words, fp) if out.error is None else None
     return out, total, fp.step * clients, dict(graph=gp.as_dict(), fixed_point=fp.as_dict()), out.revealed
@@ -165,8 +210,15 @@ def _ckks_round(priv, pub, inputs, weights, sched, tamper, *, precision, clip_ra
 
     clients, length = len(inputs), len(inputs[0])
     params_ckks = choose_ckks_parameters(length, precision, clients * clip_range, clients)
-    out = run_ckks_round(params_ckks, priv, pub, inputs, weights, clip_range, drop_at=sched, key_holder=key_holder,
-                         tamper=tamper)
+    out = run_ckks_round(
+        params_ckks, priv, pub, inputs, weights, clip_range, drop_at=sched, key_holder=key_holder, tamper=tamper
+    )
     sigma = flood_sigma(params_ckks.scale_bits, clients, clients * clip_range)
     error_bound = release_error_bound(params_ckks.step, sigma, length)
-    return out, out.total, error_bound, dict(params_ckks.as_dict(), flood_sigma=sigma), 0 if out.error is not None else 1
+    return (
+        out,
+        out.total,
+        error_bound,
+        dict(params_ckks.as_dict(), flood_sigma=sigma),
+        0 if out.error is not None else 1,
+    )

@@ -50,7 +50,9 @@ def _canon(value, where: str):
         return {"b": bytes(value).hex()}
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
-            raise ConfigError(bad_value(where, value.dtype, "a task field array must hold booleans, integers or floats"))
+            raise ConfigError(
+                bad_value(where, value.dtype, "a task field array must hold booleans, integers or floats")
+            )
         arr = np.ascontiguousarray(value)
         return {"nd": [arr.dtype.str, list(arr.shape), arr.tobytes().hex()]}
     if isinstance(value, (list, tuple)):
@@ -62,8 +64,13 @@ def _canon(value, where: str):
                 raise ConfigError(bad_value(f"{where} key", k, "task field names must be strings"))
             out[k] = _canon(value[k], f"{where}.{k}")
         return out
-    raise ConfigError(bad_value(where, type(value).__name__, "a task field must be None, bool, str, int, float, bytes, "
-                                "a numpy array, or a list / dict of those"))
+    raise ConfigError(
+        bad_value(
+            where,
+            type(value).__name__,
+            "a task field must be None, bool, str, int, float, bytes, a numpy array, or a list / dict of those",
+        )
+    )
 
 
 def canonical_task_bytes(fields: Mapping) -> bytes:
@@ -84,7 +91,9 @@ def check_task_digest(spec, fields: Mapping) -> bytes:
     mine = task_digest(fields)
     theirs = getattr(spec, "task_digest", NO_TASK)
     if theirs != mine:
-        raise ProtocolError(f"the round spec's task digest {theirs.hex()[:16]}… is not the digest of the request this "
-                            f"site received ({mine.hex()[:16]}…): the coordinator sent this site another request "
-                            "than the one the round signs; refusing before anything is computed")
+        raise ProtocolError(
+            f"the round spec's task digest {theirs.hex()[:16]}… is not the digest of the request this "
+            f"site received ({mine.hex()[:16]}…): the coordinator sent this site another request "
+            "than the one the round signs; refusing before anything is computed"
+        )
     return mine

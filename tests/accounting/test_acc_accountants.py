@@ -27,7 +27,9 @@ def pld_epsilon(z, releases, delta):
     return acc.get_epsilon(delta)
 
 
-@pytest.mark.parametrize("z,releases,delta", [(1.0, 10, 1e-5), (2.0, 100, 1e-6), (0.8, 1, 1e-3), (5.0, 500, 1e-5), (20.0, 50, 1e-5)])
+@pytest.mark.parametrize(
+    "z,releases,delta", [(1.0, 10, 1e-5), (2.0, 100, 1e-6), (0.8, 1, 1e-3), (5.0, 500, 1e-5), (20.0, 50, 1e-5)]
+)
 def test_exact_matches_pld_within_1_percent(z, releases, delta):
     ours = epsilon_from_noise(z, releases, delta, "exact")
     ref = pld_epsilon(z, releases, delta)
@@ -80,7 +82,7 @@ def test_calibrated_noise_gives_the_target_epsilon_by_an_independent_count(accou
     elif accountant == "rdp":
         assert rdp_epsilon(z, releases, 1e-5) == pytest.approx(eps, rel=0.005)
     else:
-        assert z * z == pytest.approx(8 * releases * math.log(math.e + eps / 1e-5) / eps ** 2, rel=1e-9)
+        assert z * z == pytest.approx(8 * releases * math.log(math.e + eps / 1e-5) / eps**2, rel=1e-9)
     back = epsilon_from_noise(z, releases, 1e-5, accountant)
     assert eps * 0.995 <= back <= eps * (1 + 1e-9)
 
@@ -108,8 +110,13 @@ def test_paper_closed_form_and_ratio():
 
 
 @settings(max_examples=40, deadline=None)
-@given(z=st.floats(0.3, 30), dz=st.floats(1.01, 3), R=st.integers(1, 2000), dR=st.integers(1, 500),
-       d=st.sampled_from([1e-3, 1e-5, 1e-8]))
+@given(
+    z=st.floats(0.3, 30),
+    dz=st.floats(1.01, 3),
+    R=st.integers(1, 2000),
+    dR=st.integers(1, 500),
+    d=st.sampled_from([1e-3, 1e-5, 1e-8]),
+)
 def test_exact_and_paper_monotone(z, dz, R, dR, d):
     for name in ("exact", "paper"):
         e = epsilon_from_noise(z, R, d, name)

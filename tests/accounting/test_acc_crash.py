@@ -46,10 +46,20 @@ def _run(tmp_path, mode, out, secure=False):
     script = tmp_path / "run_feddl.py"
     script.write_text(SCRIPT)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    return subprocess.run([sys.executable, str(script), mode, str(out), "1" if secure else "0"], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+    )
+    return subprocess.run(
+        [sys.executable, str(script), mode, str(out), "1" if secure else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.getcwd(),
+    )
 
 
 def _releases(out, where="ledger.jsonl"):
@@ -99,8 +109,10 @@ def test_secure_crash_mid_round_resume_rechecks_plan_before_any_release(tmp_path
     assert _run(tmp_path, "crash_mid", out, secure=True).returncode == -9
     assert len(_site_releases(out)) == 16  # the sites' own ledgers hold every release made before the crash
     assert len(_releases(out)[1]) == 12  # the coordinator's mirror holds the completed rounds
-    before = {name: open(out / "site-ledgers" / name / "crash.jsonl", "rb").read()
-              for name in sorted(os.listdir(out / "site-ledgers"))}
+    before = {
+        name: open(out / "site-ledgers" / name / "crash.jsonl", "rb").read()
+        for name in sorted(os.listdir(out / "site-ledgers"))
+    }
     # resuming redoes round 2 with fresh noise: the releases sites 0 and 1 already made in round 2 would be counted
     # again (6 spent + 4 planned = 10 > the 8 their ε = 3 budgets were planned for). Each site re-checks its
     # remaining plan before its first release after reopening its ledger, so sites 0 and 1 refuse before releasing

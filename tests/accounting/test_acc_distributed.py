@@ -68,7 +68,11 @@ def test_rotation_signs_are_public_and_per_aggregation():
     a = rotation_signs("run-1", 3, 0, 1024)
     assert set(np.unique(a)) == {-1, 1} and a.dtype == np.int8
     np.testing.assert_array_equal(a, rotation_signs("run-1", 3, 0, 1024))  # every site derives the same
-    for other in (rotation_signs("run-1", 3, 1, 1024), rotation_signs("run-1", 4, 0, 1024), rotation_signs("run-2", 3, 0, 1024)):
+    for other in (
+        rotation_signs("run-1", 3, 1, 1024),
+        rotation_signs("run-1", 4, 0, 1024),
+        rotation_signs("run-2", 3, 0, 1024),
+    ):
         assert 300 < np.sum(a != other) < 724  # independent-looking
     with pytest.raises(ConfigError, match="^rotation_seed="):
         rotation_signs("", 0, 0, 8)
@@ -154,7 +158,10 @@ def test_single_discrete_gaussian_against_dp_accounting_pld():
 def test_worst_case_over_survivors_and_tau_growth():
     # τ grows with the number of summed sites; ε is the worst over every k ≥ t the secure sum may reveal
     assert ddg_tau(0.3, 2) < ddg_tau(0.3, 5) < ddg_tau(0.3, 20)
-    e = [ddg_epsilon(l2=3, l1=3, sigma2=0.3, n_sites=n, min_survivors=2, dim=16, releases=5, delta=1e-5) for n in (2, 5, 20)]
+    e = [
+        ddg_epsilon(l2=3, l1=3, sigma2=0.3, n_sites=n, min_survivors=2, dim=16, releases=5, delta=1e-5)
+        for n in (2, 5, 20)
+    ]
     assert e[0] <= e[1] <= e[2]
 
 
@@ -186,8 +193,11 @@ def test_coupled_rounding_difference_within_record_sensitivity(seed, d, scale, s
     ra = np.floor(a) + (u < a - np.floor(a))
     rb = np.floor(b) + (u < b - np.floor(b))
     assert np.linalg.norm(ra - rb) <= np.linalg.norm(a - b) + math.sqrt(d) + 1e-9
-    assert np.abs(ra - rb).sum() <= min(math.sqrt(d) * np.linalg.norm(a - b) + d, np.linalg.norm(a - b) + math.sqrt(d)) ** 2 + 1e-9 \
+    assert (
+        np.abs(ra - rb).sum()
+        <= min(math.sqrt(d) * np.linalg.norm(a - b) + d, np.linalg.norm(a - b) + math.sqrt(d)) ** 2 + 1e-9
         or np.abs(ra - rb).sum() <= math.sqrt(d) * np.linalg.norm(a - b) + d + 1e-9
+    )
 
 
 # ---------------------------------------------------------------------------------------------- modulus
@@ -208,7 +218,9 @@ def test_modulus_rule_monte_carlo_and_monotonicity():
         tot = sum(discrete_gaussian(s2, d) for _ in range(n)) + rng_data(d, n, 50.0)
         wraps += bool(np.any((tot >= half) | (tot < -half)))
     assert wraps / trials <= p_b + Z * math.sqrt(p_b * (1 - p_b) / trials) + 1e-12
-    assert choose_modulus_bits(n_sites=10, dim=d, clip_int=50.0, sigma2=s2) >= choose_modulus_bits(n_sites=3, dim=d, clip_int=50.0, sigma2=s2)
+    assert choose_modulus_bits(n_sites=10, dim=d, clip_int=50.0, sigma2=s2) >= choose_modulus_bits(
+        n_sites=3, dim=d, clip_int=50.0, sigma2=s2
+    )
     assert choose_modulus_bits(n_sites=3, dim=d, clip_int=50.0, lam=s2 / 2) >= 2
     with pytest.raises(OverflowRiskError, match="^max_bits=8 is invalid"):
         choose_modulus_bits(n_sites=3, dim=d, clip_int=1e6, sigma2=s2, max_bits=8)
@@ -230,8 +242,17 @@ def rng_data(d, n, clip_int):
 @pytest.mark.parametrize("cls", [DistributedDiscreteGaussian, DistributedSkellam])
 def test_encode_secure_sum_decode(cls):
     P, dim = 4, 3000  # padded to 4096
-    mech = cls(dim=dim, n_sites=P, min_survivors=3, rotation_seed="run-9", epsilon=2.0, delta=1e-5, releases=10,
-               l2_sensitivity=0.01, clip=1.0)
+    mech = cls(
+        dim=dim,
+        n_sites=P,
+        min_survivors=3,
+        rotation_seed="run-9",
+        epsilon=2.0,
+        delta=1e-5,
+        releases=10,
+        l2_sensitivity=0.01,
+        clip=1.0,
+    )
     rng = np.random.default_rng(2)
     xs = [rng.normal(size=dim) * 0.01 for _ in range(P)]
     xs[0] = xs[0] / np.linalg.norm(xs[0]) * 5.0  # over the clip norm: clipped at the site, silently
@@ -253,7 +274,7 @@ def test_encode_secure_sum_decode(cls):
     assert abs(err.mean()) <= Z * sd / math.sqrt(dim) + 1e-12
     assert abs(err.std() / sd - 1) <= 0.1  # 4096 rotated coordinates: sd of the estimate ≈ 1.1 %
     # a dropout: the survivors' sum decodes to the survivors' vectors
-    surv = (ups[1] + ups[2] + ups[3])
+    surv = ups[1] + ups[2] + ups[3]
     err3 = mech.decode(surv, round=1, step=0) - sum(xs[1:])
     assert abs(err3.std() / (sd * math.sqrt(3 / P)) - 1) <= 0.1
     # decoding with another aggregation's signs scrambles the sum (the signs are per (round, step))
@@ -262,8 +283,17 @@ def test_encode_secure_sum_decode(cls):
 
 @pytest.mark.parametrize("cls", [DistributedDiscreteGaussian, DistributedSkellam])
 def test_calibration_meets_target_and_ledger_multiplier_dominates(cls):
-    mech = cls(dim=19_200, n_sites=10, min_survivors=7, rotation_seed="r", epsilon=1.0, delta=1e-5, releases=60,
-               l2_sensitivity=1e-3, clip=1.0)
+    mech = cls(
+        dim=19_200,
+        n_sites=10,
+        min_survivors=7,
+        rotation_seed="r",
+        epsilon=1.0,
+        delta=1e-5,
+        releases=60,
+        l2_sensitivity=1e-3,
+        clip=1.0,
+    )
     rep = mech.report()
     assert 0.999 <= rep["epsilon"] <= 1.0 and mech.epsilon() == pytest.approx(rep["epsilon"])
     assert mech.epsilon(120) > mech.epsilon(60) > mech.epsilon(30)

@@ -14,9 +14,13 @@ dp_accounting = pytest.importorskip("dp_accounting")
 
 
 def _tree():
-    return ComposedEvent((gaussian_release("gaussian-rff", sigma=4.0, sensitivity=2.0),
-                          gaussian_release("gaussian-counts", sigma=3.0, sensitivity=math.sqrt(2.0)),
-                          gaussian_release("gaussian-gradient", sigma=5.0, sensitivity=1.5, count=7)))
+    return ComposedEvent(
+        (
+            gaussian_release("gaussian-rff", sigma=4.0, sensitivity=2.0),
+            gaussian_release("gaussian-counts", sigma=3.0, sensitivity=math.sqrt(2.0)),
+            gaussian_release("gaussian-gradient", sigma=5.0, sensitivity=1.5, count=7),
+        )
+    )
 
 
 def _dp_event(event):
@@ -67,8 +71,9 @@ def test_integer_noise_is_composed_by_rdp_only(mech):
 
 def test_history_merges_equal_releases_and_keeps_counts():
     a = gaussian_release("gaussian-gradient", sigma=2.0, sensitivity=1.0)
-    assert history_of(ComposedEvent((a, a.times(3), gaussian_release("gaussian-data", sigma=1.0, sensitivity=1.0)))) == \
-        [(1.0, 1.0, 1), (2.0, 1.0, 4)]
+    assert history_of(
+        ComposedEvent((a, a.times(3), gaussian_release("gaussian-data", sigma=1.0, sensitivity=1.0)))
+    ) == [(1.0, 1.0, 1), (2.0, 1.0, 4)]
 
 
 def test_the_ledger_stores_events_and_reads_old_lines(tmp_path):

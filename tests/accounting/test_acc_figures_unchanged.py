@@ -70,8 +70,30 @@ BUDGET_CASES = [
     ["--epsilon", "1.0", "--releases", "40", "--delta", "1e-5"],
     ["--epsilon", "2.0", "--releases", "10", "--delta", "1e-6", "--accountant", "paper"],
     ["--noise-multiplier", "3.0", "--releases", "50", "--delta", "1e-5", "--accountant", "paper"],
-    ["--noise-multiplier", "1.0", "--releases", "200", "--delta", "1e-5", "--sample-rate", "0.1", "--accountant", "rdp"],
-    ["--noise-multiplier", "1.0", "--releases", "100", "--delta", "1e-5", "--sample-rate", "0.1", "--accountant", "prv"],
+    [
+        "--noise-multiplier",
+        "1.0",
+        "--releases",
+        "200",
+        "--delta",
+        "1e-5",
+        "--sample-rate",
+        "0.1",
+        "--accountant",
+        "rdp",
+    ],
+    [
+        "--noise-multiplier",
+        "1.0",
+        "--releases",
+        "100",
+        "--delta",
+        "1e-5",
+        "--sample-rate",
+        "0.1",
+        "--accountant",
+        "prv",
+    ],
     ["--epsilon", "1.0", "--releases", "100", "--delta", "1e-5", "--sample-rate", "0.2", "--accountant", "rdp"],
 ]
 
@@ -111,28 +133,87 @@ def _billboard_sites():
     return out
 
 
-FEDDL = dict(method="none", landmark_method="feddl", landmarks=6, rounds=2, local_steps=2, value_bound=3.0, seed=3,
-             audit_holdout=0.0, clip_norm=2.0, min_sites=3)
-BILLBOARD = dict(method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10), value_bound=8.0,
-                 audit_holdout=0.0, landmarks=30, n_iter=250, seed=5)
+FEDDL = dict(
+    method="none",
+    landmark_method="feddl",
+    landmarks=6,
+    rounds=2,
+    local_steps=2,
+    value_bound=3.0,
+    seed=3,
+    audit_holdout=0.0,
+    clip_norm=2.0,
+    min_sites=3,
+)
+BILLBOARD = dict(
+    method="tsne",
+    epsilon=2.0,
+    delta=1e-5,
+    clip_norm=8.0 * math.sqrt(10),
+    value_bound=8.0,
+    audit_holdout=0.0,
+    landmarks=30,
+    n_iter=250,
+    seed=5,
+)
 
 RUNS = {
     "feddl-gradient-local": dict(FEDDL, rule="gradient", aggregation="plain", epsilon=2.0, noise_seed_for_testing=1),
     "feddl-model-local": dict(FEDDL, rule="model", aggregation="plain", epsilon=1.5),
-    "feddl-gradient-distributed-gaussian": dict(FEDDL, rule="gradient", aggregation="secagg", epsilon=3.0,
-                                                noise="distributed", distributed_mechanism="gaussian",
-                                                noise_seed_for_testing=2),
-    "feddl-ddg": dict(FEDDL, rule="gradient", aggregation="secagg", epsilon=2.0, noise="distributed",
-                      distributed_mechanism="ddg", local_steps=1, noise_seed_for_testing=3),
-    "feddl-skellam": dict(FEDDL, rule="gradient", aggregation="secagg", epsilon=2.0, noise="distributed",
-                          distributed_mechanism="skellam", local_steps=1, noise_seed_for_testing=3),
-    "feddl-subsampled-rdp": dict(FEDDL, rule="gradient", aggregation="plain", epsilon=2.0, sample_rate=0.5,
-                                 accountant="rdp", noise_seed_for_testing=4),
-    "feddl-subsampled-prv": dict(FEDDL, rule="gradient", aggregation="plain", epsilon=2.0, sample_rate=0.5,
-                                 accountant="prv", rounds=1),
+    "feddl-gradient-distributed-gaussian": dict(
+        FEDDL,
+        rule="gradient",
+        aggregation="secagg",
+        epsilon=3.0,
+        noise="distributed",
+        distributed_mechanism="gaussian",
+        noise_seed_for_testing=2,
+    ),
+    "feddl-ddg": dict(
+        FEDDL,
+        rule="gradient",
+        aggregation="secagg",
+        epsilon=2.0,
+        noise="distributed",
+        distributed_mechanism="ddg",
+        local_steps=1,
+        noise_seed_for_testing=3,
+    ),
+    "feddl-skellam": dict(
+        FEDDL,
+        rule="gradient",
+        aggregation="secagg",
+        epsilon=2.0,
+        noise="distributed",
+        distributed_mechanism="skellam",
+        local_steps=1,
+        noise_seed_for_testing=3,
+    ),
+    "feddl-subsampled-rdp": dict(
+        FEDDL,
+        rule="gradient",
+        aggregation="plain",
+        epsilon=2.0,
+        sample_rate=0.5,
+        accountant="rdp",
+        noise_seed_for_testing=4,
+    ),
+    "feddl-subsampled-prv": dict(
+        FEDDL, rule="gradient", aggregation="plain", epsilon=2.0, sample_rate=0.5, accountant="prv", rounds=1
+    ),
     "feddl-paper": dict(FEDDL, rule="model", aggregation="plain", epsilon=1.0, accountant="paper"),
-    "rows": dict(FEDDL, method="tsne", nystrom="rows", aggregation="plain", epsilon=1.0, rows_epsilon=1.0, rounds=1,
-                 n_iter=250, perplexity=10.0, noise_seed_for_testing=1),
+    "rows": dict(
+        FEDDL,
+        method="tsne",
+        nystrom="rows",
+        aggregation="plain",
+        epsilon=1.0,
+        rows_epsilon=1.0,
+        rounds=1,
+        n_iter=250,
+        perplexity=10.0,
+        noise_seed_for_testing=1,
+    ),
     "billboard": dict(BILLBOARD, aggregation="plain", noise_seed_for_testing=11),
     "billboard-density": dict(BILLBOARD, aggregation="plain", coordinates="keep", density_share=0.2),
     "billboard-distributed": dict(BILLBOARD, aggregation="secagg", noise="distributed", noise_seed_for_testing=11),
@@ -157,17 +238,28 @@ def _run_figures(name: str) -> dict:
         ledger = open_server_ledger(plan, plan.run_id, os.path.join(tmp, "ledger.jsonl"))
         res = run_in_process(plan, sites, ledger=ledger)
         site_dir = os.path.join(tmp, "site-ledgers")
-        sites_out = {s: _ledger_figures(os.path.join(site_dir, s, f"{plan.run_id}.jsonl")) for s in sorted(os.listdir(site_dir))}
-        return {"privacy": _clean(res.privacy), "landmark_privacy": _clean(getattr(res, "landmark_info", None) or {}),
-                "ledger": _ledger_figures(os.path.join(tmp, "ledger.jsonl")), "site_ledgers": sites_out,
-                "ledger_summary": _clean(ledger.summary()), "epsilon_by_round": _clean(ledger.epsilon_by_round())}
+        sites_out = {
+            s: _ledger_figures(os.path.join(site_dir, s, f"{plan.run_id}.jsonl")) for s in sorted(os.listdir(site_dir))
+        }
+        return {
+            "privacy": _clean(res.privacy),
+            "landmark_privacy": _clean(getattr(res, "landmark_info", None) or {}),
+            "ledger": _ledger_figures(os.path.join(tmp, "ledger.jsonl")),
+            "site_ledgers": sites_out,
+            "ledger_summary": _clean(ledger.summary()),
+            "epsilon_by_round": _clean(ledger.epsilon_by_round()),
+        }
 
 
 def all_figures() -> dict:
     from securefed.landmarks.merf import RFF_SENSITIVITY
 
-    return {"rff_sensitivity": RFF_SENSITIVITY, "budget_cli": [_budget_cli(a) for a in BUDGET_CASES], "accountants": _clean(_accountant_figures()),
-            "runs": {name: _run_figures(name) for name in RUNS}}
+    return {
+        "rff_sensitivity": RFF_SENSITIVITY,
+        "budget_cli": [_budget_cli(a) for a in BUDGET_CASES],
+        "accountants": _clean(_accountant_figures()),
+        "runs": {name: _run_figures(name) for name in RUNS},
+    }
 
 
 # ------------------------------------------------------------------------------------ the tests
@@ -213,8 +305,10 @@ def test_every_run_figure_is_unchanged(recorded, name):
     from securefed.landmarks.merf import RFF_SENSITIVITY
 
     if name.startswith("billboard") and RFF_SENSITIVITY != recorded["rff_sensitivity"]:
-        pytest.skip(f"the billboard's Δ₁ changed ({recorded['rff_sensitivity']} → {RFF_SENSITIVITY}, issue 27): its "
-                    "figures legitimately differ; re-record them on the commit before the event model")
+        pytest.skip(
+            f"the billboard's Δ₁ changed ({recorded['rff_sensitivity']} → {RFF_SENSITIVITY}, issue 27): its "
+            "figures legitimately differ; re-record them on the commit before the event model"
+        )
     got = json.loads(json.dumps(_run_figures(name)))
     want = recorded["runs"][name]
     for part in ("ledger", "site_ledgers"):  # the files may say more than they did, never less or otherwise

@@ -13,8 +13,14 @@ from securefed.errors import BudgetExceededError, ConfigError, LedgerError
 
 def _mech(tmp_path, *, budget=None, epsilon=None, z=None, secure=False, seed=7, name="l.jsonl", noise="local", P=2):
     led = PrivacyLedger(tmp_path / name, "run", budget_epsilon=budget if budget is not None else epsilon, delta=1e-5)
-    m = GradientPerturbation(epsilon=epsilon, noise_multiplier=z, tau_x=1.0, ledger=led, noise=noise,
-                             insecure_noise_seed_for_testing=None if secure else seed)
+    m = GradientPerturbation(
+        epsilon=epsilon,
+        noise_multiplier=z,
+        tau_x=1.0,
+        ledger=led,
+        noise=noise,
+        insecure_noise_seed_for_testing=None if secure else seed,
+    )
     rng = np.random.default_rng(0)
     sites = [rng.normal(size=(30, 3)) for _ in range(P)]
     m.prepare(sites, gamma=1.0, n_landmarks=4, rounds=3, local_steps=2, rule="gradient", n_clients=P)
@@ -77,7 +83,9 @@ def test_resume_restores_spent_and_checks_identity(tmp_path):
     peek = PrivacyLedger(led.path, "run", delta=1e-5, read_only=True)  # readers need no lock
     assert peek.spent() == spent
     with pytest.raises(LedgerError, match="read_only"):
-        peek.record_release(site=0, round=9, step=0, attempt=0, mechanism="x", sensitivity=1.0, sigma=1.0, noise_multiplier=1.0)
+        peek.record_release(
+            site=0, round=9, step=0, attempt=0, mechanism="x", sensitivity=1.0, sigma=1.0, noise_multiplier=1.0
+        )
     led.close()
     again = PrivacyLedger(led.path, "run", delta=1e-5)
     assert again.spent() == spent and again.budget_epsilon == led.budget_epsilon
@@ -128,8 +136,9 @@ def test_seeded_redo_is_idempotent_secure_redo_counts(tmp_path, closed_form):
     m, led = _mech(tmp_path, epsilon=2.0, name="s.jsonl")
     a = m.perturb(g, site=0, round=0, step=0)
     led.close()
-    m2 = GradientPerturbation(epsilon=2.0, tau_x=1.0, ledger=PrivacyLedger(led.path, "run", delta=1e-5),
-                              insecure_noise_seed_for_testing=7)
+    m2 = GradientPerturbation(
+        epsilon=2.0, tau_x=1.0, ledger=PrivacyLedger(led.path, "run", delta=1e-5), insecure_noise_seed_for_testing=7
+    )
     m2.prepare([np.zeros((30, 3))] * 2, gamma=1.0, n_landmarks=4, rounds=3, local_steps=2, rule="gradient", n_clients=2)
     b = m2.perturb(g, site=0, round=0, step=0)
     np.testing.assert_array_equal(a, b)

@@ -21,8 +21,17 @@ _FAST_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os
 
 
 def _release(led, site, k, z=2.0, **kw):
-    return led.record_release(site=site, round=k, step=0, attempt=0, mechanism="gaussian-gradient", sensitivity=1.0,
-                              sigma=z, noise_multiplier=z, **kw)
+    return led.record_release(
+        site=site,
+        round=k,
+        step=0,
+        attempt=0,
+        mechanism="gaussian-gradient",
+        sensitivity=1.0,
+        sigma=z,
+        noise_multiplier=z,
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- one writer
@@ -78,7 +87,9 @@ def test_lock_is_released_by_close_and_context_manager(tmp_path):
     path = tmp_path / "l.jsonl"
     with PrivacyLedger(path, "r", delta=DELTA) as led:
         _release(led, 0, 0)
-        with pytest.raises(LedgerError, match=f"^path='{path}' is invalid: is held by another writer \\(pid {os.getpid()}"):
+        with pytest.raises(
+            LedgerError, match=f"^path='{path}' is invalid: is held by another writer \\(pid {os.getpid()}"
+        ):
             PrivacyLedger(path, "r", delta=DELTA)
     with pytest.raises(LedgerError, match="closed"):
         _release(led, 0, 1)
@@ -130,8 +141,10 @@ def test_malformed_release_line_is_a_typed_error_naming_the_line(tmp_path, edit,
         PrivacyLedger(path, "m", delta=DELTA)
 
 
-@pytest.mark.parametrize("field", ["id", "site", "round", "step", "attempt", "mechanism", "sensitivity", "sigma",
-                                   "noise_multiplier", "sample_rate"])
+@pytest.mark.parametrize(
+    "field",
+    ["id", "site", "round", "step", "attempt", "mechanism", "sensitivity", "sigma", "noise_multiplier", "sample_rate"],
+)
 def test_missing_field(tmp_path, field):
     path, lines = _good_ledger(tmp_path)
     ev = json.loads(lines[1])
@@ -141,9 +154,16 @@ def test_missing_field(tmp_path, field):
         PrivacyLedger(path, "m", delta=DELTA)
 
 
-@pytest.mark.parametrize("raw,what", [("[1, 2]", "not a ledger event"), ("42", "not a ledger event"),
-                                      ('"release"', "not a ledger event"), ("{}", "unknown ledger event type"),
-                                      ("{not json", "not valid JSON")])
+@pytest.mark.parametrize(
+    "raw,what",
+    [
+        ("[1, 2]", "not a ledger event"),
+        ("42", "not a ledger event"),
+        ('"release"', "not a ledger event"),
+        ("{}", "unknown ledger event type"),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_valid_json_that_is_not_an_event(tmp_path, raw, what):
     path, lines = _good_ledger(tmp_path)
     open(path, "w").write(_variant(lines, 2, raw))
@@ -193,7 +213,9 @@ def test_check_plan_refuses_a_resume_that_cannot_finish(tmp_path):
     before = open(path, "rb").read()
     led = PrivacyLedger(path, "p", delta=DELTA)
     assert led.check_plan(0, z, 1.0, 3) == pytest.approx(budget, rel=1e-9)  # 7 spent + 3 planned: fits
-    with pytest.raises(BudgetExceededError, match="^remaining plan=.*site 0: 7 release.*4 planned.*nothing was released"):
+    with pytest.raises(
+        BudgetExceededError, match="^remaining plan=.*site 0: 7 release.*4 planned.*nothing was released"
+    ):
         led.check_plan(0, z, 1.0, 4)
     led.close()
     assert open(path, "rb").read() == before
@@ -203,8 +225,10 @@ def test_check_plan_refuses_a_resume_that_cannot_finish(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(events=st.lists(st.tuples(st.integers(0, 2), st.floats(0.5, 20.0)), min_size=1, max_size=25),
-       settle=st.lists(st.tuples(st.integers(0, 24), st.floats(0.5, 40.0)), max_size=5))
+@given(
+    events=st.lists(st.tuples(st.integers(0, 2), st.floats(0.5, 20.0)), min_size=1, max_size=25),
+    settle=st.lists(st.tuples(st.integers(0, 24), st.floats(0.5, 40.0)), max_size=5),
+)
 def test_ledger_epsilon_equals_the_accountant_epsilon_of_its_events(events, settle):
     with tempfile.TemporaryDirectory(dir=_FAST_DIR) as d:
         path = os.path.join(d, "e.jsonl")

@@ -41,7 +41,16 @@ def test_distributed_refusals():
     with pytest.raises(ConfigError, match="local_steps"):
         m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=3, rule="model", n_clients=3)
     with pytest.raises(ConfigError, match="secure sum"):
-        m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=3, rule="gradient", n_clients=3, aggregator="plain")
+        m.prepare(
+            _sites(),
+            gamma=1.0,
+            n_landmarks=4,
+            rounds=2,
+            local_steps=3,
+            rule="gradient",
+            n_clients=3,
+            aggregator="plain",
+        )
     with pytest.raises(ConfigError, match="projects"):  # Q = 1 too: each site projects Y_p before upload
         m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=1, rule="model", n_clients=3)
     m.prepare(_sites(), gamma=1.0, n_landmarks=4, rounds=2, local_steps=3, rule="gradient", n_clients=3)
@@ -52,7 +61,9 @@ def test_distributed_noise_sum_carries_sigma(weights):
     """With shares and ≥ t survivors every record's μ in the revealed sum is ≤ 1/z; = 1/z at the worst site."""
     P, t = 3, 2
     m = GradientPerturbation(epsilon=1.0, tau_x=1.0, noise="distributed", min_survivors=t)
-    m.prepare(_sites(P), gamma=1.0, n_landmarks=4, rounds=2, local_steps=2, rule="gradient", n_clients=P, weights=weights)
+    m.prepare(
+        _sites(P), gamma=1.0, n_landmarks=4, rounds=2, local_steps=2, rule="gradient", n_clients=P, weights=weights
+    )
     for surv in ([0, 1, 2], [0, 2], [1, 2]):
         mus = [m._mu_sum(p, surv) for p in surv]
         assert max(mus) <= 1 / m.z * (1 + 1e-12)
@@ -118,8 +129,19 @@ def test_report_block_and_paper_figure():
             for p in range(3):
                 m.perturb(np.zeros((6, 4)), site=p, round=r, step=t)
     rep = m.report()
-    for k in ("epsilon", "delta", "accountant", "epsilon_paper_formula", "paper_formula_below_true_epsilon",
-              "epsilon_void", "noise_multiplier", "sensitivity", "sensitivity_rule", "releases", "clipped_records"):
+    for k in (
+        "epsilon",
+        "delta",
+        "accountant",
+        "epsilon_paper_formula",
+        "paper_formula_below_true_epsilon",
+        "epsilon_void",
+        "noise_multiplier",
+        "sensitivity",
+        "sensitivity_rule",
+        "releases",
+        "clipped_records",
+    ):
         assert k in rep
     assert not any("bound" in k and "paper" in k for k in rep)  # the paper's formula is never called a bound
     assert rep["releases"] == 4 and rep["epsilon"] == pytest.approx(1.0, rel=1e-9)
@@ -163,8 +185,15 @@ def test_cli_budget_and_run_args(tmp_path, capsys):
     args = parser.parse_args(["budget", "--noise-multiplier", "5", "--releases", "100", "--delta", "1e-5"])
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) >= {"epsilon", "delta", "noise_multiplier", "releases", "accountant", "epsilon_paper_formula",
-                        "paper_formula_below_true_epsilon"}
+    assert set(out) >= {
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "releases",
+        "accountant",
+        "epsilon_paper_formula",
+        "paper_formula_below_true_epsilon",
+    }
     assert not any("bound" in k for k in out)
     assert out["epsilon_paper_formula"] > out["epsilon"] and out["paper_formula_below_true_epsilon"] is False
     args = parser.parse_args(["budget", "--epsilon", str(out["epsilon"]), "--releases", "100", "--delta", "1e-5"])
@@ -174,8 +203,15 @@ def test_cli_budget_and_run_args(tmp_path, capsys):
     assert not RunPlan.build("cli").dp
     with pytest.raises(ConfigError, match="--clip-norm"):
         RunPlan.build("cli", epsilon=1.0)
-    pr = RunPlan.build("cli", epsilon=1.0, clip_norm=3.0, noise="distributed", rule="gradient", aggregation="secagg",
-                       landmark_method="feddl")
+    pr = RunPlan.build(
+        "cli",
+        epsilon=1.0,
+        clip_norm=3.0,
+        noise="distributed",
+        rule="gradient",
+        aggregation="secagg",
+        landmark_method="feddl",
+    )
     assert pr.dp and pr.noise == "distributed" and pr.sum_bound == 3.0
 
 
@@ -188,7 +224,10 @@ def test_rows_privacy_object_composes_in_ledger(closed_form):
     Xn = dp.perturb_site(X, site=0, rng=np.random.default_rng(2))
     Xn2 = DataPerturbation(1.0, 1e-5, tau_x=2.0).perturb_site(X, site=0, rng=np.random.default_rng(2))
     assert not np.array_equal(Xn, Xn2)  # the caller's rng never seeds noise: secret by default
-    Xs = [DataPerturbation(1.0, 1e-5, tau_x=2.0, insecure_noise_seed_for_testing=5).perturb_site(X, site=0) for _ in range(2)]
+    Xs = [
+        DataPerturbation(1.0, 1e-5, tau_x=2.0, insecure_noise_seed_for_testing=5).perturb_site(X, site=0)
+        for _ in range(2)
+    ]
     np.testing.assert_array_equal(*Xs)  # reproducible only behind the explicit testing seed ...
     seeded = DataPerturbation(1.0, 1e-5, tau_x=2.0, insecure_noise_seed_for_testing=5)
     assert seeded.report()["epsilon_void"] is True  # ... which voids the ε
@@ -220,7 +259,7 @@ def test_landmark_radius_projection_is_sound_post_processing():
     before = np.linalg.norm(Y[:, None, :] - X[None, :, :], axis=2)
     after = np.linalg.norm(P[:, None, :] - X[None, :, :], axis=2)
     assert np.all(after <= before + 1e-12)
-    assert np.sum(after < before - 1e-9) > 0.5 * after.size   # it actually moves landmarks closer
+    assert np.sum(after < before - 1e-9) > 0.5 * after.size  # it actually moves landmarks closer
     assert m.report()["landmark_radius"] == 2.0
     # disabled: only the spectral ball (the paper)
     m2 = GradientPerturbation(epsilon=1.0, tau_x=2.0, random_state=0, landmark_radius=None)

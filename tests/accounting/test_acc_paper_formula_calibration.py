@@ -44,7 +44,9 @@ def test_reference_figures():
 def test_paper_formula_below_true_epsilon_is_flagged_in_the_report():
     m = GradientPerturbation(noise_multiplier=0.5, tau_x=1.0)
     R = 1000
-    m.prepare([np.zeros((5, 2))], gamma=1.0, n_landmarks=2, rounds=R // 10, local_steps=10, rule="gradient", n_clients=1)
+    m.prepare(
+        [np.zeros((5, 2))], gamma=1.0, n_landmarks=2, rounds=R // 10, local_steps=10, rule="gradient", n_clients=1
+    )
     g = np.zeros((2, 2))
     for r in range(R // 10):
         for t in range(10):
@@ -106,7 +108,7 @@ RELEASES = [1, 10, 100, 1000]
 def test_calibration_grid_closed_form_accountants(accountant):
     for eps in TARGETS:
         for R in RELEASES:
-            for q in ([1.0] if accountant == "exact" else [0.01, 0.1, 1.0]):
+            for q in [1.0] if accountant == "exact" else [0.01, 0.1, 1.0]:
                 _check_target(eps, R, q, accountant)
 
 

@@ -30,7 +30,9 @@ def _game_setup():
 
 def _mech(**kw):
     m = GradientPerturbation(noise_multiplier=1.0, tau_x=1.0, **kw)
-    m.prepare([np.zeros((6, 2))], gamma=1.0, n_landmarks=3, rounds=N_TRIALS, local_steps=1, rule="gradient", n_clients=1)
+    m.prepare(
+        [np.zeros((6, 2))], gamma=1.0, n_landmarks=3, rounds=N_TRIALS, local_steps=1, rule="gradient", n_clients=1
+    )
     return m
 
 

@@ -26,9 +26,16 @@ def _setup(rng, n, ny, m, tau_x, tau_y, mode):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(2, 30), ny=st.integers(2, 12), m=st.integers(1, 6),
-       log_gamma=st.floats(-3, 2), tau_x=st.floats(0.05, 5), tau_y_f=st.floats(0.1, 3),
-       mode=st.sampled_from(["random", "boundary", "antipodal", "peak"]))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(2, 30),
+    ny=st.integers(2, 12),
+    m=st.integers(1, 6),
+    log_gamma=st.floats(-3, 2),
+    tau_x=st.floats(0.05, 5),
+    tau_y_f=st.floats(0.1, 3),
+    mode=st.sampled_from(["random", "boundary", "antipodal", "peak"]),
+)
 def test_empirical_sensitivity_never_exceeds_delta(seed, n, ny, m, log_gamma, tau_x, tau_y_f, mode):
     rng = np.random.default_rng(seed)
     gamma = 10.0**log_gamma
@@ -65,8 +72,14 @@ def test_empirical_sensitivity_never_exceeds_delta(seed, n, ny, m, log_gamma, ta
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(2, 30), ny=st.integers(2, 10), m=st.integers(1, 5),
-       log_gamma=st.floats(-2, 1.5), tau_x=st.floats(0.1, 4))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(2, 30),
+    ny=st.integers(2, 10),
+    m=st.integers(1, 5),
+    log_gamma=st.floats(-2, 1.5),
+    tau_x=st.floats(0.1, 4),
+)
 def test_add_remove_sensitivity_with_fixed_normaliser(seed, n, ny, m, log_gamma, tau_x):
     """Subsampled steps: adding one record to a batch with the fixed normaliser q·n."""
     rng = np.random.default_rng(seed)
@@ -78,14 +91,21 @@ def test_add_remove_sensitivity_with_fixed_normaliser(seed, n, ny, m, log_gamma,
     if seed % 2:
         Y = np.zeros_like(Y)
     n_norm = 0.3 * (n + 1)
-    change = np.linalg.norm(mmd_grad(X, Y, gamma, n_norm=n_norm) - mmd_grad(np.vstack([X, extra]), Y, gamma, n_norm=n_norm))
+    change = np.linalg.norm(
+        mmd_grad(X, Y, gamma, n_norm=n_norm) - mmd_grad(np.vstack([X, extra]), Y, gamma, n_norm=n_norm)
+    )
     s = gradient_sensitivity(n_norm, ny, gamma, tau_x, tau_y, adjacency="add_remove")
     assert change <= s.value * (1 + 1e-9)
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(1, 10**6), ny=st.integers(1, 1000), log_gamma=st.floats(-6, 4), tau_x=st.floats(1e-3, 1e3),
-       tau_y=st.floats(1e-3, 1e4))
+@given(
+    n=st.integers(1, 10**6),
+    ny=st.integers(1, 1000),
+    log_gamma=st.floats(-6, 4),
+    tau_x=st.floats(1e-3, 1e3),
+    tau_y=st.floats(1e-3, 1e4),
+)
 def test_bound_relations(n, ny, log_gamma, tau_x, tau_y):
     g = 10.0**log_gamma
     s = gradient_sensitivity(n, ny, g, tau_x, tau_y, y_domain="ball")
@@ -94,10 +114,16 @@ def test_bound_relations(n, ny, log_gamma, tau_x, tau_y):
     assert s.upsilon == tau_x + tau_y
     a = gradient_sensitivity(n, ny, g, tau_x, tau_y)  # y_domain="any": valid at every Y, never below "ball"
     assert a.upsilon == math.inf and a.value >= s.value * (1 - 1e-12)
-    assert math.isclose(a.kernel_shape, 8 * g * math.sqrt(ny) / (n * ny) * math.exp(-0.5) / math.sqrt(2 * g), rel_tol=1e-12)
+    assert math.isclose(
+        a.kernel_shape, 8 * g * math.sqrt(ny) / (n * ny) * math.exp(-0.5) / math.sqrt(2 * g), rel_tol=1e-12
+    )
     if g >= 1 / (2 * (tau_x + tau_y) ** 2):  # the kernel's peak lies inside the ball: no cost for "any"
         assert math.isclose(a.value, s.value, rel_tol=1e-12)
-    assert math.isclose(s.theorem5, 8 * math.sqrt(ny) * g * tau_x / (n * ny) * (1 + 2 * g * (tau_x + tau_y) * (2 * tau_x + tau_y)), rel_tol=1e-12)
+    assert math.isclose(
+        s.theorem5,
+        8 * math.sqrt(ny) * g * tau_x / (n * ny) * (1 + 2 * g * (tau_x + tau_y) * (2 * tau_x + tau_y)),
+        rel_tol=1e-12,
+    )
 
 
 def test_kernel_peak_and_upsilon_cap():

@@ -60,8 +60,14 @@ def _on_sphere_at_distance(y0, d, rng, tau=TAU):
 def _mechanism(rule, q, Q, srule, gamma, sizes):
     # a testing seed: the Poisson sample is then keyed by the release coordinates, so both add/remove neighbours draw
     # the same uniforms for their common records (with secret sampling they come from os.urandom)
-    m = GradientPerturbation(noise_multiplier=1.0, tau_x=TAU, sample_rate=q, accountant="exact" if q == 1.0 else "rdp",
-                             sensitivity_rule=srule, insecure_noise_seed_for_testing=7)
+    m = GradientPerturbation(
+        noise_multiplier=1.0,
+        tau_x=TAU,
+        sample_rate=q,
+        accountant="exact" if q == 1.0 else "rdp",
+        sensitivity_rule=srule,
+        insecure_noise_seed_for_testing=7,
+    )
     m.calibrate(sizes, gamma=gamma, n_landmarks=NY, rounds=1, local_steps=Q, rule=rule)
     return m
 
@@ -97,7 +103,9 @@ def _worst_change(m, X, Y, gamma, rng):
             for xp in partners:
                 other = base.copy()
                 other[0] = xp
-                change = np.linalg.norm(mmd_grad(base, Y, gamma, n_norm=n_norm) - mmd_grad(other, Y, gamma, n_norm=n_norm))
+                change = np.linalg.norm(
+                    mmd_grad(base, Y, gamma, n_norm=n_norm) - mmd_grad(other, Y, gamma, n_norm=n_norm)
+                )
                 worst = max(worst, change)
         else:  # add one record; the same Poisson draws for the common records, the added one in the batch
             Xb, n0 = m.batch(0, 0, 0, X, None)
@@ -106,7 +114,9 @@ def _worst_change(m, X, Y, gamma, rng):
                 Xb2 = np.vstack([Xb2, x])
             assert n0 == n1 == m.sample_rate * len(X)  # public normaliser: identical on both neighbours
             assert np.array_equal(Xb2[: len(Xb)], Xb)
-            change = np.linalg.norm(mmd_grad(Xb, Y, gamma, n_norm=n0) - mmd_grad(np.vstack([Xb, x]), Y, gamma, n_norm=n0))
+            change = np.linalg.norm(
+                mmd_grad(Xb, Y, gamma, n_norm=n0) - mmd_grad(np.vstack([Xb, x]), Y, gamma, n_norm=n0)
+            )
             worst = max(worst, change)
     return worst
 
@@ -121,7 +131,9 @@ def test_sensitivity_search_never_exceeds_delta(rule, q, Q, srule):
         delta = m.sens[0].value
         best = 0.0
         for Y in _landmark_candidates(m, rng, gamma, Q, rule, X):
-            assert np.all(np.linalg.norm(Y, axis=1) <= TAU * (1 + 1e-12)) and np.linalg.norm(Y, 2) <= m.tau_y * (1 + 1e-12)
+            assert np.all(np.linalg.norm(Y, axis=1) <= TAU * (1 + 1e-12)) and np.linalg.norm(Y, 2) <= m.tau_y * (
+                1 + 1e-12
+            )
             best = max(best, _worst_change(m, X, Y, gamma, rng))
         assert best <= delta * (1 + 1e-9) + 1e-300, (rule, q, Q, srule, gamma, best / delta)
         ratios[gamma] = best / delta
@@ -151,9 +163,16 @@ def test_delta_holds_off_the_ball_where_the_old_bound_did_not():
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(2, 12), m=st.integers(1, 4), ny=st.integers(2, 6),
-       log_gamma=st.floats(-6, 6), tau=st.floats(0.05, 20), q=st.sampled_from([1.0, 0.1, 0.5]),
-       scale=st.floats(0.0, 50.0))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(2, 12),
+    m=st.integers(1, 4),
+    ny=st.integers(2, 6),
+    log_gamma=st.floats(-6, 6),
+    tau=st.floats(0.05, 20),
+    q=st.sampled_from([1.0, 0.1, 0.5]),
+    scale=st.floats(0.0, 50.0),
+)
 def test_random_landmarks_anywhere(seed, n, m, ny, log_gamma, tau, q, scale):
     """Random data, random (unprojected, possibly far) landmarks: the mechanism's Δ holds at any Y."""
     rng = np.random.default_rng(seed)
@@ -172,5 +191,7 @@ def test_random_landmarks_anywhere(seed, n, m, ny, log_gamma, tau, q, scale):
         X3[0] = clip_records((2 * Y[0] - x)[None, :], tau)[0][0]
         change = np.linalg.norm(mmd_grad(X2, Y, gamma, n_norm=n) - mmd_grad(X3, Y, gamma, n_norm=n))
     else:
-        change = np.linalg.norm(mmd_grad(X, Y, gamma, n_norm=q * n) - mmd_grad(np.vstack([X, x]), Y, gamma, n_norm=q * n))
+        change = np.linalg.norm(
+            mmd_grad(X, Y, gamma, n_norm=q * n) - mmd_grad(np.vstack([X, x]), Y, gamma, n_norm=q * n)
+        )
     assert change <= mech.sens[0].value * (1 + 1e-9) + 1e-300

@@ -15,8 +15,13 @@ import pytest
 from securefed.accounting import GradientPerturbation
 from securefed.audits import canary as canary_mod
 from securefed.audits.canary import CanaryTrials, choose_canary, distinguishing_game, run_canary_trials
-from securefed.audits.stats import (best_threshold, clopper_pearson, epsilon_lower_bound, perfect_test_epsilon,
-                                    trials_for_epsilon)
+from securefed.audits.stats import (
+    best_threshold,
+    clopper_pearson,
+    epsilon_lower_bound,
+    perfect_test_epsilon,
+    trials_for_epsilon,
+)
 from securefed.errors import ConfigError
 
 CONF = 0.999  # one statistic per honest-run test: spurious failure ≤ 1e-3
@@ -54,7 +59,9 @@ def test_perfect_test_bound_is_the_log_of_the_clopper_pearson_ends_by_hand():
         assert float(epsilon_lower_bound(n, 0, n, n, 0.0, conf)[0]) == pytest.approx(by_hand, rel=1e-10)
         d = 1e-3
         assert perfect_test_epsilon(n, conf, d) == pytest.approx(math.log((p - d) / (1 - p)), rel=1e-12)
-        assert float(epsilon_lower_bound(n, 0, n, n, d, conf)[0]) == pytest.approx(math.log((p - d) / (1 - p)), rel=1e-9)
+        assert float(epsilon_lower_bound(n, 0, n, n, d, conf)[0]) == pytest.approx(
+            math.log((p - d) / (1 - p)), rel=1e-9
+        )
     # the figure of issue 14: 50 test trials at 95 % can show at most 2.57
     assert perfect_test_epsilon(50, 0.95) == pytest.approx(2.5696, abs=1e-4)
 
@@ -79,10 +86,25 @@ def test_best_threshold_separates_and_matches_the_perfect_bound(closed_form):
 
 
 def _trials(s_in, s_out, claimed=1.0, delta=1e-5, mu=1.0):
-    return CanaryTrials(scores={s: (np.asarray(s_in, float), np.asarray(s_out, float)) for s in canary_mod.STATISTICS},
-                        claimed_epsilon=claimed, delta=delta, noise="secret", sigma_scale=1.0, noise_multiplier=1.0,
-                        sensitivity=1.0, sigma=1.0, releases=1, canary=(0.0,), partner=(0.0,), replaced=0,
-                        canary_site=0, canary_mu=mu, sensitivity_attained=1.0, sensitivity_max=1.0, seconds=0.0)
+    return CanaryTrials(
+        scores={s: (np.asarray(s_in, float), np.asarray(s_out, float)) for s in canary_mod.STATISTICS},
+        claimed_epsilon=claimed,
+        delta=delta,
+        noise="secret",
+        sigma_scale=1.0,
+        noise_multiplier=1.0,
+        sensitivity=1.0,
+        sigma=1.0,
+        releases=1,
+        canary=(0.0,),
+        partner=(0.0,),
+        replaced=0,
+        canary_site=0,
+        canary_mu=mu,
+        sensitivity_attained=1.0,
+        sensitivity_max=1.0,
+        seconds=0.0,
+    )
 
 
 def test_audit_decision_from_scores_split_fixed_threshold_and_verdict(closed_form):
@@ -154,8 +176,17 @@ def test_canary_audit_does_not_flag_an_honest_epsilon_1_run(tiny_sites):
 
 
 def test_the_seed_knowing_attacker_flags_seeded_noise(tiny_sites):
-    r = distinguishing_game(tiny_sites, epsilon=1.0, tau_x=TAU, noise="seeded", trials=PAIRS, confidence=LEAKY_CONF,
-                            n_landmarks=4, rounds=3, random_state=1)
+    r = distinguishing_game(
+        tiny_sites,
+        epsilon=1.0,
+        tau_x=TAU,
+        noise="seeded",
+        trials=PAIRS,
+        confidence=LEAKY_CONF,
+        n_landmarks=4,
+        rounds=3,
+        random_state=1,
+    )
     assert r.statistic == "seeded" and r.tpr == 1.0 and r.fpr == 0.0
     assert r.verdict == "claim violated" and r.epsilon_lower_bound > 1.5
 

@@ -51,8 +51,8 @@ def test_auc_from_grid_counts_matches_sklearn():
     rng = np.random.default_rng(0)
     sm, sn = -rng.gamma(2.0, 0.5, 300), -rng.gamma(2.5, 0.5, 400)
     grid = np.concatenate([-np.logspace(4, -8, 2048), [0.0]])
-    tp = (len(sm) - np.searchsorted(np.sort(sm), grid, side="left"))
-    fp = (len(sn) - np.searchsorted(np.sort(sn), grid, side="left"))
+    tp = len(sm) - np.searchsorted(np.sort(sm), grid, side="left")
+    fp = len(sn) - np.searchsorted(np.sort(sn), grid, side="left")
     auc = auc_from_roc(*roc_from_counts(tp, fp, len(sm), len(sn)))
     ref = roc_auc_score(np.r_[np.ones(300), np.zeros(400)], np.r_[sm, sn])
     assert abs(auc - ref) < 3e-3
@@ -81,8 +81,15 @@ def _leaky(seed=0, sites=4, n=25, held=50, m=10, n_y=100):
 def test_attack_finds_leaky_configuration():
     members, nonmembers, n_y, gamma, kw = _leaky()
     Y = fed_dl(members, n_y, gamma=gamma, random_state=1, **kw).landmarks
-    res = membership_audit(members, nonmembers, Y, gamma, shadow=ShadowConfig(n_runs=2, fed_dl_kwargs=kw),
-                           aggregator=PlainAggregator(), random_state=0)
+    res = membership_audit(
+        members,
+        nonmembers,
+        Y,
+        gamma,
+        shadow=ShadowConfig(n_runs=2, fed_dl_kwargs=kw),
+        aggregator=PlainAggregator(),
+        random_state=0,
+    )
     assert res.auc >= 0.9
     assert res.empirical_epsilon > 1.0
     assert res.empirical_mu > 0.5

@@ -7,8 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from securefed.audits.disclosure import (DisclosureRefused, check_family, check_tree, derivable,
-                                         smallest_derivable_bruteforce)
+from securefed.audits.disclosure import (
+    DisclosureRefused,
+    check_family,
+    check_tree,
+    derivable,
+    smallest_derivable_bruteforce,
+)
 
 
 def _random_laminar(rng, n, depth=3):

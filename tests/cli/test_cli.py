@@ -15,11 +15,39 @@ from securefed.cli import main
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
-SMALL = ["--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20", "--rounds", "5",
-         "--no-compare-centralized", "--quiet"]
+SMALL = [
+    "--dataset",
+    "iris",
+    "--clients",
+    "3",
+    "--partition",
+    "iid",
+    "--landmarks",
+    "20",
+    "--rounds",
+    "5",
+    "--no-compare-centralized",
+    "--quiet",
+]
 # a leaky configuration: few records per site, cells of 2 records (landmarks close to the members)
-LEAKY = ["--dataset", "wine", "--clients", "3", "--partition", "iid", "--landmarks", "150", "--cell-floor", "2",
-         "--no-compare-centralized", "--quiet", "--max-auc", "0.5", "--max-empirical-epsilon", "0"]
+LEAKY = [
+    "--dataset",
+    "wine",
+    "--clients",
+    "3",
+    "--partition",
+    "iid",
+    "--landmarks",
+    "150",
+    "--cell-floor",
+    "2",
+    "--no-compare-centralized",
+    "--quiet",
+    "--max-auc",
+    "0.5",
+    "--max-empirical-epsilon",
+    "0",
+]
 
 
 def _one_line_error(err: str, *names):
@@ -59,10 +87,22 @@ def csv_without_label(tmp_path):
         (["--gamma", "0"], ["--gamma=0.0"]),
         (["--audit-holdout", "0.95"], ["--audit-holdout=0.95"]),
     ],
-    ids=["dataset", "missing-file", "clients0", "clients-neg", "partition", "dirichlet-neg", "dirichlet-text",
-         "too-many-clients", "landmarks", "rounds", "lr", "gamma", "holdout"],
+    ids=[
+        "dataset",
+        "missing-file",
+        "clients0",
+        "clients-neg",
+        "partition",
+        "dirichlet-neg",
+        "dirichlet-text",
+        "too-many-clients",
+        "landmarks",
+        "rounds",
+        "lr",
+        "gamma",
+        "holdout",
+    ],
 )
-
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, names):
     args = ["run", *SMALL, "--out", str(tmp_path / "out")]
     # later flags override the defaults in SMALL
@@ -74,23 +114,62 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, names):
 
 
 def test_csv_without_the_label_column(tmp_path, capsys, csv_without_label):
-    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--label-column", "diagnosis", "--value-bound", "10",
-               "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "run",
+            *SMALL,
+            "--dataset",
+            str(csv_without_label),
+            "--label-column",
+            "diagnosis",
+            "--value-bound",
+            "10",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     line = _one_line_error(capsys.readouterr().err, "label_column", "diagnosis")
     assert rc == 2 and "DataError" in line and "'a', 'b', 'c'" in line  # names the columns present
 
 
 def test_csv_label_partition_without_labels_is_a_typed_error(tmp_path, capsys, csv_without_label):
-    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--partition", "label", "--value-bound", "10",
-               "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "run",
+            *SMALL,
+            "--dataset",
+            str(csv_without_label),
+            "--partition",
+            "label",
+            "--value-bound",
+            "10",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 2
     _one_line_error(capsys.readouterr().err, "label")
 
 
 def test_csv_unlabelled_iid_runs(tmp_path, capsys, csv_without_label):
     out = tmp_path / "o"
-    rc = main(["run", *SMALL, "--dataset", str(csv_without_label), "--landmarks", "8", "--cell-floor", "3", "--no-audit",
-               "--value-bound", "10", "--out", str(out)])
+    rc = main(
+        [
+            "run",
+            *SMALL,
+            "--dataset",
+            str(csv_without_label),
+            "--landmarks",
+            "8",
+            "--cell-floor",
+            "3",
+            "--no-audit",
+            "--value-bound",
+            "10",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     m = json.loads((out / "metrics.json").read_text())
     assert m["n_samples"] == 30 and m["federated"]["ca_10nn"] is None and m["federated"]["trustworthiness"] > 0.5
@@ -185,9 +264,14 @@ def _installed_is(here: str) -> bool:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        out = subprocess.run([sys.executable, "-c", "import securefed, os; print(os.path.abspath(securefed.__file__))"],
-                             capture_output=True, text=True, timeout=120, cwd=d,
-                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout.strip()
+        out = subprocess.run(
+            [sys.executable, "-c", "import securefed, os; print(os.path.abspath(securefed.__file__))"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=d,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        ).stdout.strip()
     return out.startswith(os.path.abspath(here) + os.sep)
 
 
@@ -207,9 +291,26 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
     because rows let the coordinator reconstruct every record (exit 1, the reason named)."""
     out = tmp_path / "run"
     env = _env(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-    cmd = _securefed_cmd() + ["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20",
-                              "--landmark-method", "feddl", "--nystrom", "rows", "--rounds", "5",
-                              "--no-compare-centralized", "--out", str(out)]
+    cmd = _securefed_cmd() + [
+        "run",
+        "--dataset",
+        "iris",
+        "--clients",
+        "3",
+        "--partition",
+        "iid",
+        "--landmarks",
+        "20",
+        "--landmark-method",
+        "feddl",
+        "--nystrom",
+        "rows",
+        "--rounds",
+        "5",
+        "--no-compare-centralized",
+        "--out",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr
@@ -219,8 +320,9 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
         assert (out / name).is_file()
     m = json.loads((out / "metrics.json").read_text())
     assert m["n_samples"] == 150 and m["federated"]["ca_10nn"] >= 0.85
-    a = subprocess.run(_securefed_cmd() + ["audit", str(out)], capture_output=True, text=True, timeout=300,
-                       env=env, cwd=tmp_path)
+    a = subprocess.run(
+        _securefed_cmd() + ["audit", str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     # the paper's rows mode lets the server reconstruct every record: the audit fails on purpose (exit 1)
     assert a.returncode == 1, a.stderr
     verdict = json.loads(a.stdout.strip().splitlines()[-1])
@@ -230,8 +332,14 @@ def test_subprocess_run_then_audit(tmp_path, repo_root):
 
 @pytest.mark.slow
 def test_subprocess_bad_input_has_no_traceback(tmp_path):
-    p = subprocess.run(_securefed_cmd() + ["run", "--dataset", "nosuch", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_env())
+    p = subprocess.run(
+        _securefed_cmd() + ["run", "--dataset", "nosuch", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_env(),
+    )
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -242,16 +350,53 @@ def test_dp_run_writes_privacy_block_and_ledger(tmp_path):
     # coordinates keep and no audit: nothing per record leaves and nothing is audited, so the verdict is
     # deterministically "not audited" (exit 1) instead of hanging on what the secret noise made of iris's 4-D
     # records (the reconstruction audit of sent coordinates is tested elsewhere)
-    code = main(["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "10",
-                 "--landmark-method", "feddl", "--coordinates", "keep",
-                 "--rounds", "3", "--local-steps", "2", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "10",
-                 "--no-compare-centralized", "--no-audit", "--quiet", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--dataset",
+            "iris",
+            "--clients",
+            "3",
+            "--partition",
+            "iid",
+            "--landmarks",
+            "10",
+            "--landmark-method",
+            "feddl",
+            "--coordinates",
+            "keep",
+            "--rounds",
+            "3",
+            "--local-steps",
+            "2",
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--clip-norm",
+            "10",
+            "--no-compare-centralized",
+            "--no-audit",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 1
     assert json.loads((out / "report.json").read_text())["verdict"]["status"] == "not audited"
     m = json.loads((out / "metrics.json").read_text())
     priv = m["privacy"]
-    for key in ("epsilon", "delta", "accountant", "epsilon_paper_formula", "noise_multiplier", "sensitivity",
-                "sensitivity_rule", "releases", "clipped_records"):
+    for key in (
+        "epsilon",
+        "delta",
+        "accountant",
+        "epsilon_paper_formula",
+        "noise_multiplier",
+        "sensitivity",
+        "sensitivity_rule",
+        "releases",
+        "clipped_records",
+    ):
         assert key in priv, key
     assert 0 < priv["epsilon"] <= 2.0 + 1e-9 and priv["epsilon_paper_formula"] > priv["epsilon"]
     assert m["mode"]["nystrom"] == "local"  # with DP no per-record rows leave a site by default
@@ -265,9 +410,32 @@ def test_dp_run_on_builtin_data_takes_the_public_range_as_clip_norm(tmp_path):
     from securefed.data import load_dataset
 
     out = tmp_path / "dp"
-    code = main(["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "10",
-                 "--rounds", "2", "--local-steps", "1", "--epsilon", "2", "--no-compare-centralized", "--no-audit",
-                 "--coordinates", "keep", "--quiet", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--dataset",
+            "iris",
+            "--clients",
+            "3",
+            "--partition",
+            "iid",
+            "--landmarks",
+            "10",
+            "--rounds",
+            "2",
+            "--local-steps",
+            "1",
+            "--epsilon",
+            "2",
+            "--no-compare-centralized",
+            "--no-audit",
+            "--coordinates",
+            "keep",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 1  # "not audited" — deterministic, whatever the secret noise does (see the test above)
     X = load_dataset("iris").X
     priv = json.loads((out / "metrics.json").read_text())["privacy"]
@@ -275,8 +443,24 @@ def test_dp_run_on_builtin_data_takes_the_public_range_as_clip_norm(tmp_path):
     assert priv["clipped_records"] == 0
     f = tmp_path / "mine.csv"
     np.savetxt(f, X, delimiter=",")
-    assert main(["run", "--dataset", str(f), "--clients", "3", "--epsilon", "2", "--quiet", "--no-audit",
-                 "--out", str(tmp_path / "u")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--dataset",
+                str(f),
+                "--clients",
+                "3",
+                "--epsilon",
+                "2",
+                "--quiet",
+                "--no-audit",
+                "--out",
+                str(tmp_path / "u"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_per_site_files_with_record_ids_round_trip(tmp_path, capsys):
@@ -302,8 +486,26 @@ def test_per_site_files_with_record_ids_round_trip(tmp_path, capsys):
             for pid, i in zip(ids, idx):
                 w.writerow([pid, *ds.X[i], ds.target_names[ds.y[i]]])
     out = tmp_path / "o"
-    rc = main(["run", "--site", str(folder), "--id-column", "patient_id", "--label-column", "species",
-               "--cell-floor", "5", "--value-bound", "10", "--allow-audit-failure", "--no-compare-centralized", "--quiet", "--out", str(out)])
+    rc = main(
+        [
+            "run",
+            "--site",
+            str(folder),
+            "--id-column",
+            "patient_id",
+            "--label-column",
+            "species",
+            "--cell-floor",
+            "5",
+            "--value-bound",
+            "10",
+            "--allow-audit-failure",
+            "--no-compare-centralized",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc in (0, 1), capsys.readouterr().err
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sites"] == ["north", "south", "west"] and cfg["n_features"] == 4
@@ -317,8 +519,23 @@ def test_per_site_files_with_record_ids_round_trip(tmp_path, capsys):
     (folder / "north.csv").write_text(text)
     for name in ("south", "west"):
         (folder / f"{name}.csv").write_text((folder / f"{name}.csv").read_text().replace("P1", "1"))
-    assert main(["run", "--site", str(folder), "--label-column", "species", "--value-bound", "10", "--quiet", "--out",
-                 str(tmp_path / "o2")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--site",
+                str(folder),
+                "--label-column",
+                "species",
+                "--value-bound",
+                "10",
+                "--quiet",
+                "--out",
+                str(tmp_path / "o2"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--id-column" in err and "Traceback" not in err
 

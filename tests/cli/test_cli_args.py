@@ -48,9 +48,11 @@ def test_the_pipeline_does_not_import_the_command_line():
             assert "cli" not in target.split("."), (node.lineno, target)
         elif isinstance(node, ast.Import):
             assert not any("securefed.cli" in a.name for a in node.names), node.lineno
-    code = ("import sys, securefed.pipeline; "
-            "bad = sorted(m for m in sys.modules if m.startswith('securefed.cli')); "
-            "assert not bad, bad")
+    code = (
+        "import sys, securefed.pipeline; "
+        "bad = sorted(m for m in sys.modules if m.startswith('securefed.cli')); "
+        "assert not bad, bad"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
 

@@ -16,8 +16,18 @@ from securefed.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
-SMALL = ["--dataset", "iris", "--clients", "3", "--partition", "iid", "--landmarks", "20", "--no-compare-centralized",
-         "--quiet"]
+SMALL = [
+    "--dataset",
+    "iris",
+    "--clients",
+    "3",
+    "--partition",
+    "iid",
+    "--landmarks",
+    "20",
+    "--no-compare-centralized",
+    "--quiet",
+]
 
 
 def _write_csv(path, header, rows):
@@ -75,10 +85,17 @@ def test_one_patient_id_at_two_sites_is_a_warning_with_the_count(tmp_path):
 # ------------------------------------------------------------------------------------------------ before any write
 
 
-@pytest.mark.parametrize("argv, flag", [(["--epsilon", "0"], "--epsilon"), (["--epsilon", "-1"], "--epsilon"),
-                                        (["--clients", "1"], "--clients"), (["--cell-floor", "1"], "--cell-floor"),
-                                        (["--method", "spectral", "--n-clusters", "1"], "--n-clusters")],
-                         ids=["eps0", "eps-1", "clients1", "floor1", "clusters1"])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--epsilon", "0"], "--epsilon"),
+        (["--epsilon", "-1"], "--epsilon"),
+        (["--clients", "1"], "--clients"),
+        (["--cell-floor", "1"], "--cell-floor"),
+        (["--method", "spectral", "--n-clusters", "1"], "--n-clusters"),
+    ],
+    ids=["eps0", "eps-1", "clients1", "floor1", "clusters1"],
+)
 def test_bad_input_is_refused_before_any_data_are_read_or_any_file_written(tmp_path, capsys, monkeypatch, argv, flag):
     def no_data(*a, **k):
         raise AssertionError("the data were read before the input was checked")
@@ -95,14 +112,18 @@ def test_bad_input_is_refused_before_any_data_are_read_or_any_file_written(tmp_p
 def test_a_single_site_file_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
     _iris_sites(tmp_path / "s")
     monkeypatch.setattr("securefed.data.load_sites", lambda *a, **k: pytest.fail("read"))
-    rc = main(["run", "--site", str(tmp_path / "s" / "a.csv"), "--value-bound", "10", "--quiet", "--out",
-               str(tmp_path / "o")])
+    rc = main(
+        ["run", "--site", str(tmp_path / "s" / "a.csv"), "--value-bound", "10", "--quiet", "--out", str(tmp_path / "o")]
+    )
     assert rc == 2 and "at least 2 sites" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def _snapshot(folder):
-    return {p: (os.path.getmtime(folder / p), (folder / p).read_bytes()) for p in sorted(os.listdir(folder))
-            if (folder / p).is_file()}
+    return {
+        p: (os.path.getmtime(folder / p), (folder / p).read_bytes())
+        for p in sorted(os.listdir(folder))
+        if (folder / p).is_file()
+    }
 
 
 @pytest.mark.slow
@@ -128,6 +149,7 @@ def test_an_earlier_run_is_never_overwritten_without_force(tmp_path, capsys):
 def test_exit_codes_tell_a_fail_from_an_error(tmp_path, capsys, monkeypatch, repo_root):
     # 2: refused input
     assert main(["run", *SMALL, "--epsilon", "0", "--out", str(tmp_path / "a")]) == 2
+
     # 3: an internal error (a bug), never 1 — which is a FAIL verdict
     def bug(*a, **k):
         raise ZeroDivisionError("a bug")
@@ -174,13 +196,31 @@ def test_h5ad_sites_get_the_map_back_in_obsm(tmp_path, capsys):
     for k, name in enumerate(("north", "south", "west")):
         idx = np.arange(k, len(ds.X), 3)
         ids[name] = [f"{name}-cell-{i}" for i in idx]
-        ad = anndata.AnnData(X=ds.X[idx].astype(np.float32),
-                             obs=pd.DataFrame({"species": [ds.target_names[c] for c in ds.y[idx]]}, index=ids[name]))
+        ad = anndata.AnnData(
+            X=ds.X[idx].astype(np.float32),
+            obs=pd.DataFrame({"species": [ds.target_names[c] for c in ds.y[idx]]}, index=ids[name]),
+        )
         ad.write_h5ad(folder / f"{name}.h5ad")
     original = {n: (folder / f"{n}.h5ad").read_bytes() for n in ids}
     out = tmp_path / "run"
-    rc = main(["run", "--site", str(folder), "--label-column", "species", "--value-bound", "10", "--cell-floor", "5",
-               "--allow-audit-failure", "--no-compare-centralized", "--quiet", "--out", str(out)])
+    rc = main(
+        [
+            "run",
+            "--site",
+            str(folder),
+            "--label-column",
+            "species",
+            "--value-bound",
+            "10",
+            "--cell-floor",
+            "5",
+            "--allow-audit-failure",
+            "--no-compare-centralized",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc in (0, 1), capsys.readouterr().err
     coords = np.load(out / "embedding.npz")
     for name, site_ids in ids.items():
@@ -208,9 +248,22 @@ def test_bounds_of_the_users_own_records_come_from_the_user(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "--value-bound=None is invalid" in err and "--aggregation plain" in err
     # with the bound stated, the run says nothing of a "public range" it did not have
-    rc = main(base + ["--epsilon", "1", "--clip-norm", "20", "--coordinates", "keep", "--landmarks", "20",
-                      "--no-compare-centralized",
-                      "--out", str(tmp_path / "ok")])
+    rc = main(
+        base
+        + [
+            "--epsilon",
+            "1",
+            "--clip-norm",
+            "20",
+            "--coordinates",
+            "keep",
+            "--landmarks",
+            "20",
+            "--no-compare-centralized",
+            "--out",
+            str(tmp_path / "ok"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc in (0, 1) and "public range" not in err and "--clip-norm" not in err, err
     assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["privacy"]["tau_x"] == 20.0
@@ -225,8 +278,19 @@ def test_a_failing_reconstruction_remedy_passes_when_applied(tmp_path, capsys):
     records from their 2-D coordinates (the average record puts 1 % within 5 %; at floors of 4 and 6 the sites' own
     membership gate already stops the run at the landmarks). The remedy the run prints is
     --coordinates keep; the same run with it passes."""
-    args = ["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--cell-floor", "8",
-            "--no-compare-centralized", "--quiet"]
+    args = [
+        "run",
+        "--dataset",
+        "iris",
+        "--clients",
+        "3",
+        "--partition",
+        "iid",
+        "--cell-floor",
+        "8",
+        "--no-compare-centralized",
+        "--quiet",
+    ]
     assert main(args + ["--out", str(tmp_path / "a")]) == 1
     out = capsys.readouterr().out
     remedy = next(ln for ln in out.splitlines() if ln.strip().startswith("remedy:"))
@@ -269,8 +333,11 @@ def test_the_readmes_own_data_example_on_breast_cancer_passes_or_its_remedy_does
     folder = tmp_path / "data"
     folder.mkdir()
     for name, (a, b) in zip("abc", ((0, 300), (300, 470), (470, len(order)))):
-        _write_csv(folder / f"site-{name}.csv", ["patient_id", *d.feature_names, "diagnosis"],
-                   [[f"H{name.upper()}-{i:05d}", *d.data[i], d.target_names[d.target[i]]] for i in order[a:b]])
+        _write_csv(
+            folder / f"site-{name}.csv",
+            ["patient_id", *d.feature_names, "diagnosis"],
+            [[f"H{name.upper()}-{i:05d}", *d.data[i], d.target_names[d.target[i]]] for i in order[a:b]],
+        )
     argv = _readme_site_command(repo_root)
     argv[argv.index("--site") + 1] = str(folder / "site-*.csv")
     argv[argv.index("--out") + 1] = str(tmp_path / "run")

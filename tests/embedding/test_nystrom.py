@@ -26,6 +26,7 @@ D_TRUE = np.sqrt(sq_dists(X))
 
 # ----------------------------------------------------------------------------- kernel form (Alg. 3)
 
+
 def test_kernel_form_exact_when_landmarks_are_data():
     K = gaussian_kernel(X, X, 0.2)
     np.testing.assert_allclose(nystrom_kernel(K, K), K, atol=1e-10)
@@ -34,17 +35,22 @@ def test_kernel_form_exact_when_landmarks_are_data():
 def test_kernel_form_matches_formula_and_rank():
     Y = RNG.normal(size=(15, 5))
     C, W = gaussian_kernel(X, Y, 0.3), gaussian_kernel(Y, Y, 0.3)
-    np.testing.assert_allclose(nystrom_kernel(C, W), C @ np.linalg.pinv(W, rcond=1e-10, hermitian=True) @ C.T, atol=1e-9)
+    np.testing.assert_allclose(
+        nystrom_kernel(C, W), C @ np.linalg.pinv(W, rcond=1e-10, hermitian=True) @ C.T, atol=1e-9
+    )
     # rank-k: the best rank-k approximation of W, then its pseudo-inverse
     ev, U = np.linalg.eigh(W)
     Wk = (U[:, -4:] * ev[-4:]) @ U[:, -4:].T
-    np.testing.assert_allclose(nystrom_kernel(C, W, rank=4), C @ np.linalg.pinv(Wk, rcond=1e-12, hermitian=True) @ C.T, atol=1e-9)
+    np.testing.assert_allclose(
+        nystrom_kernel(C, W, rank=4), C @ np.linalg.pinv(Wk, rcond=1e-12, hermitian=True) @ C.T, atol=1e-9
+    )
     # W + λI
     lam = 0.05
     np.testing.assert_allclose(nystrom_kernel(C, W, reg=lam), C @ np.linalg.inv(W + lam * np.eye(15)) @ C.T, atol=1e-9)
 
 
 # ----------------------------------------------------------------------------- feature map
+
 
 @settings(max_examples=15, deadline=None)
 @given(n_y=st.integers(2, 40), gamma=st.floats(0.05, 2.0), seed=st.integers(0, 2**31))
@@ -71,6 +77,7 @@ def test_feature_map_exact_kernel_distances_when_landmarks_are_data():
 
 # ----------------------------------------------------------------------------- distance form (Alg. 2, Eq. 21)
 
+
 def test_distance_form_exact_with_squared_distances_and_m_plus_2_landmarks():
     # rank of a squared-distance matrix in R^5 is ≤ 7: 7 landmarks in general position suffice
     Y = RNG.normal(size=(7, 5))
@@ -90,7 +97,9 @@ def test_distance_form_not_exact_below_rank_or_with_plain_distances():
 def test_distance_form_exact_when_landmarks_contain_data_both_readings():
     Y = np.vstack([X, RNG.normal(size=(3, 5))])
     np.testing.assert_allclose(nystrom_distance(sq_dists(X, Y), sq_dists(Y)), D_TRUE, atol=1e-6)
-    np.testing.assert_allclose(nystrom_distance(np.sqrt(sq_dists(X, X)), np.sqrt(sq_dists(X)), squared=False), D_TRUE, atol=1e-8)
+    np.testing.assert_allclose(
+        nystrom_distance(np.sqrt(sq_dists(X, X)), np.sqrt(sq_dists(X)), squared=False), D_TRUE, atol=1e-8
+    )
 
 
 def test_distance_form_usable_as_precomputed_metric():
@@ -116,6 +125,7 @@ def test_landmark_mds_exact_with_affinely_spanning_landmarks():
 
 
 # ----------------------------------------------------------------------------- kNN graph
+
 
 def _brute_knn(A, k):
     D = sq_dists(A)
@@ -145,8 +155,10 @@ def test_knn_graph_duplicates_keep_self_first():
     assert not np.any(idx == np.arange(40)[:, None])
 
 
-@pytest.mark.skipif(not os.environ.get("SECUREFED_SLOW_TESTS"),
-                    reason="pynndescent JIT-compiles for ~30 s per process; set SECUREFED_SLOW_TESTS=1")
+@pytest.mark.skipif(
+    not os.environ.get("SECUREFED_SLOW_TESTS"),
+    reason="pynndescent JIT-compiles for ~30 s per process; set SECUREFED_SLOW_TESTS=1",
+)
 def test_knn_graph_nndescent_recall():
     A = np.random.default_rng(3).normal(size=(2000, 10))
     idx, dist = knn_graph(A, 11, method="nndescent", random_state=0)
@@ -185,8 +197,10 @@ def _quality(emb):
     from sklearn.neighbors import KNeighborsClassifier
 
     assert emb.shape == (240, 2) and np.isfinite(emb).all()
-    return (trustworthiness(XC, emb, n_neighbors=10),
-            float(cross_val_score(KNeighborsClassifier(10), emb, YC, cv=5).mean()))
+    return (
+        trustworthiness(XC, emb, n_neighbors=10),
+        float(cross_val_score(KNeighborsClassifier(10), emb, YC, cv=5).mean()),
+    )
 
 
 def test_knn_plugs_into_opentsne():
@@ -220,13 +234,18 @@ def test_knn_plugs_into_umap():
     ei, ed = np.hstack([np.arange(240)[:, None], ei]), np.hstack([np.zeros((240, 1)), ed])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # umap warns that no NNDescent index is attached (no transform())
-        emb, ref = (umap.UMAP(n_neighbors=15, precomputed_knn=(i, d, None), n_epochs=200, random_state=0,
-                              init="random").fit_transform(XC) for i, d in ((idx, dist), (ei, ed)))
+        emb, ref = (
+            umap.UMAP(
+                n_neighbors=15, precomputed_knn=(i, d, None), n_epochs=200, random_state=0, init="random"
+            ).fit_transform(XC)
+            for i, d in ((idx, dist), (ei, ed))
+        )
     (trust, acc), (ref_trust, _) = _quality(emb), _quality(ref)
     assert trust >= ref_trust - 0.02 and trust > 0.93 and acc >= 0.95, (trust, ref_trust, acc)
 
 
 # ----------------------------------------------------------------------------- choose / bad input
+
 
 def test_choose_reconstruction():
     assert choose_reconstruction(5000) == "paper"
@@ -272,24 +291,27 @@ def test_feature_map_survives_far_landmarks_where_eq21_collapses():
         assert fmap > eq21 + 0.25
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda: nystrom_distance(np.ones((5, 3)), np.ones((4, 4))), DataError, "^B="),
-    (lambda: nystrom_distance(np.ones((5, 3)), np.ones((3, 2))), DataError, "^W=.*square"),
-    (lambda: nystrom_distance(np.ones((5, 1)), np.ones((1, 1))), DataError, "^W=.*at least 2 landmarks"),
-    (lambda: nystrom_distance(np.ones((5, 2)), np.array([[0.0, 1], [2, 0]])), DataError, "^W=.*symmetric"),
-    (lambda: nystrom_distance(np.full((5, 2), np.nan), np.eye(2)), DataError, "^B=.*impute"),
-    (lambda: nystrom_distance(np.ones((5, 2)), np.eye(2), rank=3), ConfigError, "^rank=3"),
-    (lambda: nystrom_distance(np.ones((5, 2)), np.eye(2), reg=-1), ConfigError, "^reg=-1"),
-    (lambda: nystrom_distance(np.ones((50, 2)), np.eye(2), max_records=10), ConfigError, "^n_records=50.*features"),
-    (lambda: nystrom_kernel(np.ones((5, 2)), np.eye(2), rank=0), ConfigError, "^rank=0"),
-    (lambda: kernel_feature_map(np.ones((5, 2)), -np.eye(2)), DataError, "^W=.*positive semi-definite"),
-    (lambda: kernel_feature_map(np.ones((5, 2)), np.eye(2), rtol=0), ConfigError, "^rtol=0"),
-    (lambda: distance_feature_map(-np.ones((5, 2)), np.ones((2, 2)) - np.eye(2)), DataError, "squared"),
-    (lambda: knn_graph(X, 120), ConfigError, "^k=120"),
-    (lambda: knn_graph(X, 1), ConfigError, "^k=1.*include_self"),
-    (lambda: knn_graph(X, 5, method="annoy"), ConfigError, "^method='annoy'"),
-    (lambda: knn_graph(np.ones(5), 2), DataError, "^Phi="),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: nystrom_distance(np.ones((5, 3)), np.ones((4, 4))), DataError, "^B="),
+        (lambda: nystrom_distance(np.ones((5, 3)), np.ones((3, 2))), DataError, "^W=.*square"),
+        (lambda: nystrom_distance(np.ones((5, 1)), np.ones((1, 1))), DataError, "^W=.*at least 2 landmarks"),
+        (lambda: nystrom_distance(np.ones((5, 2)), np.array([[0.0, 1], [2, 0]])), DataError, "^W=.*symmetric"),
+        (lambda: nystrom_distance(np.full((5, 2), np.nan), np.eye(2)), DataError, "^B=.*impute"),
+        (lambda: nystrom_distance(np.ones((5, 2)), np.eye(2), rank=3), ConfigError, "^rank=3"),
+        (lambda: nystrom_distance(np.ones((5, 2)), np.eye(2), reg=-1), ConfigError, "^reg=-1"),
+        (lambda: nystrom_distance(np.ones((50, 2)), np.eye(2), max_records=10), ConfigError, "^n_records=50.*features"),
+        (lambda: nystrom_kernel(np.ones((5, 2)), np.eye(2), rank=0), ConfigError, "^rank=0"),
+        (lambda: kernel_feature_map(np.ones((5, 2)), -np.eye(2)), DataError, "^W=.*positive semi-definite"),
+        (lambda: kernel_feature_map(np.ones((5, 2)), np.eye(2), rtol=0), ConfigError, "^rtol=0"),
+        (lambda: distance_feature_map(-np.ones((5, 2)), np.ones((2, 2)) - np.eye(2)), DataError, "squared"),
+        (lambda: knn_graph(X, 120), ConfigError, "^k=120"),
+        (lambda: knn_graph(X, 1), ConfigError, "^k=1.*include_self"),
+        (lambda: knn_graph(X, 5, method="annoy"), ConfigError, "^method='annoy'"),
+        (lambda: knn_graph(np.ones(5), 2), DataError, "^Phi="),
+    ],
+)
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()

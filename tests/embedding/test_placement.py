@@ -100,6 +100,7 @@ def test_nearest_rows_is_exact():
 
 def _dense_conditional(d2, mass, perplexity):
     """p_j ∝ m_j exp(−β d²_j) with Shannon entropy log(perplexity), β found by a root finder on log β."""
+
     def entropy_gap(logb):
         a = np.log(mass) - np.exp(logb) * d2
         p = np.exp(a - a.max())
@@ -133,8 +134,9 @@ def test_sparse_affinities_are_the_dense_ones_when_the_candidates_cover_every_po
     alone = placement_affinities(F, Y, c, perp, interact=False).toarray()
     for i in range(n):  # without interaction: each row over the cells alone
         d = ((F[i] - Y) ** 2).sum(1)
-        np.testing.assert_allclose(alone[i], _dense_conditional(d / np.median(d), c, min(perp, (k - 1) / 3)) / N,
-                                   rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(
+            alone[i], _dense_conditional(d / np.median(d), c, min(perp, (k - 1) / 3)) / N, rtol=1e-6, atol=1e-12
+        )
 
 
 def test_gradient_is_the_objectives_gradient():
@@ -175,8 +177,9 @@ def test_memory_grows_linearly_with_the_site():
     calls = []
     tracemalloc.start()
     try:
-        out = place_refine(F, Y, Z, c, 1e6, perplexity=10.0, n_iter=2, early_iter=1,
-                           progress=lambda d, t: calls.append((d, t)))
+        out = place_refine(
+            F, Y, Z, c, 1e6, perplexity=10.0, n_iter=2, early_iter=1, progress=lambda d, t: calls.append((d, t))
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -196,8 +199,9 @@ def test_a_site_reports_its_placement_progress_and_the_printer_shows_it():
 
     rng = np.random.default_rng(0)
     sites = [rng.normal(size=(120, 3)) + 3.0 * i for i in range(3)]
-    plan = RunPlan.build("api", method="tsne", landmark_method="cells", value_bound=12.0, cell_floor=10,
-                         audit_holdout=0.0, seed=0)
+    plan = RunPlan.build(
+        "api", method="tsne", landmark_method="cells", value_bound=12.0, cell_floor=10, audit_holdout=0.0, seed=0
+    )
     seen: list = []
     res = run_in_process(plan, sites, on_event=seen.append)
     assert sum(len(v) for v in res.embedding["coordinates"].values()) == 360

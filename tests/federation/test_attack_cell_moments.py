@@ -61,7 +61,8 @@ def test_released_second_moments_do_not_give_members_away():
         b = _blocks(c, d)
         if b is not None and c is not tree.root:
             r = len(b[0])
-            assert r + 8.0 * r ** 1.5 <= c.count + 1e-9, (c.path, r, c.count)
+            assert r + 8.0 * r**1.5 <= c.count + 1e-9, (c.path, r, c.count)
+
     # 2. the attack: for each record, its smallest relative residual off a released block's span, among the cells
     #    on its public path, and its summed leverage z-score along the path
     def scores(X):
@@ -81,14 +82,16 @@ def test_released_second_moments_do_not_give_members_away():
             P = V[:, keep]
             if keep.sum() < len(U):  # a rank-deficient block: the residual off its span
                 R = G - (G @ P) @ P.T
-                resid[idx] = np.minimum(resid[idx], np.linalg.norm(R, axis=1) / np.maximum(np.linalg.norm(G, axis=1),
-                                                                                            1e-12))
+                resid[idx] = np.minimum(
+                    resid[idx], np.linalg.norm(R, axis=1) / np.maximum(np.linalg.norm(G, axis=1), 1e-12)
+                )
             lev = np.einsum("ij,j,ij->i", G @ P, 1.0 / w[keep], G @ P)
             r, m = int(keep.sum()), c.count
             z[idx] -= (lev - r / m) / (np.sqrt(2.0 * r) / m)
         return resid, z
+
     (rm, zm), (_, zh) = scores(M), scores(H)
-    assert np.mean(rm < 1e-6) < 0.01, np.mean(rm < 1e-6)     # on the old tree: every member (1.0)
+    assert np.mean(rm < 1e-6) < 0.01, np.mean(rm < 1e-6)  # on the old tree: every member (1.0)
     y = np.r_[np.ones(len(M)), np.zeros(len(H))]
     auc = roc_auc_score(y, np.r_[zm, zh])
     assert auc < 0.6, auc

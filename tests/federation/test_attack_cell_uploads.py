@@ -34,15 +34,21 @@ def _run_with_site0(monkeypatch, forge):
         return forge(u) if self.options.get("site-name") == victim and q.kind == "sums" else u
 
     monkeypatch.setattr(site_mod.SiteWorker, "_cells_upload", cells_upload)
-    plan = RunPlan.build("api", method="none", landmark_method="cells", value_bound=16.0, seed=0,
-                         allow_audit_failure=True)
+    plan = RunPlan.build(
+        "api", method="none", landmark_method="cells", value_bound=16.0, seed=0, allow_audit_failure=True
+    )
     return run_in_process(plan, [ds.X[i] for i in idx])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("forge", [lambda u: 30.0 * u,                                       # inflated sums
-                                   lambda u: np.concatenate([u[:len(u) // 2], -np.abs(u[len(u) // 2:])])],  # Σf² < 0
-                         ids=["inflated", "negative-second-moments"])
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda u: 30.0 * u,  # inflated sums
+        lambda u: np.concatenate([u[: len(u) // 2], -np.abs(u[len(u) // 2 :])]),
+    ],  # Σf² < 0
+    ids=["inflated", "negative-second-moments"],
+)
 def test_an_upload_no_in_range_records_give_is_refused_by_the_honest_sites(monkeypatch, forge):
     with pytest.raises(ProtocolAbortedError) as err:
         _run_with_site0(monkeypatch, forge)

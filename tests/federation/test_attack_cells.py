@@ -23,8 +23,9 @@ def _sites(n=5, per=70, m=6, seed=0):
 
 
 def _plan(**kw):
-    base = dict(method="none", landmark_method="cells", value_bound=10.0, cell_floor=10, audit_holdout=0.0, seed=1,
-                landmarks=40)
+    base = dict(
+        method="none", landmark_method="cells", value_bound=10.0, cell_floor=10, audit_holdout=0.0, seed=1, landmarks=40
+    )
     base.update(kw)
     return RunPlan.build("api", **base)
 
@@ -37,8 +38,9 @@ def _attack(before_request, sites=None, plan=None):
         replies.append((a, request.get("op"), request.get("task"), request.get("step"), reply))
 
     try:
-        run_in_process(plan or _plan(), sites or _sites(), exchange={"before_request": before_request,
-                                                                      "after_reply": after})
+        run_in_process(
+            plan or _plan(), sites or _sites(), exchange={"before_request": before_request, "after_reply": after}
+        )
         return None, replies
     except SecureFedError as exc:
         return exc, replies
@@ -182,8 +184,14 @@ def test_every_released_cell_holds_the_floor(seed):
     plan = _plan(audit_holdout=0.2, seed=seed, allow_audit_failure=True)  # the audit is not what is tested here
     res = run_in_process(plan, sites)
     members = [SiteWorker({"site-name": n}, X).split(0.2, seed)[0] for n, X in zip(site_names(len(sites)), sites)]
-    cp = CellsPlan(floor=10, basis_dim=50, max_cells=min(40, sum(map(len, members)) // 10), max_levels=12, scale=10.0,
-                   n_max=max(map(len, members)))
+    cp = CellsPlan(
+        floor=10,
+        basis_dim=50,
+        max_cells=min(40, sum(map(len, members)) // 10),
+        max_levels=12,
+        scale=10.0,
+        n_max=max(map(len, members)),
+    )
     tree = CellTree(cp, sites[0].shape[1])
     while (q := tree.next_query()) is not None:
         tree.absorb(q, sum(tree.upload(q, X) for X in members))

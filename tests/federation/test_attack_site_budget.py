@@ -44,22 +44,44 @@ def sites():
 
 
 def _plan(run_id, epsilon=0.6, **kw):
-    base = dict(method="none", landmark_method="feddl", landmarks=6, rounds=1, local_steps=2, rule="gradient",
-                aggregation="plain", value_bound=3.0, min_sites=1, seed=3, audit_holdout=0.0, epsilon=epsilon,
-                clip_norm=2.0, run_id=run_id)
+    base = dict(
+        method="none",
+        landmark_method="feddl",
+        landmarks=6,
+        rounds=1,
+        local_steps=2,
+        rule="gradient",
+        aggregation="plain",
+        value_bound=3.0,
+        min_sites=1,
+        seed=3,
+        audit_holdout=0.0,
+        epsilon=epsilon,
+        clip_norm=2.0,
+        run_id=run_id,
+    )
     base.update(kw)
     return RunPlan.build("api", **base)
 
 
 def _workers(sites, tmp_path, **extra):
-    return {1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True, "epsilon-budget": BUDGET,
-                                  "ledger-path": str(tmp_path / "sites" / NAMES[i]), **extra}, X)
-            for i, X in enumerate(sites)}
+    return {
+        1000 + i: SiteWorker(
+            {
+                "site-name": NAMES[i],
+                "allow-plain": True,
+                "epsilon-budget": BUDGET,
+                "ledger-path": str(tmp_path / "sites" / NAMES[i]),
+                **extra,
+            },
+            X,
+        )
+        for i, X in enumerate(sites)
+    }
 
 
 def _drive(plan, workers, tmp_path, **kw):
-    return drive(Coordinator(plan, ledger=open_server_ledger(plan, plan.run_id, None)),
-                 InMemoryExchange(workers, **kw))
+    return drive(Coordinator(plan, ledger=open_server_ledger(plan, plan.run_id, None)), InMemoryExchange(workers, **kw))
 
 
 def _spent_by_file(tmp_path, name) -> dict:
@@ -70,13 +92,15 @@ def _spent_by_file(tmp_path, name) -> dict:
         if not f.endswith(".jsonl") or f.startswith("site-"):
             continue
         head = json.loads((d / f).read_text().splitlines()[0])
-        led = PrivacyLedger(str(d / f), head["run_id"], delta=head["delta"], accountant=head["accountant"],
-                            read_only=True)
+        led = PrivacyLedger(
+            str(d / f), head["run_id"], delta=head["delta"], accountant=head["accountant"], read_only=True
+        )
         out[f] = led.spent()[0]
     return out
 
 
 # ------------------------------------------------------------------------------------ budgets across runs
+
 
 def test_interleaved_run_ids_never_exceed_the_sites_budget(sites, tmp_path):
     """Release of run A, both releases of run B, then A's second: each run alone fits, both together do not."""
@@ -124,8 +148,9 @@ def _tamper(path, how):
         path.write_text("\n".join(lines[:-1] + [json.dumps(ev, sort_keys=True)]) + "\n")
 
 
-@pytest.mark.parametrize("how", ["emptied", "renamed", "header-type", "garbage-header", "deleted", "release-dropped",
-                                 "release-altered"])
+@pytest.mark.parametrize(
+    "how", ["emptied", "renamed", "header-type", "garbage-header", "deleted", "release-dropped", "release-altered"]
+)
 def test_a_tampered_earlier_ledger_is_refused_never_forgotten(sites, tmp_path, how):
     workers = _workers(sites, tmp_path)
     first = _drive(_plan("run-a"), workers, tmp_path)
@@ -157,8 +182,9 @@ def test_a_site_budget_still_spans_runs_and_is_reused_exactly_once(sites, tmp_pa
 def test_a_killed_run_with_secret_noise_refuses_with_the_sites_reason(sites, tmp_path):
     """The coordinator dies after round 2's releases were made (secret noise) and before its checkpoint; resuming from
     the round-1 checkpoint would redo releases already sent. The sites refuse, and the user reads why."""
-    plan = _plan("killed", epsilon=BUDGET, rounds=3, local_steps=1, aggregation="secagg", degree=2, threshold=2,
-                 min_sites=3)
+    plan = _plan(
+        "killed", epsilon=BUDGET, rounds=3, local_steps=1, aggregation="secagg", degree=2, threshold=2, min_sites=3
+    )
     state = {}
 
     class Kill(Exception):
@@ -171,11 +197,15 @@ def test_a_killed_run_with_secret_noise_refuses_with_the_sites_reason(sites, tmp
             state["ck"] = ev["state"]
 
     with pytest.raises(Kill):
-        drive(Coordinator(plan, ledger=open_server_ledger(plan, plan.run_id, None), on_event=on_event),
-              InMemoryExchange(_workers(sites, tmp_path)))
+        drive(
+            Coordinator(plan, ledger=open_server_ledger(plan, plan.run_id, None), on_event=on_event),
+            InMemoryExchange(_workers(sites, tmp_path)),
+        )
     with pytest.raises(SecureFedError) as err:
-        drive(Coordinator(plan, ledger=open_server_ledger(plan, plan.run_id, None), resume=state["ck"]),
-              InMemoryExchange(_workers(sites, tmp_path)))
+        drive(
+            Coordinator(plan, ledger=open_server_ledger(plan, plan.run_id, None), resume=state["ck"]),
+            InMemoryExchange(_workers(sites, tmp_path)),
+        )
     assert not isinstance(err.value, ProtocolTimeoutError), err.value
     assert "BudgetExceededError" in str(err.value) and "redoes releases" in str(err.value)
 
@@ -238,9 +268,21 @@ def test_a_coordinator_cannot_force_distributed_noise_on_a_site(tmp_path):
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(4, 10)) * 3
     arrays = [np.clip(centres[rng.integers(0, 4, 80)] + rng.normal(size=(80, 10)), -8, 8) for _ in range(3)]
-    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * 10 ** 0.5, value_bound=8.0,
-                         audit_holdout=0.0, landmarks=30, n_iter=250, seed=5, aggregation="secagg", run_id="forced",
-                         min_sites=2)
+    plan = RunPlan.build(
+        "api",
+        method="tsne",
+        epsilon=2.0,
+        delta=1e-5,
+        clip_norm=8.0 * 10**0.5,
+        value_bound=8.0,
+        audit_holdout=0.0,
+        landmarks=30,
+        n_iter=250,
+        seed=5,
+        aggregation="secagg",
+        run_id="forced",
+        min_sites=2,
+    )
     assert plan.landmark_method == "billboard" and plan.noise == "local"
     replies = []
 
@@ -263,7 +305,9 @@ def test_a_coordinator_cannot_force_distributed_noise_on_a_site(tmp_path):
     assert all("allow-distributed-noise" in r["error"] for r in replies)
     led = tmp_path / "sites" / "s1" / "forced.jsonl"
     booked = [json.loads(x) for x in led.read_text().splitlines()[1:]] if led.exists() else []
-    assert not any(ev.get("noise_share", ev.get("sigma")) < ev.get("sigma") for ev in booked if ev.get("type") == "release")
+    assert not any(
+        ev.get("noise_share", ev.get("sigma")) < ev.get("sigma") for ev in booked if ev.get("type") == "release"
+    )
 
 
 def test_a_site_that_allows_distributed_noise_adds_its_share(tmp_path):
@@ -271,17 +315,40 @@ def test_a_site_that_allows_distributed_noise_adds_its_share(tmp_path):
     from securefed.landmarks.merf import billboard_noise
 
     X = np.random.default_rng(0).normal(size=(30, 4))
-    bp = {"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": 0.2,
-          "density_share": 0.0, "density_grid": 8, "noise": "distributed", "t": 3, "sizes": [30, 30, 30],
-          "noise_seed": None}
-    req = {"op": "secagg-start", "site": 0, "task": "rff", "billboard": dumps(bp), "release": 0, "n_freq": 10,
-           "lengthscales": [3.0], "space": "raw", "out_shape": [20], "seed": 0, "weights": "uniform"}
+    bp = {
+        "run_id": "r",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "accountant": "exact",
+        "count_share": 0.2,
+        "density_share": 0.0,
+        "density_grid": 8,
+        "noise": "distributed",
+        "t": 3,
+        "sizes": [30, 30, 30],
+        "noise_seed": None,
+    }
+    req = {
+        "op": "secagg-start",
+        "site": 0,
+        "task": "rff",
+        "billboard": dumps(bp),
+        "release": 0,
+        "n_freq": 10,
+        "lengthscales": [3.0],
+        "space": "raw",
+        "out_shape": [20],
+        "seed": 0,
+        "weights": "uniform",
+    }
     from securefed.federation.privacy import site_billboard_release
 
     opts = {"epsilon-budget": 5.0, "ledger-path": ":memory:"}
     with pytest.raises(SecureFedError, match="allow-distributed-noise"):
         site_billboard_release(req, X, opts, 0, {}, 30, "secagg-start")
-    _, events = site_billboard_release(req, X, dict(opts, **{"allow-distributed-noise": True}), 0, {}, 30, "secagg-start")
+    _, events = site_billboard_release(
+        req, X, dict(opts, **{"allow-distributed-noise": True}), 0, {}, 30, "secagg-start"
+    )
     ev = json.loads(events[0])
     assert ev["sigma"] == pytest.approx(ev["sensitivity"] / billboard_noise(1.0, 1e-5, 0.2)["mu1"], rel=1e-12)
-    assert ev["noise_share"] == pytest.approx(ev["sigma"] / 3 ** 0.5, rel=1e-12)
+    assert ev["noise_share"] == pytest.approx(ev["sigma"] / 3**0.5, rel=1e-12)

@@ -13,8 +13,17 @@ from securefed.federation.privacy import open_server_ledger
 from securefed.landmarks.cells import cell_counts
 from securefed.embedding.placement import place_refine
 from securefed.errors import ConfigError
-from securefed.landmarks.merf import (COUNT_SENSITIVITY, RFF_SENSITIVITY, billboard_noise, density_box, density_counts,
-                                      public_basis, rff, rff_frequencies, scaled_features)
+from securefed.landmarks.merf import (
+    COUNT_SENSITIVITY,
+    RFF_SENSITIVITY,
+    billboard_noise,
+    density_box,
+    density_counts,
+    public_basis,
+    rff,
+    rff_frequencies,
+    scaled_features,
+)
 from securefed.plan import RunPlan
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
@@ -35,6 +44,7 @@ def sigmas(closed_form, eps, delta, count_share, density_share=0.0):
 
 
 # ------------------------------------------------------------------------------------ sensitivity, brute force
+
 
 @pytest.mark.parametrize("seed", range(4))
 def test_replace_one_sensitivity_of_both_releases_by_brute_force(seed):
@@ -120,6 +130,7 @@ def test_calibration_agrees_with_an_independent_accountant(eps, closed_form):
 
 # ------------------------------------------------------------------------------------ a run
 
+
 def _sites(seed=0, shift=0.0):
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(4, 10)) * 3
@@ -132,9 +143,20 @@ def _sites(seed=0, shift=0.0):
 
 
 def _dp_run(tmp_path, sites, run_id, **kw):
-    opts = dict(method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10), value_bound=8.0,
-                aggregation="plain", noise_seed_for_testing=11, audit_holdout=0.0, landmarks=40, n_iter=300, seed=5,
-                run_id=run_id)
+    opts = dict(
+        method="tsne",
+        epsilon=2.0,
+        delta=1e-5,
+        clip_norm=8.0 * math.sqrt(10),
+        value_bound=8.0,
+        aggregation="plain",
+        noise_seed_for_testing=11,
+        audit_holdout=0.0,
+        landmarks=40,
+        n_iter=300,
+        seed=5,
+        run_id=run_id,
+    )
     plan = RunPlan.build("api", **dict(opts, **kw))
     assert plan.landmark_method == "billboard"
     folder = tmp_path / run_id
@@ -171,8 +193,14 @@ def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tm
     runs = [_dp_run(tmp_path, _sites(shift=s), f"bl{i}")[0] for i, s in enumerate((0.0, 3.0))]
     for res in runs:
         emb = res.embedding
-        own = place_refine(res.landmark_space.features(_sites()[0]), res.landmarks, emb["landmark_embedding"],
-                           res.masses, emb["Zn"], perplexity=5.0)  # the placement perplexity under DP
+        own = place_refine(
+            res.landmark_space.features(_sites()[0]),
+            res.landmarks,
+            emb["landmark_embedding"],
+            res.masses,
+            emb["Zn"],
+            perplexity=5.0,
+        )  # the placement perplexity under DP
         np.testing.assert_allclose(emb["coordinates"][res.sites[0]], own, rtol=0, atol=1e-9)
     assert not np.allclose(runs[0].landmarks, runs[1].landmarks)  # the other site's change reached the billboard
 
@@ -180,10 +208,15 @@ def test_a_sites_coordinates_depend_on_other_sites_only_through_the_billboard(tm
 def test_placement_perplexity_is_5_under_dp_and_10_without_unless_given():
     """The default the measurements support (BENCHMARKS §11): what each site is asked to place its records with."""
     dp = dict(epsilon=2.0, clip_norm=8.0 * math.sqrt(10), noise_seed_for_testing=3)
-    for kw, want in ((dp, 5.0), ({}, 10.0), (dict(dp, placement_perplexity=10.0), 10.0),
-                     ({"placement_perplexity": 7.0}, 7.0)):
-        plan = RunPlan.build("api", method="tsne", value_bound=8.0, aggregation="plain", audit_holdout=0.0,
-                             landmarks=20, seed=1, **kw)
+    for kw, want in (
+        (dp, 5.0),
+        ({}, 10.0),
+        (dict(dp, placement_perplexity=10.0), 10.0),
+        ({"placement_perplexity": 7.0}, 7.0),
+    ):
+        plan = RunPlan.build(
+            "api", method="tsne", value_bound=8.0, aggregation="plain", audit_holdout=0.0, landmarks=20, seed=1, **kw
+        )
         assert plan.placement_perplexity == want
         asked = []
 
@@ -218,11 +251,32 @@ def test_noise_shares_only_inside_a_secure_sum():
     plan = RunPlan.build("api", epsilon=1.0, clip_norm=5.0, value_bound=1.0, noise="distributed", aggregation="secagg")
     assert plan.landmark_method == "billboard" and plan.noise == "distributed"
     X = np.random.default_rng(0).normal(size=(30, 4))
-    plan = {"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": 0.2,
-            "noise": "distributed", "t": 3, "sizes": [30, 30, 30], "noise_seed_for_testing": None}
+    plan = {
+        "run_id": "r",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "accountant": "exact",
+        "count_share": 0.2,
+        "noise": "distributed",
+        "t": 3,
+        "sizes": [30, 30, 30],
+        "noise_seed_for_testing": None,
+    }
     w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
-    rep = w.handle({"op": "plain", "site": 0, "task": "rff", "billboard": dumps(plan), "release": 0, "n_freq": 10,
-                    "lengthscales": [3.0], "space": "raw", "seed": 0, "weights": "uniform"})
+    rep = w.handle(
+        {
+            "op": "plain",
+            "site": 0,
+            "task": "rff",
+            "billboard": dumps(plan),
+            "release": 0,
+            "n_freq": 10,
+            "lengthscales": [3.0],
+            "space": "raw",
+            "seed": 0,
+            "weights": "uniform",
+        }
+    )
     assert rep["error"].startswith("ConfigError") and "secure sum" in rep["error"]
 
 
@@ -307,7 +361,10 @@ def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path, clo
     for name in res.sites:
         lines = [json.loads(ln) for ln in (folder / "site-ledgers" / name / "bd1.jsonl").read_text().splitlines()]
         assert [ev["mechanism"] for ev in lines if ev.get("type") == "release"] == [
-            "gaussian-rff", "gaussian-counts", "gaussian-density"]
+            "gaussian-rff",
+            "gaussian-counts",
+            "gaussian-density",
+        ]
     priv = res.privacy
     assert priv["releases"] == 3 and priv["epsilon"] == pytest.approx(2.0, rel=1e-6)
     assert priv["sigma_per_release"] == pytest.approx([s1, s2, s3], rel=1e-9)
@@ -318,8 +375,16 @@ def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path, clo
     row = [r for r in res.inventory if "grid over the landmark map" in r["what"]]
     assert len(row) == 1 and str(row[0]["covered_by_epsilon"]).startswith("yes")
     assert "coordinates" not in res.embedding  # nothing per record left a site
-    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10),
-                         value_bound=8.0, coordinates="keep", density_share=0.2)
+    plan = RunPlan.build(
+        "api",
+        method="tsne",
+        epsilon=2.0,
+        delta=1e-5,
+        clip_norm=8.0 * math.sqrt(10),
+        value_bound=8.0,
+        coordinates="keep",
+        density_share=0.2,
+    )
     doc = write_run_result(str(tmp_path / "out"), res, plan)
     assert doc["embedding"]["density"]["file"] == "density.npz" and "counts" not in doc["embedding"]["density"]
     saved = np.load(tmp_path / "out" / "density.npz")
@@ -329,8 +394,16 @@ def test_a_density_run_books_three_releases_and_writes_the_density(tmp_path, clo
 def test_the_density_names_the_noise_its_sum_carries_with_distributed_shares(tmp_path, closed_form):
     """With noise distributed each of the 3 sites adds σ₃/√3, so the released grid carries σ₃ per cell (not √3·σ₃,
     which the report would otherwise print under the density)."""
-    res, folder = _dp_run(tmp_path, _sites(), "bd2", aggregation="secagg", noise="distributed", coordinates="keep",
-                          density_share=0.2, density_grid=6)
+    res, folder = _dp_run(
+        tmp_path,
+        _sites(),
+        "bd2",
+        aggregation="secagg",
+        noise="distributed",
+        coordinates="keep",
+        density_share=0.2,
+        density_grid=6,
+    )
     s3 = sigmas(closed_form, 2.0, 1e-5, 0.2, 0.2)[2]
     assert res.embedding["density"]["sigma_per_cell"] == pytest.approx(s3)
     for name in res.sites:
@@ -339,12 +412,15 @@ def test_the_density_names_the_noise_its_sum_carries_with_distributed_shares(tmp
         assert len(dens) == 1 and dens[0]["noise_share"] == pytest.approx(s3 / math.sqrt(3))
 
 
-@pytest.mark.parametrize("kw, names", [
-    (dict(density_share=0.2, value_bound=1.0), "epsilon"),                               # no DP: cells
-    (dict(density_share=0.2, epsilon=1.0, clip_norm=5.0, value_bound=1.0), "coordinates"),  # coordinates sent
-    (dict(density_share=0.9, epsilon=1.0, clip_norm=5.0, value_bound=1.0, coordinates="keep"), "count_share"),
-    (dict(density_share=-0.1, epsilon=1.0, clip_norm=5.0, value_bound=1.0, coordinates="keep"), "0.2"),
-])
+@pytest.mark.parametrize(
+    "kw, names",
+    [
+        (dict(density_share=0.2, value_bound=1.0), "epsilon"),  # no DP: cells
+        (dict(density_share=0.2, epsilon=1.0, clip_norm=5.0, value_bound=1.0), "coordinates"),  # coordinates sent
+        (dict(density_share=0.9, epsilon=1.0, clip_norm=5.0, value_bound=1.0, coordinates="keep"), "count_share"),
+        (dict(density_share=-0.1, epsilon=1.0, clip_norm=5.0, value_bound=1.0, coordinates="keep"), "0.2"),
+    ],
+)
 def test_plans_the_density_does_not_fit_get_a_typed_error(kw, names):
     with pytest.raises(ConfigError, match="density_share") as e:
         RunPlan.build("api", method="tsne", **kw)
@@ -356,12 +432,38 @@ def test_a_site_refuses_a_density_release_the_plan_spends_nothing_on():
     from securefed.federation.wire import dumps, put_array
 
     X = np.random.default_rng(0).normal(size=(30, 4))
-    plan = {"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": 0.2,
-            "density_share": 0.0, "density_grid": 4, "noise": "local", "t": 1, "sizes": [30], "noise_seed": None}
+    plan = {
+        "run_id": "r",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "accountant": "exact",
+        "count_share": 0.2,
+        "density_share": 0.0,
+        "density_grid": 4,
+        "noise": "local",
+        "t": 1,
+        "sizes": [30],
+        "noise_seed": None,
+    }
     w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 5.0, "ledger-path": ":memory:"}, X)
-    req = put_array(put_array({"op": "plain", "site": 0, "task": "billboard-density", "billboard": dumps(plan),
-                               "release": 2, "space": "raw", "seed": 0, "weights": "uniform"},
-                              "Y", np.zeros((3, 4))), "landmark_embedding", np.zeros((3, 2)))
+    req = put_array(
+        put_array(
+            {
+                "op": "plain",
+                "site": 0,
+                "task": "billboard-density",
+                "billboard": dumps(plan),
+                "release": 2,
+                "space": "raw",
+                "seed": 0,
+                "weights": "uniform",
+            },
+            "Y",
+            np.zeros((3, 4)),
+        ),
+        "landmark_embedding",
+        np.zeros((3, 2)),
+    )
     rep = w.handle(req)
     assert rep["error"].startswith("ProtocolError") and "density_share 0" in rep["error"]
 
@@ -377,19 +479,41 @@ def test_a_site_refuses_a_billboard_plan_that_changes_between_releases():
     w = SiteWorker({"site-name": "s0", "allow-plain": True, "epsilon-budget": 50.0, "ledger-path": ":memory:"}, X)
 
     def plan(share):
-        return dumps({"run_id": "r", "epsilon": 1.0, "delta": 1e-5, "accountant": "exact", "count_share": share,
-                      "density_share": 0.0, "density_grid": 4, "noise": "local", "t": 1, "sizes": [30],
-                      "noise_seed": None})
+        return dumps(
+            {
+                "run_id": "r",
+                "epsilon": 1.0,
+                "delta": 1e-5,
+                "accountant": "exact",
+                "count_share": share,
+                "density_share": 0.0,
+                "density_grid": 4,
+                "noise": "local",
+                "t": 1,
+                "sizes": [30],
+                "noise_seed": None,
+            }
+        )
 
     base = {"op": "plain", "site": 0, "space": "raw", "seed": 0, "weights": "uniform"}
-    rep = w.handle(dict(base, task="rff", billboard=plan(0.01), release=0, n_freq=10, lengthscales=[3.0],
-                        ))
+    rep = w.handle(
+        dict(
+            base,
+            task="rff",
+            billboard=plan(0.01),
+            release=0,
+            n_freq=10,
+            lengthscales=[3.0],
+        )
+    )
     assert "error" not in rep, rep
-    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.99), release=1),
-                             "Y", np.zeros((3, 4))))
+    rep = w.handle(
+        put_array(dict(base, task="billboard-counts", billboard=plan(0.99), release=1), "Y", np.zeros((3, 4)))
+    )
     assert rep["error"].startswith("ProtocolError") and "differs from the one this site started" in rep["error"]
-    rep = w.handle(put_array(dict(base, task="billboard-counts", billboard=plan(0.01), release=1),
-                             "Y", np.zeros((3, 4))))
+    rep = w.handle(
+        put_array(dict(base, task="billboard-counts", billboard=plan(0.01), release=1), "Y", np.zeros((3, 4)))
+    )
     assert "error" not in rep, rep  # the same plan goes on
 
 
@@ -399,7 +523,19 @@ def test_distributed_billboard_shares_meet_the_sites_survivor_floor():
     noisy-but-thin is released."""
     from securefed.errors import SecureFedError
 
-    plan = RunPlan.build("api", method="tsne", epsilon=2.0, delta=1e-5, clip_norm=8.0 * math.sqrt(10), value_bound=8.0,
-                         aggregation="secagg", noise="distributed", audit_holdout=0.0, landmarks=40, n_iter=300, seed=5)
+    plan = RunPlan.build(
+        "api",
+        method="tsne",
+        epsilon=2.0,
+        delta=1e-5,
+        clip_norm=8.0 * math.sqrt(10),
+        value_bound=8.0,
+        aggregation="secagg",
+        noise="distributed",
+        audit_holdout=0.0,
+        landmarks=40,
+        n_iter=300,
+        seed=5,
+    )
     with pytest.raises(SecureFedError, match="nothing revealed"):  # every site refused to advertise its keys
         run_in_process(plan, _sites(), site_options={"dp-colluders": 1})

@@ -49,8 +49,15 @@ def test_a_cells_run_with_axes_uses_the_leaves_second_moments():
     assert res1.masses.sum() == pytest.approx(len(ds.X))
     means = res1.landmarks.reshape(k, 3, -1)[:, 0]
     X = np.vstack(sites)
-    plan = CellsPlan(floor=25, basis_dim=50, max_cells=min(300, len(X) // 25), max_levels=12, scale=1.0,
-                     n_max=max(len(s) for s in sites), axes=1)
+    plan = CellsPlan(
+        floor=25,
+        basis_dim=50,
+        max_cells=min(300, len(X) // 25),
+        max_levels=12,
+        scale=1.0,
+        n_max=max(len(s) for s in sites),
+        axes=1,
+    )
     tree = CellTree(plan, X.shape[1])
     while (q := tree.next_query()) is not None:
         tree.absorb(q, sum(tree.upload(q, S) for S in sites))

@@ -23,8 +23,14 @@ from securefed.plan import RunPlan
 def test_the_default_cells_pass_their_audit_on_blobs(n):
     X, y = make_blobs(n_samples=n, n_features=50, centers=20, random_state=0)
     parts = partition(X, y, 10, "iid", random_state=0)
-    plan = RunPlan.build("api", method="none", landmark_method="cells", value_bound=float(np.ceil(np.abs(X).max())),
-                         allow_audit_failure=True, seed=0)
+    plan = RunPlan.build(
+        "api",
+        method="none",
+        landmark_method="cells",
+        value_bound=float(np.ceil(np.abs(X).max())),
+        allow_audit_failure=True,
+        seed=0,
+    )
     res = run_in_process(plan, [X[i] for i in parts])
     auc = res.audit["mia"]["auc"]
     assert res.audit["passed"] and auc <= 0.6, auc
@@ -40,8 +46,15 @@ def test_a_landmark_cap_raises_the_floor_to_the_records_per_landmark():
     that the cap does not leave small cells beside large ones (``landmark_stages.cells_floor``)."""
     X, y = make_blobs(n_samples=10_000, n_features=50, centers=20, random_state=0)
     parts = partition(X, y, 10, "iid", random_state=0)
-    plan = RunPlan.build("api", method="none", landmark_method="cells", value_bound=float(np.ceil(np.abs(X).max())),
-                         allow_audit_failure=True, seed=0, landmarks=300)
+    plan = RunPlan.build(
+        "api",
+        method="none",
+        landmark_method="cells",
+        value_bound=float(np.ceil(np.abs(X).max())),
+        allow_audit_failure=True,
+        seed=0,
+        landmarks=300,
+    )
     res = run_in_process(plan, [X[i] for i in parts])
     assert res.audit["passed"] and res.audit["mia"]["auc"] <= 0.6
     assert res.landmark_info["floor"] == 8_000 // 300 and len(res.landmarks) <= 300

@@ -29,11 +29,14 @@ def test_breast_cancer_warns_and_standardize_removes_the_warning():
     assert not _warned(res_std)
     # the standardized run's cells live in the basis of the correlation matrix: unit-variance features, so the
     # landmark space's spread is of the order of √(basis dimensions), not of 'worst area' (≈ 570)
-    spread = float(np.sqrt(np.mean(np.sum(res_std.landmarks ** 2, axis=1))))
+    spread = float(np.sqrt(np.mean(np.sum(res_std.landmarks**2, axis=1))))
     assert 0.5 < spread < 10.0, spread
 
 
 def test_digits_does_not_warn():
-    res = run_in_process(RunPlan.build("api", aggregation="plain", method="none", audit_holdout=0.0, seed=0,
-                                       landmark_method="cells"), _sites("digits"), site_options={"allow-plain": True})
+    res = run_in_process(
+        RunPlan.build("api", aggregation="plain", method="none", audit_holdout=0.0, seed=0, landmark_method="cells"),
+        _sites("digits"),
+        site_options={"allow-plain": True},
+    )
     assert not _warned(res)

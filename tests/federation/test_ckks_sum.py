@@ -62,9 +62,13 @@ def arrays():
 
 
 def _setup(arrays, options=None, **plan_kw):
-    workers = {i: SiteWorker({"site-name": f"s{i}", "allow-paper-mode": True, **(options or {})}, X)
-               for i, X in enumerate(arrays)}
-    plan = RunPlan.build("flower", **{**dict(aggregation="ckks", value_bound=1.0, method="none", seed=3, audit_holdout=0.0), **plan_kw})
+    workers = {
+        i: SiteWorker({"site-name": f"s{i}", "allow-paper-mode": True, **(options or {})}, X)
+        for i, X in enumerate(arrays)
+    }
+    plan = RunPlan.build(
+        "flower", **{**dict(aggregation="ckks", value_bound=1.0, method="none", seed=3, audit_holdout=0.0), **plan_kw}
+    )
     co = Coordinator(plan)
     keys = [crypto.ed25519_public_bytes(w.identity()) for w in workers.values()]
     co.sites = Sites([f"s{i}" for i in range(3)], [len(X) for X in arrays], [0] * 3, 3, keys, [0, 1, 2], {0, 1, 2})
@@ -107,18 +111,22 @@ def test_ckks_sum_equals_the_weighted_sum_and_forgets_the_secret(arrays):
     assert all("ckks_client" not in w.state and "ckks_spec" not in w.state for w in ex.workers.values())
 
 
-@pytest.mark.parametrize("site,k,survivors,decryptor", [
-    (0, 3, (0, 1, 2), 1),   # key holder confirmed U, then silent when asked to decrypt: the next site decrypts
-    (0, 2, (0, 1, 2), 1),   # key holder silent from the survivor-set confirmation on: same
-    (2, 1, (0, 1), 0),      # a site silent at the handoff: left out of the sum
-    (1, 0, (0, 2), 0),      # a site silent from the start
-])
+@pytest.mark.parametrize(
+    "site,k,survivors,decryptor",
+    [
+        (0, 3, (0, 1, 2), 1),  # key holder confirmed U, then silent when asked to decrypt: the next site decrypts
+        (0, 2, (0, 1, 2), 1),  # key holder silent from the survivor-set confirmation on: same
+        (2, 1, (0, 1), 0),  # a site silent at the handoff: left out of the sum
+        (1, 0, (0, 2), 0),  # a site silent from the start
+    ],
+)
 def test_dropouts(arrays, site, k, survivors, decryptor):
     co, workers = _setup(arrays)
     res = _sum(co, _ex(workers, drop={site: k}))
     assert res.survivors == survivors and res.details["decryptor"] == decryptor
-    assert np.max(np.abs(res.total - _expected(arrays, np.ones(3), survivors, 1.0))) < \
-        release_error_bound(res.details["precision"])
+    assert np.max(np.abs(res.total - _expected(arrays, np.ones(3), survivors, 1.0))) < release_error_bound(
+        res.details["precision"]
+    )
     assert co.sites.live == set(survivors)
 
 
@@ -199,22 +207,33 @@ def test_too_few_live_sites_abort_instead_of_releasing_one_update(arrays):
         _sum(co, ex)
     assert "ckks-min-survivors" in co.sites.silent[2] and "ckks_client" not in ex.workers[2].state
     # ... the site's operator must opt in too
-    co, workers = _setup(arrays, {"ckks-min-survivors": 1, "ckks-allow-minority-quorum": "true"}, ckks_min_survivors=1,
-                         ckks_quorum=1)
+    co, workers = _setup(
+        arrays, {"ckks-min-survivors": 1, "ckks-allow-minority-quorum": "true"}, ckks_min_survivors=1, ckks_quorum=1
+    )
     co.sites.live = {2}
     assert _sum(co, _ex(workers)).survivors == (2,)  # an explicit opt-in on both sides
 
 
 # ------------------------------------------------------------------ the site's floors against a malicious server
 
+
 def _start_fields(workers, **spec_kw):
     """A ``ckks-start`` for site 1 with a spec the (malicious) server chose."""
     from securefed.securesum.ckks import CKKSRoundSpec, choose_ckks_parameters, encode_ckks_spec
 
     params = choose_ckks_parameters(6, 1e-6, 3.0, 3)
-    kw = dict(session_id=b"x" * 16, round_index=0, n_clients=3, key_holder=0, params=params, clip=1.0,
-              identity_keys=tuple(crypto.ed25519_public_bytes(workers[i].identity()) for i in range(3)),
-              min_survivors=2, verify="recompute", quorum=0)
+    kw = dict(
+        session_id=b"x" * 16,
+        round_index=0,
+        n_clients=3,
+        key_holder=0,
+        params=params,
+        clip=1.0,
+        identity_keys=tuple(crypto.ed25519_public_bytes(workers[i].identity()) for i in range(3)),
+        min_survivors=2,
+        verify="recompute",
+        quorum=0,
+    )
     kw.update(spec_kw)
     fields = dict(TASK, op="ckks-start", site=1, seed=3, weights="uniform")
     kw.setdefault("task_digest", request_digest(fields))  # the spec names the request the site receives
@@ -224,9 +243,16 @@ def _start_fields(workers, **spec_kw):
 WEAK = {  # spec change → (site option named in the refusal, site options that accept it)
     "min_survivors=1": (dict(min_survivors=1), "ckks-min-survivors", {"ckks-min-survivors": 1}),
     "quorum=1": (dict(quorum=1), "ckks-allow-minority-quorum", {"ckks-allow-minority-quorum": True}),
-    "quorum=1 of 3 (string flag)": (dict(quorum=1), "ckks-allow-minority-quorum", {"ckks-allow-minority-quorum": "yes"}),
-    "verify=signatures": (dict(verify="signatures"), "ckks-allow-signature-verify",
-                          {"ckks-allow-signature-verify": "true"}),
+    "quorum=1 of 3 (string flag)": (
+        dict(quorum=1),
+        "ckks-allow-minority-quorum",
+        {"ckks-allow-minority-quorum": "yes"},
+    ),
+    "verify=signatures": (
+        dict(verify="signatures"),
+        "ckks-allow-signature-verify",
+        {"ckks-allow-signature-verify": "true"},
+    ),
 }
 
 
@@ -253,8 +279,14 @@ def test_site_floor_from_distributed_dp_noise_and_bad_options(arrays):
     f = put_array(dict(f, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
     f = _rebind_digest(f)  # the round spec names this request
     rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1"}, arrays[1], state=dict(workers[1].state)).handle(f)
-    assert rep["error"].startswith("ProtocolError") and "t = 3" in rep["error"] and "ckks-min-survivors >= 3" in rep["error"]
-    rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1", "ckks-min-survivors": 1}, arrays[1], state=dict(workers[1].state)).handle(f)
+    assert (
+        rep["error"].startswith("ProtocolError")
+        and "t = 3" in rep["error"]
+        and "ckks-min-survivors >= 3" in rep["error"]
+    )
+    rep = SiteWorker(
+        {"allow-paper-mode": True, "site-name": "s1", "ckks-min-survivors": 1}, arrays[1], state=dict(workers[1].state)
+    ).handle(f)
     assert "t = 3" in rep["error"]  # a site option does not lower the DP floor
     from securefed.securesum.ckks import decode_ckks_spec
 
@@ -262,7 +294,9 @@ def test_site_floor_from_distributed_dp_noise_and_bad_options(arrays):
     assert dp_min_survivors(dict(plan, noise="local")) == 0 and dp_min_survivors(None) == 0
     assert dp_min_survivors(json.dumps(plan)) == 3
     for bad in ("abc", 0, -1, 1.5):
-        rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1", "ckks-min-survivors": bad}, arrays[1]).handle(_start_fields(workers))
+        rep = SiteWorker({"allow-paper-mode": True, "site-name": "s1", "ckks-min-survivors": bad}, arrays[1]).handle(
+            _start_fields(workers)
+        )
         assert rep["error"].startswith("ConfigError") and "ckks-min-survivors" in rep["error"]
 
 
@@ -309,7 +343,8 @@ def test_clipped_coordinates_reach_the_result_and_warn(arrays):
         res = _sum(co, _ex(workers), clip=clip)
     assert res.clipped == sum(per_site)
     assert np.max(np.abs(res.total - _expected(arrays, np.ones(3), (0, 1, 2), clip))) < release_error_bound(
-        res.details["precision"])
+        res.details["precision"]
+    )
     co, workers = _setup(arrays)
     with pytest.warns(ClippingWarning):
         res = _sum(co, _ex(workers, drop={1: 0}), clip=clip)
@@ -330,8 +365,9 @@ def test_ckks_end_reaches_a_non_survivor_that_holds_the_secret_context(arrays):
     def watch(a, fields):
         if a in (1, 2) and fields["op"] == "ckks-end" and "ckks_client" in ex.workers[a].state:
             st = ex.workers[a].state
-            held[a] = CKKSClient.load(st["ckks_client"], decode_ckks_spec(st["ckks_spec"]),
-                                      ex.workers[a].identity())._ctx.is_private()
+            held[a] = CKKSClient.load(
+                st["ckks_client"], decode_ckks_spec(st["ckks_spec"]), ex.workers[a].identity()
+            )._ctx.is_private()
         return fields
 
     co, workers = _setup(arrays)

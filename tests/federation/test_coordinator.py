@@ -11,8 +11,14 @@ import numpy as np
 import pytest
 
 from securefed.accounting import PrivacyLedger
-from securefed.errors import (AuditFailedError, ConfigError, DecodeError, ProtocolAbortedError, ProtocolError,
-                              ProtocolTimeoutError)
+from securefed.errors import (
+    AuditFailedError,
+    ConfigError,
+    DecodeError,
+    ProtocolAbortedError,
+    ProtocolError,
+    ProtocolTimeoutError,
+)
 from securefed.federation import Coordinator, InMemoryExchange, ListNodes, Request, SiteWorker, drive, run_in_process
 from securefed.federation.privacy import ServerPrivacy, open_server_ledger
 from securefed.federation.wire import get_array, put_array
@@ -30,22 +36,51 @@ def sites():
 
 
 def _plan(**kw):
-    base = dict(method="none", landmarks=6, rounds=2, local_steps=2, aggregation="secagg", value_bound=3.0, degree=2,
-                threshold=2, min_sites=3, seed=3, audit_holdout=0.0)
+    base = dict(
+        method="none",
+        landmarks=6,
+        rounds=2,
+        local_steps=2,
+        aggregation="secagg",
+        value_bound=3.0,
+        degree=2,
+        threshold=2,
+        min_sites=3,
+        seed=3,
+        audit_holdout=0.0,
+    )
     base.update(kw)
     return RunPlan.build("flower", **base)
 
 
 def _dp_options(tmp_path, budget=5.0, n=3, **extra):
-    return {i: {"epsilon-budget": budget, "allow-seeded-noise": "true", "ledger-path": str(tmp_path / f"ledgers{i}"),
-                "allow-plain": True, "allow-distributed-noise": True, **extra} for i in range(n)}
+    return {
+        i: {
+            "epsilon-budget": budget,
+            "allow-seeded-noise": "true",
+            "ledger-path": str(tmp_path / f"ledgers{i}"),
+            "allow-plain": True,
+            "allow-distributed-noise": True,
+            **extra,
+        }
+        for i in range(n)
+    }
 
 
 def _exchange(arrays, options=None, **kw):
-    workers = {1000 + i: SiteWorker({"site-name": NAMES[i], "allow-plain": True, "require-audit": False,
-                                    "allow-paper-mode": True,  # these tests drive the paper's FedDL / rows mode
-                                    **(options or {}).get(i, {})}, X)
-               for i, X in enumerate(arrays)}
+    workers = {
+        1000 + i: SiteWorker(
+            {
+                "site-name": NAMES[i],
+                "allow-plain": True,
+                "require-audit": False,
+                "allow-paper-mode": True,  # these tests drive the paper's FedDL / rows mode
+                **(options or {}).get(i, {}),
+            },
+            X,
+        )
+        for i, X in enumerate(arrays)
+    }
     return InMemoryExchange(workers, fresh_process=True, **kw)
 
 
@@ -63,6 +98,7 @@ def _site_ledger(tmp_path, site, run_id):
 
 # ------------------------------------------------------------------------------------ one implementation
 
+
 def test_plain_fresh_processes_equal_the_live_in_process_run(sites):
     plan = _plan(aggregation="plain")
     res = _run(plan, sites)
@@ -78,7 +114,7 @@ def test_secagg_is_within_quantisation_of_plain(sites, rule):
     ref = run_in_process(_plan(rule=rule, aggregation="plain"), sites, names=NAMES)
     f = min(st["details"]["fixed_point"]["fractional_bits"] for st in res.steps)
     err = np.max(np.abs(res.landmarks - ref.landmarks))
-    assert err < 1e3 * 2.0 ** -f  # a few steps, each within n·2^-f, amplified by at most the local steps
+    assert err < 1e3 * 2.0**-f  # a few steps, each within n·2^-f, amplified by at most the local steps
     assert err > 0 or f >= 40
     assert res.survivors == [0, 1, 2]
 
@@ -87,13 +123,17 @@ def test_the_statistics_are_one_secure_sum(sites):
     res = _run(_plan(aggregation="plain"), sites)
     labels = [st["label"] for st in res.steps]
     assert labels[0] == "statistics" and labels.count("statistics") == 1
-    assert any("median squared distance" in r for r in res.released) and any("sums of squares" in r for r in res.released)
+    assert any("median squared distance" in r for r in res.released) and any(
+        "sums of squares" in r for r in res.released
+    )
 
 
 def test_a_site_sends_into_a_secure_sum_only_unless_its_operator_allows_plain(sites):
     """The coordinator chooses the aggregation; a site does not follow it into plain sums by default (with plain
     aggregation the coordinator reads each site's upload)."""
-    ex = InMemoryExchange({1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i]}, X) for i, X in enumerate(sites)})
+    ex = InMemoryExchange(
+        {1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i]}, X) for i, X in enumerate(sites)}
+    )
     with pytest.raises(ProtocolAbortedError, match="allow-plain"):
         drive(Coordinator(_plan(aggregation="plain")), ex)
     assert set(ex.ops) == {"hello", "plain"}  # nothing but the refused request went out
@@ -111,24 +151,30 @@ def test_weights_are_the_sites_own(sites):
     uni = _run(_plan(aggregation="plain", gamma=1.0, weights="uniform"), sites)
     assert not np.allclose(rec.landmarks, uni.landmarks)
     seen = []
-    ex = _exchange(sites, after_reply=lambda a, f, r: seen.append((a, r.get("weight"))) if f.get("op") == "plain" else None)
+    ex = _exchange(
+        sites, after_reply=lambda a, f, r: seen.append((a, r.get("weight"))) if f.get("op") == "plain" else None
+    )
     _run(_plan(aggregation="plain", gamma=1.0), sites, ex=ex)
     assert {(a, w) for a, w in seen} == {(1000 + i, float(len(X))) for i, X in enumerate(sites)}
 
 
 # ------------------------------------------------------------------------------------ scripted faults
 
+
 def test_scripted_exchange_dropped_site_and_late_reply_without_flower(sites):
     """The coordinator alone, fed by hand: a site that never answers and one whose reply comes after the
     deadline are both dropped at that step; plain aggregation completes with the one left."""
     plan = _plan(aggregation="plain", gamma=1.0, rounds=1, local_steps=1, min_sites=1, init="public")
-    workers = {a: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[a], "allow-plain": True}, X) for a, X in enumerate(sites)}
+    workers = {
+        a: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[a], "allow-plain": True}, X)
+        for a, X in enumerate(sites)
+    }
     co = Coordinator(plan)
     step = co.start([0, 1, 2])
     assert isinstance(step, Request) and set(step.payloads) == {0, 1, 2}
     now = 0.0
     while step is not None:
-        if isinstance(step, ListNodes):     # re-admission asks which addresses exist: the same three
+        if isinstance(step, ListNodes):  # re-admission asks which addresses exist: the same three
             step = co.receive([0, 1, 2], now)
             continue
         replies = {}
@@ -140,8 +186,10 @@ def test_scripted_exchange_dropped_site_and_late_reply_without_flower(sites):
             now = step.deadline  # the driver waited until the deadline
         step = co.receive(replies, now)
     res = co.result
-    assert res.survivors == [0] and res.site_errors == {"s1": "no reply before the deadline",
-                                                        "s2": "no reply before the deadline"}
+    assert res.survivors == [0] and res.site_errors == {
+        "s1": "no reply before the deadline",
+        "s2": "no reply before the deadline",
+    }
     assert co.done and np.all(np.isfinite(res.landmarks))
 
 
@@ -192,6 +240,7 @@ def test_site_reports_protocol_errors_instead_of_crashing(sites):
 
 # ------------------------------------------------------------------------------------ embedding
 
+
 def test_no_rows_tsne_embedding_is_the_sites_own_placement(sites):
     """The landmark map is the coordinator's count-weighted t-SNE of the landmarks; each site's coordinates are its
     own placement against that broadcast, recomputed here from the broadcast and the site's records alone."""
@@ -211,8 +260,15 @@ def test_no_rows_tsne_embedding_is_the_sites_own_placement(sites):
 
 def test_site_refuses_a_landmark_map_that_does_not_match_the_landmarks(sites):
     Y = np.random.default_rng(0).normal(size=(6, 3))
-    req = put_array(put_array(put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "Zn": 1.0, "space": "raw"}, "Y", Y),
-                              "landmark_embedding", np.zeros((5, 2))), "masses", np.ones(6))
+    req = put_array(
+        put_array(
+            put_array({"op": "place", "method": "tsne", "perplexity": 30.0, "Zn": 1.0, "space": "raw"}, "Y", Y),
+            "landmark_embedding",
+            np.zeros((5, 2)),
+        ),
+        "masses",
+        np.ones(6),
+    )
     rep = SiteWorker({"allow-paper-mode": True, "site-name": "s0"}, sites[0]).handle(req)
     assert rep["error"].startswith("ProtocolError") and "does not match" in rep["error"]
 
@@ -222,13 +278,36 @@ def test_rows_mode_equals_the_estimator(sites, method):
     """The estimators run the same coordinator: same data and seed, the same rows-mode result."""
     from securefed.estimators import FedSpectralClustering, FedTSNE, FedUMAP
 
-    est = {"tsne": FedTSNE(n_iter=300, perplexity=10.0), "spectral": FedSpectralClustering(n_clusters=3),
-           "umap": FedUMAP(n_neighbors=10)}[method]
+    est = {
+        "tsne": FedTSNE(n_iter=300, perplexity=10.0),
+        "spectral": FedSpectralClustering(n_clusters=3),
+        "umap": FedUMAP(n_neighbors=10),
+    }[method]
     ex = _exchange(sites)
-    res = _run(_plan(aggregation="plain", method=method, nystrom="rows", n_iter=300, perplexity=10.0, n_clusters=3,
-                     n_neighbors=10), sites, ex=ex)
-    est.set_params(n_landmarks=6, rounds=2, local_steps=2, nystrom="rows", random_state=3, keep_sent=True,
-                   value_bound=3.0, aggregation="plain", audit_holdout=0.0)
+    res = _run(
+        _plan(
+            aggregation="plain",
+            method=method,
+            nystrom="rows",
+            n_iter=300,
+            perplexity=10.0,
+            n_clusters=3,
+            n_neighbors=10,
+        ),
+        sites,
+        ex=ex,
+    )
+    est.set_params(
+        n_landmarks=6,
+        rounds=2,
+        local_steps=2,
+        nystrom="rows",
+        random_state=3,
+        keep_sent=True,
+        value_bound=3.0,
+        aggregation="plain",
+        audit_holdout=0.0,
+    )
     est.fit(sites)
     np.testing.assert_array_equal(res.landmarks, est.landmarks_)
     if method == "spectral":
@@ -245,12 +324,22 @@ def test_spectral_local_equals_the_estimator(sites):
     from securefed.estimators import FedSpectralClustering
 
     res = _run(_plan(aggregation="plain", method="spectral", nystrom="local", landmarks=8, n_clusters=3), sites)
-    est = FedSpectralClustering(n_clusters=3, n_landmarks=8, rounds=2, local_steps=2, nystrom="local", random_state=3,
-                                value_bound=3.0, aggregation="plain", audit_holdout=0.0).fit(sites)
+    est = FedSpectralClustering(
+        n_clusters=3,
+        n_landmarks=8,
+        rounds=2,
+        local_steps=2,
+        nystrom="local",
+        random_state=3,
+        value_bound=3.0,
+        aggregation="plain",
+        audit_holdout=0.0,
+    ).fit(sites)
     np.testing.assert_array_equal(res.stacked("labels"), est.labels_)
 
 
 # ------------------------------------------------------------------------------------ differential privacy
+
 
 def test_dp_sites_keep_their_own_ledgers_and_the_coordinator_mirrors_them(sites, tmp_path):
     plan = _plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, run_id="dp1", noise_seed_for_testing=3)
@@ -262,7 +351,9 @@ def test_dp_sites_keep_their_own_ledgers_and_the_coordinator_mirrors_them(sites,
     for p in range(3):
         mine = _site_ledger(tmp_path, p, "dp1")
         assert {e["site"] for e in mine.events("release")} == {p}
-        assert [e["id"] for e in mine.events("release")] == [e["id"] for e in server.events("release") if e["site"] == p]
+        assert [e["id"] for e in mine.events("release")] == [
+            e["id"] for e in server.events("release") if e["site"] == p
+        ]
         assert mine.spent(p)[0] == pytest.approx(res.privacy["epsilon_per_site"][str(p)], rel=1e-12)
 
 
@@ -272,11 +363,26 @@ def test_dp_landmarks_are_projected_after_every_server_step(sites):
     from securefed.accounting.bounds import default_tau_y
 
     events = []
-    plan = _plan(aggregation="plain", rule="gradient", epsilon=50.0, clip_norm=0.5, rounds=2, local_steps=3, lr=50.0,
-                 gamma=1e-3, noise_seed_for_testing=1)
-    res = run_in_process(plan, sites, names=NAMES, site_options=[{"allow-seeded-noise": True}] * 3,
-                         exchange={"after_reply": lambda a, f, r: events.append(get_array(f, "Y"))
-                                   if f.get("task") == "gradient" else None})
+    plan = _plan(
+        aggregation="plain",
+        rule="gradient",
+        epsilon=50.0,
+        clip_norm=0.5,
+        rounds=2,
+        local_steps=3,
+        lr=50.0,
+        gamma=1e-3,
+        noise_seed_for_testing=1,
+    )
+    res = run_in_process(
+        plan,
+        sites,
+        names=NAMES,
+        site_options=[{"allow-seeded-noise": True}] * 3,
+        exchange={
+            "after_reply": lambda a, f, r: events.append(get_array(f, "Y")) if f.get("task") == "gradient" else None
+        },
+    )
     tau_y = default_tau_y(0.5, 6)
     for Y in events:
         assert np.linalg.norm(Y, 2) <= tau_y * (1 + 1e-9)
@@ -285,8 +391,17 @@ def test_dp_landmarks_are_projected_after_every_server_step(sites):
 
 
 def test_dp_distributed_noise_secagg_gradient_settles_with_survivors(sites, tmp_path):
-    plan = _plan(rule="gradient", epsilon=3.0, clip_norm=2.0, noise="distributed", rounds=1, local_steps=2,
-                 run_id="dp2", noise_seed_for_testing=3, distributed_mechanism="gaussian")
+    plan = _plan(
+        rule="gradient",
+        epsilon=3.0,
+        clip_norm=2.0,
+        noise="distributed",
+        rounds=1,
+        local_steps=2,
+        run_id="dp2",
+        noise_seed_for_testing=3,
+        distributed_mechanism="gaussian",
+    )
     res = _run(plan, sites, tmp_path, options=_dp_options(tmp_path))
     server = PrivacyLedger(str(tmp_path / "ledger.jsonl"), "dp2", accountant="exact")
     assert len(server.events("settle")) == 2 and all(e["survivors"] == [0, 1, 2] for e in server.events("settle"))
@@ -299,14 +414,24 @@ def test_dp_distributed_noise_secagg_gradient_settles_with_survivors(sites, tmp_
 def test_site_refuses_over_its_budget_and_writes_nothing(sites, tmp_path):
     options = _dp_options(tmp_path)
     options[1]["epsilon-budget"] = 0.5  # site s1 allows less than the run's ε = 2
-    res = _run(_plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, run_id="dp3", noise_seed_for_testing=1), sites,
-               tmp_path, options=options)
+    res = _run(
+        _plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, run_id="dp3", noise_seed_for_testing=1),
+        sites,
+        tmp_path,
+        options=options,
+    )
     assert res.survivors == [0, 2] and res.site_errors["s1"].startswith("BudgetExceededError")
-    assert not (tmp_path / "ledgers1" / "dp3.jsonl").exists() or _site_ledger(tmp_path, 1, "dp3").events("release") == []
+    assert (
+        not (tmp_path / "ledgers1" / "dp3.jsonl").exists() or _site_ledger(tmp_path, 1, "dp3").events("release") == []
+    )
     (tmp_path / "o4").mkdir()
     with pytest.raises(ProtocolAbortedError, match="BudgetExceededError"):
-        _run(_plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, run_id="dp4", noise_seed_for_testing=1), sites,
-             tmp_path / "o4", options=_dp_options(tmp_path, budget=0.5))
+        _run(
+            _plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, run_id="dp4", noise_seed_for_testing=1),
+            sites,
+            tmp_path / "o4",
+            options=_dp_options(tmp_path, budget=0.5),
+        )
 
 
 def test_site_budget_covers_all_its_runs(sites, tmp_path):
@@ -328,12 +453,22 @@ def test_site_budget_covers_all_its_runs(sites, tmp_path):
 
 
 def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
-    plan = _plan(rule="gradient", epsilon=2.0, clip_norm=2.0, noise="distributed", run_id="dp5", noise_seed_for_testing=3,
-                 distributed_mechanism="gaussian")
+    plan = _plan(
+        rule="gradient",
+        epsilon=2.0,
+        clip_norm=2.0,
+        noise="distributed",
+        run_id="dp5",
+        noise_seed_for_testing=3,
+        distributed_mechanism="gaussian",
+    )
     sp = ServerPrivacy(plan, "dp5", [30, 35, 40], [1 / 3] * 3, 0.25)
     wire = json.loads(sp.wire_plan())
-    task = put_array({"op": "secagg-start", "task": "gradient", "gamma": 0.25, "round": 0, "step": 0, "site": 0,
-                      "seed": 3}, "Y", np.zeros((6, 3)))
+    task = put_array(
+        {"op": "secagg-start", "task": "gradient", "gamma": 0.25, "round": 0, "step": 0, "site": 0, "seed": 3},
+        "Y",
+        np.zeros((6, 3)),
+    )
     node = {"site-name": "s0", "epsilon-budget": 5.0, "ledger-path": str(tmp_path / "l"), "allow-plain": True}
     X = sites[0]
     rep = SiteWorker(dict(node, **{"allow-seeded-noise": True}), X).handle(dict(task, op="plain", dp=json.dumps(wire)))
@@ -344,8 +479,9 @@ def test_site_checks_sigma_seeded_noise_and_distributed_rules(sites, tmp_path):
     low = dict(local, sigma=[v * 0.5 for v in wire["sigma"]])
     rep = SiteWorker(dict(node, **{"allow-seeded-noise": True}), X).handle(dict(task, op="plain", dp=json.dumps(low)))
     assert rep["error"].startswith("ProtocolError") and "own calibration" in rep["error"]
-    rep = SiteWorker({"allow-paper-mode": True, "site-name": "s0", "allow-seeded-noise": True, "allow-plain": True}, X).handle(
-        dict(task, op="plain", dp=json.dumps(local)))
+    rep = SiteWorker(
+        {"allow-paper-mode": True, "site-name": "s0", "allow-seeded-noise": True, "allow-plain": True}, X
+    ).handle(dict(task, op="plain", dp=json.dumps(local)))
     assert "epsilon-budget" in rep["error"]
     strict = SiteWorker({"allow-paper-mode": True, "site-name": "s0", "require-dp": "true", "allow-plain": True}, X)
     rep = strict.handle({"op": "plain", "task": "stats", "want": ["moments"], "scale": 1.0, "site": 0, "seed": 0})
@@ -361,13 +497,28 @@ def test_ledger_event_is_on_disk_before_the_reply_leaves_the_site(sites, tmp_pat
         if "dp_events" not in reply:
             return
         site = address - 1000
-        on_disk = {json.loads(line)["id"] for line in (tmp_path / f"ledgers{site}" / "dp6.jsonl").read_text().splitlines()[1:]}
+        on_disk = {
+            json.loads(line)["id"] for line in (tmp_path / f"ledgers{site}" / "dp6.jsonl").read_text().splitlines()[1:]
+        }
         ids = {json.loads(e)["id"] for e in reply["dp_events"]}
         assert ids and ids <= on_disk
         seen.append(len(ids))
 
-    _run(_plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, rounds=2, local_steps=3, run_id="dp6",
-               noise_seed_for_testing=1), sites, tmp_path, options=_dp_options(tmp_path), after_reply=check)
+    _run(
+        _plan(
+            aggregation="plain",
+            epsilon=2.0,
+            clip_norm=2.0,
+            rounds=2,
+            local_steps=3,
+            run_id="dp6",
+            noise_seed_for_testing=1,
+        ),
+        sites,
+        tmp_path,
+        options=_dp_options(tmp_path),
+        after_reply=check,
+    )
     assert seen == [3] * 6  # 3 sites × 2 rounds, 3 local-step releases each
 
 
@@ -388,9 +539,16 @@ def test_site_refuses_a_request_that_disagrees_with_its_dp_plan(sites, tmp_path,
                 put_array(f, "Y", get_array(f, "Y")[:-1])
         return f
 
-    workers = {1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
-    res = _run(_plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, rounds=2, run_id="lie", noise_seed_for_testing=1),
-               sites, tmp_path, ex=InMemoryExchange(workers, fresh_process=True, before_request=lying))
+    workers = {
+        1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X)
+        for i, X in enumerate(sites)
+    }
+    res = _run(
+        _plan(aggregation="plain", epsilon=2.0, clip_norm=2.0, rounds=2, run_id="lie", noise_seed_for_testing=1),
+        sites,
+        tmp_path,
+        ex=InMemoryExchange(workers, fresh_process=True, before_request=lying),
+    )
     assert res.survivors == [1, 2]
     assert res.site_errors["s0"].startswith("ProtocolError") and "refusing" in res.site_errors["s0"]
     assert _site_ledger(tmp_path, 0, "lie").events("release") == []
@@ -407,9 +565,25 @@ def test_rows_under_dp_need_rows_epsilon_and_are_data_perturbed(sites, tmp_path)
         if fields["op"] == "rows":
             rows_seen[address - 1000] = get_array(reply, "rows")
 
-    res = _run(_plan(aggregation="plain", epsilon=1.0, clip_norm=2.0, rows_epsilon=1.0, rounds=1, method="tsne",
-                     nystrom="rows", n_iter=300, perplexity=10.0, run_id="r1", noise_seed_for_testing=1),
-               sites, tmp_path, options=_dp_options(tmp_path, budget=3.0), after_reply=grab)
+    res = _run(
+        _plan(
+            aggregation="plain",
+            epsilon=1.0,
+            clip_norm=2.0,
+            rows_epsilon=1.0,
+            rounds=1,
+            method="tsne",
+            nystrom="rows",
+            n_iter=300,
+            perplexity=10.0,
+            run_id="r1",
+            noise_seed_for_testing=1,
+        ),
+        sites,
+        tmp_path,
+        options=_dp_options(tmp_path, budget=3.0),
+        after_reply=grab,
+    )
     rp = res.privacy["rows"]
     assert rp["epsilon"] == 1.0 and rp["sites"] == 3 and res.privacy["epsilon_total"] > res.privacy["epsilon"]
     Y = res.landmarks
@@ -422,13 +596,24 @@ def test_rows_under_dp_need_rows_epsilon_and_are_data_perturbed(sites, tmp_path)
 
 # ------------------------------------------------------------------------------------ audit gate
 
+
 def test_audit_gate_stops_before_anything_per_record_leaves(sites):
     """Landmarks that are the members themselves (given as the start, a negligible step) must fail the default
     policy; nothing per record may leave a site after that."""
     members = [SiteWorker({"allow-paper-mode": True, "site-name": n}, X).split(0.3, 3)[0] for n, X in zip(NAMES, sites)]
     init = np.vstack(members)
-    strict = dict(aggregation="plain", method="tsne", nystrom="rows", landmarks=len(init), rounds=1, local_steps=1,
-                  lr=1e-12, gamma=1.0, init=init, audit_holdout=0.3)
+    strict = dict(
+        aggregation="plain",
+        method="tsne",
+        nystrom="rows",
+        landmarks=len(init),
+        rounds=1,
+        local_steps=1,
+        lr=1e-12,
+        gamma=1.0,
+        init=init,
+        audit_holdout=0.3,
+    )
     ex = _exchange(sites)
     co = Coordinator(RunPlan.build("api", **{**dict(min_sites=3, seed=3), **strict}))
     with pytest.raises(AuditFailedError, match="audit failed"):
@@ -436,8 +621,11 @@ def test_audit_gate_stops_before_anything_per_record_leaves(sites):
     assert "rows" not in ex.ops and "place" not in ex.ops
     block = co.partial["audit"]
     assert block["verdict"] == "fail" and block["auc"] > 0.9 and block["failures"]
-    res = run_in_process(RunPlan.build("api", **{**dict(min_sites=3, seed=3, n_iter=300,
-                                                        allow_audit_failure=True), **strict}), sites, names=NAMES)
+    res = run_in_process(
+        RunPlan.build("api", **{**dict(min_sites=3, seed=3, n_iter=300, allow_audit_failure=True), **strict}),
+        sites,
+        names=NAMES,
+    )
     audit = res.audit
     assert audit["verdict"] == "fail (overridden)" and audit["failures"] and audit["auc"] > 0.9
     assert audit["mia"]["n_members"] == sum(res.site_sizes)
@@ -456,6 +644,7 @@ def test_audit_counts_through_secagg_equal_plain(sites):
 
 # ------------------------------------------------------------------------------------ restarted sites
 
+
 def test_restarted_site_is_readmitted_with_its_ledger(sites, tmp_path):
     restarted = {}
 
@@ -463,16 +652,31 @@ def test_restarted_site_is_readmitted_with_its_ledger(sites, tmp_path):
         def request(self, payloads, deadline):
             rounds = [f.get("round") for f in payloads.values()]
             if 1 in rounds and not restarted and 1002 not in self.silent_from:
-                self.silent_from[1002] = "plain"          # s2 crashes when round 2 starts
+                self.silent_from[1002] = "plain"  # s2 crashes when round 2 starts
             out = super().request(payloads, deadline)
             if 1 in rounds and not restarted:
                 restarted["address"] = self.restart(1002)  # ... and comes back with a new address
             return out
 
-    workers = {1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X) for i, X in enumerate(sites)}
+    workers = {
+        1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], **_dp_options(tmp_path)[i]}, X)
+        for i, X in enumerate(sites)
+    }
     ex = Restarting(workers, fresh_process=True)
-    res = _run(_plan(aggregation="plain", epsilon=3.0, clip_norm=2.0, rounds=3, local_steps=1, run_id="rs1",
-                     noise_seed_for_testing=1), sites, tmp_path, ex=ex)
+    res = _run(
+        _plan(
+            aggregation="plain",
+            epsilon=3.0,
+            clip_norm=2.0,
+            rounds=3,
+            local_steps=1,
+            run_id="rs1",
+            noise_seed_for_testing=1,
+        ),
+        sites,
+        tmp_path,
+        ex=ex,
+    )
     assert res.readmitted == [{"site": "s2", "at": "before round 3"}]
     assert res.survivors == [0, 1, 2]
     assert ex.workers[restarted["address"]].state["identity"] != ex.workers[1002].state["identity"]
@@ -487,13 +691,22 @@ def test_restarted_site_with_other_data_is_not_readmitted(sites):
             out = super().request(payloads, deadline)
             if any(f.get("op") == "plain" for f in payloads.values()) and 1002 in self.dead and len(self.workers) == 3:
                 new = self.restart(1002)
-                self.workers[new] = SiteWorker({"allow-paper-mode": True, "site-name": "s2", "allow-plain": True}, sites[0])  # another file
+                self.workers[new] = SiteWorker(
+                    {"allow-paper-mode": True, "site-name": "s2", "allow-plain": True}, sites[0]
+                )  # another file
             return out
 
-    res = _run(_plan(aggregation="plain", gamma=1.0, rounds=3), sites,
-               ex=Restarting({1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], "allow-plain": True}, X)
-                              for i, X in enumerate(sites)},
-                             silent_from={1002: "plain"}))
+    res = _run(
+        _plan(aggregation="plain", gamma=1.0, rounds=3),
+        sites,
+        ex=Restarting(
+            {
+                1000 + i: SiteWorker({"allow-paper-mode": True, "site-name": NAMES[i], "allow-plain": True}, X)
+                for i, X in enumerate(sites)
+            },
+            silent_from={1002: "plain"},
+        ),
+    )
     assert res.readmitted == [] and res.survivors == [0, 1]
 
 
@@ -511,10 +724,15 @@ def test_restarted_site_rejoins_secagg_with_its_new_identity_key(tmp_path):
                 self.restart(3)
             return out
 
-    ex = Restarting({i: SiteWorker({"allow-paper-mode": True, "site-name": f"q{i}"}, X) for i, X in enumerate(arrays)},
-                    silent_from={3: "secagg-input"}, fresh_process=True)
-    res = drive(Coordinator(_plan(gamma=1.0, init="public", rounds=2, local_steps=1, degree=None, threshold=None,
-                                  min_sites=5)), ex)
+    ex = Restarting(
+        {i: SiteWorker({"allow-paper-mode": True, "site-name": f"q{i}"}, X) for i, X in enumerate(arrays)},
+        silent_from={3: "secagg-input"},
+        fresh_process=True,
+    )
+    res = drive(
+        Coordinator(_plan(gamma=1.0, init="public", rounds=2, local_steps=1, degree=None, threshold=None, min_sites=5)),
+        ex,
+    )
     rounds = [st for st in res.steps if st["label"].startswith("round")]
     assert rounds[0]["survivors"] == [0, 1, 2, 4] and rounds[1]["survivors"] == [0, 1, 2, 3, 4]
     assert res.readmitted == [{"site": "q3", "at": "before round 2"}]
@@ -522,12 +740,23 @@ def test_restarted_site_rejoins_secagg_with_its_new_identity_key(tmp_path):
 
 # ------------------------------------------------------------------------------------ CKKS
 
+
 def test_ckks_aggregation_with_distributed_noise_matches_secagg(sites, tmp_path):
-    common = dict(rule="gradient", rounds=1, local_steps=2, epsilon=3.0, clip_norm=2.0, noise="distributed",
-                  noise_seed_for_testing=1, distributed_mechanism="gaussian")  # CKKS sums the continuous shares
+    common = dict(
+        rule="gradient",
+        rounds=1,
+        local_steps=2,
+        epsilon=3.0,
+        clip_norm=2.0,
+        noise="distributed",
+        noise_seed_for_testing=1,
+        distributed_mechanism="gaussian",
+    )  # CKKS sums the continuous shares
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = _run(_plan(aggregation="ckks", run_id="ck1", **common), sites, tmp_path / "a", options=_dp_options(tmp_path / "a"))
+    a = _run(
+        _plan(aggregation="ckks", run_id="ck1", **common), sites, tmp_path / "a", options=_dp_options(tmp_path / "a")
+    )
     b = _run(_plan(run_id="ck2", **common), sites, tmp_path / "b", options=_dp_options(tmp_path / "b"))
     assert [st["details"]["key_holder"] for st in a.steps] == [0, 0]
     np.testing.assert_allclose(a.landmarks, b.landmarks, rtol=0, atol=1e-4)
@@ -537,9 +766,24 @@ def test_ckks_aggregation_with_distributed_noise_matches_secagg(sites, tmp_path)
 
 
 def test_distributed_noise_with_a_dropout_is_settled_with_the_actual_survivors(sites, tmp_path):
-    res = _run(_plan(aggregation="ckks", rule="gradient", rounds=1, local_steps=1, epsilon=3.0, clip_norm=2.0,
-                     noise="distributed", min_survivors=2, run_id="ck3", noise_seed_for_testing=1),
-               sites, tmp_path, options=_dp_options(tmp_path), silent_from={1002: "ckks-start"})
+    res = _run(
+        _plan(
+            aggregation="ckks",
+            rule="gradient",
+            rounds=1,
+            local_steps=1,
+            epsilon=3.0,
+            clip_norm=2.0,
+            noise="distributed",
+            min_survivors=2,
+            run_id="ck3",
+            noise_seed_for_testing=1,
+        ),
+        sites,
+        tmp_path,
+        options=_dp_options(tmp_path),
+        silent_from={1002: "ckks-start"},
+    )
     assert res.survivors == [0, 1]
     events = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()[1:]]
     settle = [e for e in events if e["type"] == "settle"]
@@ -570,4 +814,3 @@ def test_secagg_clipping_is_counted_and_warned(sites):
     with pytest.warns(ClippingWarning, match="SecAgg"):
         res = _run(_plan(value_bound=0.01, gamma=1.0, rounds=1, local_steps=1), sites)
     assert sum(st["clipped"] for st in res.steps) > 0
-

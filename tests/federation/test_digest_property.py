@@ -23,8 +23,18 @@ def tasks(draw):
     if kind == "model":
         return M.Model(Y=Y, gamma=draw(floats), lr=draw(floats), local_steps=draw(st.integers(1, 5)))
     if kind == "cells":
-        plan = {"floor": draw(st.integers(2, 40)), "basis_dim": 50, "max_cells": 300, "max_levels": 12,
-                "scale": draw(floats), "n_max": 100, "standardize": False, "axes": 0, "margin": 2.0, "version": 1}
+        plan = {
+            "floor": draw(st.integers(2, 40)),
+            "basis_dim": 50,
+            "max_cells": 300,
+            "max_levels": 12,
+            "scale": draw(floats),
+            "n_max": 100,
+            "standardize": False,
+            "axes": 0,
+            "margin": 2.0,
+            "version": 1,
+        }
         prev = None if draw(st.booleans()) else np.array(draw(st.lists(floats, min_size=3, max_size=3)))
         return M.Cells(cells=plan, step=draw(st.integers(0, 9)), previous=prev)
     space = LandmarkSpace("pca", np.array(draw(st.lists(floats, min_size=2, max_size=2))), np.eye(2))
@@ -33,11 +43,20 @@ def tasks(draw):
 
 @st.composite
 def requests(draw):
-    return M.SumRequest(op="secagg-input", site=draw(st.integers(0, 9)), task=draw(tasks()),
-                        weights=draw(st.sampled_from(["records", "uniform"])), seed=draw(st.integers(0, 5)),
-                        audit_holdout=draw(st.sampled_from([0.0, 0.2])),
-                        scale_lengths=None, scale_bounds=None, spec=b"input part", round_index=draw(st.integers(0, 9)),
-                        msgs=[b"shares"], proof=draw(st.one_of(st.none(), st.binary(min_size=1, max_size=8))))
+    return M.SumRequest(
+        op="secagg-input",
+        site=draw(st.integers(0, 9)),
+        task=draw(tasks()),
+        weights=draw(st.sampled_from(["records", "uniform"])),
+        seed=draw(st.integers(0, 5)),
+        audit_holdout=draw(st.sampled_from([0.0, 0.2])),
+        scale_lengths=None,
+        scale_bounds=None,
+        spec=b"input part",
+        round_index=draw(st.integers(0, 9)),
+        msgs=[b"shares"],
+        proof=draw(st.one_of(st.none(), st.binary(min_size=1, max_size=8))),
+    )
 
 
 def _eq(x, y) -> bool:

@@ -17,8 +17,13 @@ import pytest
 
 from securefed.federation.messages import request_digest
 from securefed.federation.wire import put_array
-from securefed.accounting.distributed import (_DistributedInteger, ddg_epsilon, integer_sensitivity, padded_dimension,
-                                              skellam_epsilon)
+from securefed.accounting.distributed import (
+    _DistributedInteger,
+    ddg_epsilon,
+    integer_sensitivity,
+    padded_dimension,
+    skellam_epsilon,
+)
 from securefed.errors import ConfigError, ProtocolError
 from securefed.federation import Coordinator, InMemoryExchange, SiteWorker, drive
 from securefed.federation.privacy import ServerPrivacy, open_server_ledger, site_integer_release
@@ -34,15 +39,35 @@ def sites():
 
 
 def _plan(kind, **kw):
-    base = dict(method="none", landmark_method="feddl", landmarks=N_Y, rounds=2, local_steps=1, rule="gradient",
-                aggregation="secagg", value_bound=3.0, min_sites=N_SITES, seed=3, audit_holdout=0.0, epsilon=2.0,
-                clip_norm=2.0, noise="distributed", distributed_mechanism=kind, run_id=f"int-{kind}")
+    base = dict(
+        method="none",
+        landmark_method="feddl",
+        landmarks=N_Y,
+        rounds=2,
+        local_steps=1,
+        rule="gradient",
+        aggregation="secagg",
+        value_bound=3.0,
+        min_sites=N_SITES,
+        seed=3,
+        audit_holdout=0.0,
+        epsilon=2.0,
+        clip_norm=2.0,
+        noise="distributed",
+        distributed_mechanism=kind,
+        run_id=f"int-{kind}",
+    )
     base.update(kw)
     return RunPlan.build("api", **base)
 
 
 def _options(budget=5.0, seeded=True):
-    return {"epsilon-budget": budget, "ledger-path": ":memory:", "allow-seeded-noise": seeded, "allow-distributed-noise": True}
+    return {
+        "epsilon-budget": budget,
+        "ledger-path": ":memory:",
+        "allow-seeded-noise": seeded,
+        "allow-distributed-noise": True,
+    }
 
 
 def _workers(sites, **opt):
@@ -85,8 +110,9 @@ def test_integer_run_decodes_the_sum_of_clipped_gradients(sites, recorder, kind)
     assert res.survivors == [0, 1, 2] and not res.site_errors
     assert len(recorder["decode"]) == 2 and len(recorder["encode"]) == 2 * N_SITES
     mech = co.privacy.integer
-    per_coord = mech.granularity * math.sqrt(N_SITES * (1.0 + 2.0 * float(getattr(mech, "sigma2", 0.0))
-                                                       + 2.0 * getattr(mech, "lam", 0.0)))
+    per_coord = mech.granularity * math.sqrt(
+        N_SITES * (1.0 + 2.0 * float(getattr(mech, "sigma2", 0.0)) + 2.0 * getattr(mech, "lam", 0.0))
+    )
     for rnd, step, out in recorder["decode"]:
         xs = [x * min(1.0, c / np.linalg.norm(x)) for r, s, x, c in recorder["encode"] if (r, s) == (rnd, step)]
         assert len(xs) == N_SITES
@@ -114,11 +140,20 @@ def test_released_epsilon_is_the_papers_bound_recomputed(sites, kind):
     R = priv["releases"]
     assert R == 2
     if kind == "ddg":
-        want = ddg_epsilon(l2=l2, l1=l1, sigma2=float(Fraction(priv["integer"]["sigma2_site_integer"])),
-                           n_sites=N_SITES, min_survivors=N_SITES, dim=d, releases=R, delta=1e-5)
+        want = ddg_epsilon(
+            l2=l2,
+            l1=l1,
+            sigma2=float(Fraction(priv["integer"]["sigma2_site_integer"])),
+            n_sites=N_SITES,
+            min_survivors=N_SITES,
+            dim=d,
+            releases=R,
+            delta=1e-5,
+        )
     else:
-        want = skellam_epsilon(l2=l2, l1=l1, lam=priv["integer"]["lambda_site_integer"], min_survivors=N_SITES,
-                               releases=R, delta=1e-5)
+        want = skellam_epsilon(
+            l2=l2, l1=l1, lam=priv["integer"]["lambda_site_integer"], min_survivors=N_SITES, releases=R, delta=1e-5
+        )
     assert priv["epsilon"] == pytest.approx(want, rel=1e-9)
     assert 0.9 * 2.0 < priv["epsilon"] <= 2.0
     assert priv["epsilon_ledger"] <= 2.0 * (1 + 1e-9)  # the ledger's dominating bound fits the budget too
@@ -141,8 +176,15 @@ def _lying_exchange(sites, change):
     return InMemoryExchange(_workers(sites), before_request=lie, sign_lies=True)
 
 
-@pytest.mark.parametrize("lie,why", [("noise", "own calibration"), ("bits", "wrap-around"), ("granularity", "granularity"),
-                                     ("weight", "weighs this site")])
+@pytest.mark.parametrize(
+    "lie,why",
+    [
+        ("noise", "own calibration"),
+        ("bits", "wrap-around"),
+        ("granularity", "granularity"),
+        ("weight", "weighs this site"),
+    ],
+)
 def test_site_refuses_a_plan_with_less_noise_or_fewer_bits(sites, lie, why):
     def change(plan):
         c = plan["integer_claim"]
@@ -175,8 +217,11 @@ def test_site_refuses_a_secagg_round_below_its_modulus_or_without_integer_input(
     def spec(bits, integer=True, length=mech.padded_dim):
         return SimpleNamespace(integer=integer, fixed_point=SimpleNamespace(modulus_bits=bits), length=length)
 
-    for bad, match in ((spec(mech.modulus_bits - 1), "below"), (spec(32, integer=False), "integer input"),
-                       (spec(32, length=mech.padded_dim + 1), "words")):
+    for bad, match in (
+        (spec(mech.modulus_bits - 1), "below"),
+        (spec(32, integer=False), "integer input"),
+        (spec(32, length=mech.padded_dim + 1), "words"),
+    ):
         with pytest.raises(ProtocolError, match=match):
             site_integer_release(gp, mech, wire, g, site=0, rnd=0, step=0, spec=bad)
     assert gp.ledger.events("release") == []
@@ -186,20 +231,23 @@ def test_site_refuses_a_secagg_round_below_its_modulus_or_without_integer_input(
 
 
 def test_plan_validation_of_the_distributed_mechanism():
-    common = dict(landmark_method="feddl", epsilon=1.0, clip_norm=2.0, noise="distributed", rule="gradient",
-                  value_bound=3.0)
+    common = dict(
+        landmark_method="feddl", epsilon=1.0, clip_norm=2.0, noise="distributed", rule="gradient", value_bound=3.0
+    )
     p = RunPlan.build("api", **common)
     assert p.distributed_mechanism == "ddg" and p.aggregation == "secagg" and p.accountant == "rdp"
     assert RunPlan.build("api", **dict(common, aggregation="ckks")).distributed_mechanism == "gaussian"
     assert RunPlan.build("api", **dict(common, distributed_mechanism="gaussian")).accountant == "exact"
     assert RunPlan.build("api").distributed_mechanism == "auto"
-    bad = [(dict(aggregation="ckks", distributed_mechanism="ddg"), "--aggregation='ckks'.*secagg"),
-           (dict(distributed_mechanism="skellam", accountant="prv"), "--accountant='prv'.*rdp"),
-           (dict(distributed_mechanism="ddg", epsilon=None, noise_multiplier=2.0), "--epsilon=None"),
-           (dict(distributed_mechanism="ddg", rule="model"), "--noise='distributed'|--rule='model'"),
-           (dict(distributed_mechanism="ddg", noise="local"), "--distributed-mechanism='ddg'.*applies"),
-           (dict(distributed_mechanism="ddg", monitor=True), "monitor"),
-           (dict(distributed_mechanism="gauss"), "--distributed-mechanism='gauss'.*auto, gaussian, ddg, skellam")]
+    bad = [
+        (dict(aggregation="ckks", distributed_mechanism="ddg"), "--aggregation='ckks'.*secagg"),
+        (dict(distributed_mechanism="skellam", accountant="prv"), "--accountant='prv'.*rdp"),
+        (dict(distributed_mechanism="ddg", epsilon=None, noise_multiplier=2.0), "--epsilon=None"),
+        (dict(distributed_mechanism="ddg", rule="model"), "--noise='distributed'|--rule='model'"),
+        (dict(distributed_mechanism="ddg", noise="local"), "--distributed-mechanism='ddg'.*applies"),
+        (dict(distributed_mechanism="ddg", monitor=True), "monitor"),
+        (dict(distributed_mechanism="gauss"), "--distributed-mechanism='gauss'.*auto, gaussian, ddg, skellam"),
+    ]
     for extra, match in bad:
         with pytest.raises(ConfigError, match=match):
             RunPlan.build("cli", **dict(common, **extra))
@@ -233,10 +281,33 @@ def test_site_refuses_a_round_whose_input_kind_does_not_match_its_plan(sites, ki
     fp = integer_plan(32, N_SITES) if integer else plan_fixed_point(1.0, np.ones(N_SITES), modulus_bits=32)
     sid = os.urandom(16)
     keys = tuple(crypto.ed25519_public_bytes(crypto.ed25519_keypair()[0]) for _ in range(N_SITES))
-    fields = put_array({"op": "secagg-start", "site": 0, "dp": sp.wire_plan(), "task": "gradient", "weights": "records",
-                        "gamma": 0.25}, "Y", np.zeros((N_Y, M)))
-    spec = RoundSpec(sid, 0, N_SITES, N_SITES - 1, 2, sid, N_Y * M, fp, keys, tuple(DEFAULT_TIMEOUTS.items()), 0, integer,
-                     request_digest(fields))
+    fields = put_array(
+        {
+            "op": "secagg-start",
+            "site": 0,
+            "dp": sp.wire_plan(),
+            "task": "gradient",
+            "weights": "records",
+            "gamma": 0.25,
+        },
+        "Y",
+        np.zeros((N_Y, M)),
+    )
+    spec = RoundSpec(
+        sid,
+        0,
+        N_SITES,
+        N_SITES - 1,
+        2,
+        sid,
+        N_Y * M,
+        fp,
+        keys,
+        tuple(DEFAULT_TIMEOUTS.items()),
+        0,
+        integer,
+        request_digest(fields),
+    )
     worker = SiteWorker({"site-name": "s0", **_options()}, sites[0])
     rep = worker.handle(dict(fields, spec=encode_spec(spec)))
     assert rep["error"].startswith("ProtocolError") and "refusing" in rep["error"]

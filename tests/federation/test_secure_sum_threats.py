@@ -46,9 +46,24 @@ def _spec(n, keys, k=None, t=None, q=None, weights=None, clip=8.0, d=4, rule="un
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = plan_fixed_point(clip, np.ones(n) if weights is None else weights, modulus_bits=64)
-    digest = request_digest(fields if fields is not None else dict(TASK, op="secagg-start", site=0, seed=0, weights=rule))
-    return RoundSpec(sid, 0, n, gp.degree if k is None else k, gp.threshold if t is None else t, sid, d, fp, keys,
-                     tuple(DEFAULT_TIMEOUTS.items()), gp.quorum if q is None else q, False, digest)
+    digest = request_digest(
+        fields if fields is not None else dict(TASK, op="secagg-start", site=0, seed=0, weights=rule)
+    )
+    return RoundSpec(
+        sid,
+        0,
+        n,
+        gp.degree if k is None else k,
+        gp.threshold if t is None else t,
+        sid,
+        d,
+        fp,
+        keys,
+        tuple(DEFAULT_TIMEOUTS.items()),
+        gp.quorum if q is None else q,
+        False,
+        digest,
+    )
 
 
 def _start(spec, i, rule="uniform", **extra):
@@ -113,10 +128,21 @@ def test_ckks_site_refuses_a_server_weight():
 
     arrays, workers, keys = _sites(3)
     params = choose_ckks_parameters(4, 1e-6, 200.0, 3)
-    spec = CKKSRoundSpec(b"w" * 16, 0, 3, 0, params, 8.0, keys, 2, max_abs_sum=200.0,
-                         task_digest=request_digest(dict(TASK, op="ckks-start", site=1, seed=0, weights="records")))
-    rep = workers[1].handle(dict(TASK, op="ckks-start", site=1, seed=0, weights="records", weight=0.0,
-                                 spec=encode_ckks_spec(spec)))
+    spec = CKKSRoundSpec(
+        b"w" * 16,
+        0,
+        3,
+        0,
+        params,
+        8.0,
+        keys,
+        2,
+        max_abs_sum=200.0,
+        task_digest=request_digest(dict(TASK, op="ckks-start", site=1, seed=0, weights="records")),
+    )
+    rep = workers[1].handle(
+        dict(TASK, op="ckks-start", site=1, seed=0, weights="records", weight=0.0, spec=encode_ckks_spec(spec))
+    )
     assert rep["error"].startswith("ProtocolError") and "weight" in rep["error"]
     assert "ckks_client" not in workers[1].state
 
@@ -127,7 +153,11 @@ def test_ckks_site_refuses_a_server_weight():
 def _refusal(n, keys, workers, options=None, **spec_kw):
     """Site 1's answer to a secagg-start with this spec: its error, or None when it started its client."""
     spec = _spec(n, keys, **spec_kw)
-    w = SiteWorker({"allow-paper-mode": True, "site-name": "h1", **(options or {})}, workers[1]._records, state=dict(workers[1].state))
+    w = SiteWorker(
+        {"allow-paper-mode": True, "site-name": "h1", **(options or {})},
+        workers[1]._records,
+        state=dict(workers[1].state),
+    )
     rep = w.handle(_start(spec, 1))
     if "error" in rep:
         assert not _clients(w) and "rng" not in w.state  # refused before anything was computed
@@ -148,13 +178,18 @@ def test_unsafe_specs_are_refused_naming_the_option():
     gp = choose_parameters(n)  # k = 9, t = 6, q = 6, c = 1
     semi = choose_parameters(n, server_model="semi-honest")  # the pre-issue-13 default: (9, 4)
     cases = {
-        "t=1": dict(t=1), "t=2": dict(t=2), "old default t=4": dict(k=semi.degree, t=semi.threshold),
-        "2t = k + c": dict(t=(gp.degree + gp.colluders) // 2), "sparse H(10,4)": dict(k=4, t=3),
+        "t=1": dict(t=1),
+        "t=2": dict(t=2),
+        "old default t=4": dict(k=semi.degree, t=semi.threshold),
+        "2t = k + c": dict(t=(gp.degree + gp.colluders) // 2),
+        "sparse H(10,4)": dict(k=4, t=3),
         "quorum below (n+c)/2": dict(q=n // 2),
     }
     for what, kw in cases.items():
         err = _refusal(n, keys, workers, **kw)
-        assert err is not None and err.startswith("ProtocolError") and "refused before anything is computed" in err, what
+        assert err is not None and err.startswith("ProtocolError") and "refused before anything is computed" in err, (
+            what
+        )
         assert "secagg-" in err, what  # names the site option to relax
     # a site that assumes more colluders refuses the default too; one that assumes fewer accepts t = 5
     err = _refusal(n, keys, workers, {"secagg-max-colluders": 3})
@@ -197,7 +232,11 @@ def test_distributed_dp_floor_counts_the_colluders():
     fields = {k: v for k, v in _start(_spec(n, keys), 1).items() if k not in TASK}  # a gradient upload, DP plan
     fields = put_array(dict(fields, task="gradient", gamma=1.0, dp=json.dumps(plan)), "Y", np.zeros((2, 2)))
     fields["spec"] = encode_spec(_spec(n, keys, fields=fields))
-    w = SiteWorker({"allow-paper-mode": True, "site-name": "h1", "dp-colluders": 2}, workers[1]._records, state=dict(workers[1].state))
+    w = SiteWorker(
+        {"allow-paper-mode": True, "site-name": "h1", "dp-colluders": 2},
+        workers[1]._records,
+        state=dict(workers[1].state),
+    )
     err = w.handle(fields)["error"]
     assert "t = 3 and dp-colluders = 2" in err and "needs 5 survivors" in err and not _clients(w)
 
@@ -223,8 +262,9 @@ def test_relay_drops_a_message_whose_sender_is_another_site():
     ex = InMemoryExchange({i: w for i, w in enumerate(workers)}, after_reply=relabel)
     plan = RunPlan.build("flower", aggregation="secagg", value_bound=8.0, method="none", seed=0, audit_holdout=0.0)
     co = Coordinator(plan)
-    co.sites = Sites([f"h{i}" for i in range(n)], [len(X) for X in arrays], [0] * n, 2, list(keys), list(range(n)),
-                     set(range(n)))
+    co.sites = Sites(
+        [f"h{i}" for i in range(n)], [len(X) for X in arrays], [0] * n, 2, list(keys), list(range(n)), set(range(n))
+    )
     gen = secure_sum(co, as_task(TASK), "moments", 8.0, weights="uniform", out_shape=[4])
     step = next(gen)
     try:

@@ -39,11 +39,22 @@ from securefed.flower.launch import write_site_files  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "flower_one_machine.sh")
-DELAY = 35.0      # > Flower 1.41's 30 s between a task's claim and the ClientApp's first call
+DELAY = 35.0  # > Flower 1.41's 30 s between a task's claim and the ClientApp's first call
 WAIT_SITES = 45.0
-CFG = {"landmarks": 6, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": "moments", "aggregation": "plain",
-       "landmark-method": "feddl", "audit-holdout": 0.0, "min-sites": 3, "seed": 3, "method": "none",
-       "wait-sites": WAIT_SITES}
+CFG = {
+    "landmarks": 6,
+    "rounds": 1,
+    "local-steps": 2,
+    "gamma": 1.0,
+    "init": "moments",
+    "aggregation": "plain",
+    "landmark-method": "feddl",
+    "audit-holdout": 0.0,
+    "min-sites": 3,
+    "seed": 3,
+    "method": "none",
+    "wait-sites": WAIT_SITES,
+}
 
 
 def _scenario(tmp_path, superexec: str):
@@ -55,7 +66,8 @@ def _scenario(tmp_path, superexec: str):
     (slow / "sitecustomize.py").write_text(
         "import os, sys, time\n"
         "if os.path.basename(sys.argv[0] if sys.argv else '') == 'flwr-clientapp':\n"
-        f"    time.sleep({DELAY})\n")
+        f"    time.sleep({DELAY})\n"
+    )
     env = {"PYTHONPATH": os.pathsep.join([str(slow), ROOT, os.environ.get("PYTHONPATH", "")])}
     with LocalDeployment(str(tmp_path / "dep"), superexec=superexec, env=env) as dep:
         dep.start_superlink()
@@ -69,13 +81,16 @@ def _scenario(tmp_path, superexec: str):
         res["_waited"] = time.monotonic() - t0
 
         def logs() -> str:
-            return "".join(open(os.path.join(dep.workdir, f"site-site{i}.log"), errors="replace").read()
-                           for i in range(3))
+            return "".join(
+                open(os.path.join(dep.workdir, f"site-site{i}.log"), errors="replace").read() for i in range(3)
+            )
 
         if res.get("status") != "completed":  # a late ClientApp logs its refusal ~35 s after its launch: wait for it
             t0 = time.monotonic()
-            while "task-token authentication failed" not in logs() and \
-                    time.monotonic() - t0 < DELAY + dep.round_trip_allowance():
+            while (
+                "task-token authentication failed" not in logs()
+                and time.monotonic() - t0 < DELAY + dep.round_trip_allowance()
+            ):
                 time.sleep(0.5)
         text = logs()
     return res, text, arrays, out
@@ -115,8 +130,15 @@ def _flower_section(readme: str) -> str:
 
 def _commands(text: str) -> list:
     """The README's indented command lines (continuations joined), starting with a deployment program."""
-    progs = ("flower-superlink", "flower-supernode", "flwr ", "securefed flower-app", "scripts/make_certs.sh",
-             "ssh-keygen", "python -m securefed.flower.superexec")
+    progs = (
+        "flower-superlink",
+        "flower-supernode",
+        "flwr ",
+        "securefed flower-app",
+        "scripts/make_certs.sh",
+        "ssh-keygen",
+        "python -m securefed.flower.superexec",
+    )
     out, cur = [], ""
     for line in text.splitlines():
         if not line.startswith("    "):
@@ -155,8 +177,15 @@ def test_readme_commands_are_the_scripts():
     assert len(cmds) >= 8, cmds
     for cmd in cmds:
         w = cmd.split()
-        prog = (w[2] if w[0] == "python" else " ".join(w[:3]) if w[:2] == ["flwr", "supernode"]
-                else " ".join(w[:2]) if w[0] in ("flwr", "securefed") else os.path.basename(w[0]))
+        prog = (
+            w[2]
+            if w[0] == "python"
+            else " ".join(w[:3])
+            if w[:2] == ["flwr", "supernode"]
+            else " ".join(w[:2])
+            if w[0] in ("flwr", "securefed")
+            else os.path.basename(w[0])
+        )
         runs = [ln for ln in lines if prog in ln and not ln.startswith("#")]
         assert runs, f"the script never runs {prog!r} (README: {cmd})"
         for flag in re.findall(r"(?<!\S)(--[a-z][a-z0-9-]*)", cmd):
@@ -173,12 +202,18 @@ def test_walkthrough_on_one_machine_with_tls_node_auth_and_record_ids(tmp_path, 
 
     bindir = tmp_path / "bin"  # `securefed` on PATH runs this checkout's code, as the installed command would
     bindir.mkdir()
-    (bindir / "securefed").write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; from securefed.cli import '
-                                      f"main; sys.argv[0] = 'securefed'; sys.exit(main())\" \"$@\"\n")
+    (bindir / "securefed").write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; from securefed.cli import '
+        f'main; sys.argv[0] = \'securefed\'; sys.exit(main())" "$@"\n'
+    )
     (bindir / "securefed").chmod(0o755)
-    env = dict(os.environ, PATH=os.pathsep.join([str(bindir), os.path.dirname(sys.executable), os.environ["PATH"]]),
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), PYTHON=sys.executable,
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PATH=os.pathsep.join([str(bindir), os.path.dirname(sys.executable), os.environ["PATH"]]),
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+    )
     work = tmp_path / "w"
     # the default private job (cells through SecAgg+, the audit gate, t-SNE), as the README's recipe runs it, on
     # 3 × 120 digits records: its round trips over Flower are the closed form of the schedule (issue 26)
@@ -189,17 +224,21 @@ def test_walkthrough_on_one_machine_with_tls_node_auth_and_record_ids(tmp_path, 
     cap = 12 * pace.cli_deadline() + 120.0 + 52 * pace.round_trip_allowance()
     caller = tmp_path / "caller"  # the user's current directory: the script leaves nothing there
     caller.mkdir()
-    r = subprocess.run(["bash", SCRIPT, str(work), *job], env=env, capture_output=True, text=True, timeout=cap,
-                       cwd=caller, check=False)
+    r = subprocess.run(
+        ["bash", SCRIPT, str(work), *job], env=env, capture_output=True, text=True, timeout=cap, cwd=caller, check=False
+    )
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     with open(work / "run" / "result.json") as fh:
         doc = json.load(fh)
-    assert doc["status"] == "completed" and doc["sites"] == ["hospital-a", "hospital-b", "hospital-c"], doc.get("reason")
+    assert doc["status"] == "completed" and doc["sites"] == ["hospital-a", "hospital-b", "hospital-c"], doc.get(
+        "reason"
+    )
     # the schedule's closed form (tests/federation/test_round_trips.py): hello and the placement 1 each, every secure
     # sum 3, and 2 more per set-up of up to 8 prepared rounds — counted by the ServerApp over real Flower messages
     sums = len(doc["steps"])
-    assert doc["round_trips"] == 2 + 3 * sums + 2 * -(-sums // 8) <= 50, [(s["label"], s["round_trips"])
-                                                                          for s in doc["steps"]]
+    assert doc["round_trips"] == 2 + 3 * sums + 2 * -(-sums // 8) <= 50, [
+        (s["label"], s["round_trips"]) for s in doc["steps"]
+    ]
     assert sum(doc["round_trips_per_stage"].values()) == doc["round_trips"]
     assert doc["audit"]["passed"] and all(s["protocol"] == "secagg" for s in doc["steps"])
     assert any("record ids" in e["what"] for e in doc["inventory"])  # the release is named
@@ -242,8 +281,15 @@ def test_securefeds_superexec_forks_instead_of_starting_an_interpreter_and_the_r
     assert res["round_trips"] == 3  # hello, the statistics, one FedDL round
     assert "task-token authentication failed" not in logs
     assert res["sites"] == ["site0", "site1", "site2"] and res["survivors"] == res["sites"]
-    ref = drive(Coordinator(from_run_config({k: v for k, v in CFG.items() if k != "wait-sites"})),
-                InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}", "allow-plain": True, "allow-paper-mode": True}, X)
-                                  for i, X in enumerate(arrays)}, fresh_process=True))
+    ref = drive(
+        Coordinator(from_run_config({k: v for k, v in CFG.items() if k != "wait-sites"})),
+        InMemoryExchange(
+            {
+                1000 + i: SiteWorker({"site-name": f"site{i}", "allow-plain": True, "allow-paper-mode": True}, X)
+                for i, X in enumerate(arrays)
+            },
+            fresh_process=True,
+        ),
+    )
     # the same coordinator and site code with the same seeds and plain sums: the landmarks bit for bit
     np.testing.assert_array_equal(np.load(os.path.join(out, "landmarks.npy")), ref.landmarks)

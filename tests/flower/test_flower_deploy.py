@@ -42,11 +42,26 @@ def _killed_site_scenario(tmp_path) -> tuple[dict, float]:
     SuperNode once the run is past hello. Returns (result, seconds waited, sites that said hello)."""
     _, paths, _ = _data(tmp_path)
     certs = tmp_path / "certs"
-    subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_certs.sh"), str(certs)], check=True, capture_output=True)
+    subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "make_certs.sh"), str(certs)], check=True, capture_output=True
+    )
     # request-timeout is an hour: the run must end through the stage deadlines (3 s each), never by waiting it out
-    cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": "moments",
-           "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
-           "stage-timeout": 3.0, "request-timeout": 3600.0, "seed": 0, "method": "none"}
+    cfg = {
+        "landmarks": 8,
+        "rounds": 1,
+        "local-steps": 2,
+        "gamma": 1.0,
+        "init": "moments",
+        "aggregation": "secagg",
+        "value-bound": 3.0,
+        "degree": 2,
+        "threshold": 2,
+        "min-sites": 3,
+        "stage-timeout": 3.0,
+        "request-timeout": 3600.0,
+        "seed": 0,
+        "method": "none",
+    }
     with LocalDeployment(str(tmp_path / "dep"), certs=str(certs), node_auth=True) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
@@ -60,7 +75,7 @@ def _killed_site_scenario(tmp_path) -> tuple[dict, float]:
             if time.monotonic() - t0 > 120.0 + 3 * dep.round_trip_allowance():
                 raise AssertionError("run never got past hello")
             time.sleep(0.1)
-        dep.kill_site("site2")               # crash one hospital after the run started
+        dep.kill_site("site2")  # crash one hospital after the run started
         t1 = time.monotonic()
         res = dep.wait_result(out, round_trips=6, extra=5 * 3.0)
         waited = time.monotonic() - t1
@@ -106,15 +121,37 @@ def _dp_rows_scenario(tmp_path) -> tuple:
     """DP (seeded noise, local mode, plain sum) + the spectral rows stage with data-perturbed rows; each site
     keeps its own ledger (node config). Returns (result, out_dir, arrays, ledger dirs)."""
     arrays, paths, _ = _data(tmp_path)
-    cfg = {"landmarks": 6, "rounds": 1, "local-steps": 2, "aggregation": "plain", "min-sites": 3, "seed": 5,
-           "epsilon": 2.0, "clip-norm": 2.0, "rows-epsilon": 1.0, "method": "spectral", "nystrom": "rows", "n-clusters": 3,
-           "noise-seed-for-testing": 5, "audit-holdout": 0.0}
+    cfg = {
+        "landmarks": 6,
+        "rounds": 1,
+        "local-steps": 2,
+        "aggregation": "plain",
+        "min-sites": 3,
+        "seed": 5,
+        "epsilon": 2.0,
+        "clip-norm": 2.0,
+        "rows-epsilon": 1.0,
+        "method": "spectral",
+        "nystrom": "rows",
+        "n-clusters": 3,
+        "noise-seed-for-testing": 5,
+        "audit-holdout": 0.0,
+    }
     ledgers = [str(tmp_path / f"ledgers-site{i}") for i in range(3)]
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p, node_config={"epsilon-budget": 3.5, "allow-seeded-noise": True,
-                                                            "ledger-path": ledgers[i], "allow-plain": True, "allow-paper-mode": True})
+            dep.start_supernode(
+                f"site{i}",
+                p,
+                node_config={
+                    "epsilon-budget": 3.5,
+                    "allow-seeded-noise": True,
+                    "ledger-path": ledgers[i],
+                    "allow-plain": True,
+                    "allow-paper-mode": True,
+                },
+            )
         out = dep.run(cfg)
         return dep.wait_result(out, round_trips=6), out, arrays, ledgers
 
@@ -129,10 +166,25 @@ def dp_rows_run(tmp_path_factory):
 
 def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed_run, dp_rows_run):
     arrays, paths, Y0 = _data(tmp_path)
-    cfg = {"landmarks": 8, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": str(tmp_path / "init.npy"),
-           "aggregation": "secagg", "value-bound": 3.0, "degree": 2, "threshold": 2, "min-sites": 3,
-           "stage-timeout": 60.0, "seed": 0, "method": "tsne", "nystrom": "local", "perplexity": 30.0,
-           "landmark-method": "feddl", "audit-holdout": 0.0}
+    cfg = {
+        "landmarks": 8,
+        "rounds": 1,
+        "local-steps": 2,
+        "gamma": 1.0,
+        "init": str(tmp_path / "init.npy"),
+        "aggregation": "secagg",
+        "value-bound": 3.0,
+        "degree": 2,
+        "threshold": 2,
+        "min-sites": 3,
+        "stage-timeout": 60.0,
+        "seed": 0,
+        "method": "tsne",
+        "nystrom": "local",
+        "perplexity": 30.0,
+        "landmark-method": "feddl",
+        "audit-holdout": 0.0,
+    }
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
@@ -142,8 +194,18 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     assert res["status"] == "completed", res
     assert res["sites"] == ["site0", "site1", "site2"] and res["survivors"] == res["sites"]
     Y = np.load(os.path.join(out, "landmarks.npy"))
-    ref = fed_dl(arrays, 8, rounds=1, local_steps=2, gamma=1.0, init=Y0, value_bound=3.0, random_state=0,
-                 aggregation="secagg", aggregation_options={"degree": 2, "threshold": 2})
+    ref = fed_dl(
+        arrays,
+        8,
+        rounds=1,
+        local_steps=2,
+        gamma=1.0,
+        init=Y0,
+        value_bound=3.0,
+        random_state=0,
+        aggregation="secagg",
+        aggregation_options={"degree": 2, "threshold": 2},
+    )
     # the same coordinator and site code with the same seeds: the SecAgg+ sum is exact integer arithmetic,
     # so the landmarks over Flower are the in-process ones bit for bit
     np.testing.assert_array_equal(Y, ref.landmarks)
@@ -155,25 +217,28 @@ def test_fed_tsne_landmarks_secagg_over_flower_match_in_process(tmp_path, killed
     from securefed.federation import Coordinator, InMemoryExchange, SiteWorker, drive
     from securefed.plan import from_run_config
 
-    ex = InMemoryExchange({1000 + i: SiteWorker({"site-name": f"site{i}", "allow-paper-mode": True}, X)
-                           for i, X in enumerate(arrays)},
-                          fresh_process=True)
+    ex = InMemoryExchange(
+        {1000 + i: SiteWorker({"site-name": f"site{i}", "allow-paper-mode": True}, X) for i, X in enumerate(arrays)},
+        fresh_process=True,
+    )
     ref_run = drive(Coordinator(from_run_config(cfg)), ex)
     np.testing.assert_array_equal(Y, ref_run.landmarks)
-    np.testing.assert_allclose(np.load(os.path.join(out, "landmark_embedding.npy")),
-                               ref_run.embedding["landmark_embedding"], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        np.load(os.path.join(out, "landmark_embedding.npy")), ref_run.embedding["landmark_embedding"], rtol=0, atol=1e-9
+    )
     with np.load(os.path.join(out, "embedding.npz")) as z:
         for i, X in enumerate(arrays):
             assert z[f"site{i}"].shape == (len(X), 2)
-        np.testing.assert_allclose(np.vstack([z[f"site{i}"] for i in range(3)]), ref_run.stacked("coordinates"),
-                                   rtol=0, atol=1e-9)
+        np.testing.assert_allclose(
+            np.vstack([z[f"site{i}"] for i in range(3)]), ref_run.stacked("coordinates"), rtol=0, atol=1e-9
+        )
 
 
 def test_killed_supernode_with_tls_and_node_auth_aborts_with_typed_reason(killed_run):
     if killed_run is None:
         pytest.skip("openssl / ssh-keygen not installed (needed for TLS certificates and node keys)")
     res, waited, hello_sites, bound = killed_run()
-    assert hello_sites == ["site0", "site1", "site2"]    # the unregistered SuperNode never joined
+    assert hello_sites == ["site0", "site1", "site2"]  # the unregistered SuperNode never joined
     assert res["status"] == "aborted", res
     assert res["error_type"] in ("ProtocolTimeoutError", "ProtocolAbortedError"), res
     assert "nothing revealed" in res["reason"] or "answered" in res["reason"]

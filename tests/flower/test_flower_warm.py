@@ -19,7 +19,7 @@ def _worker_of(directory: str) -> dict:
     """The status of the one worker listening in ``directory``."""
     socks = [f for f in os.listdir(directory) if f.endswith(".sock")]
     assert len(socks) == 1, socks
-    s = W.connect(W.Location(directory, socks[0][:-len(".sock")]))
+    s = W.connect(W.Location(directory, socks[0][: -len(".sock")]))
     assert s is not None
     return W.call(s, {"type": "status"})
 
@@ -34,12 +34,24 @@ def test_killed_warm_worker_drops_its_site_with_a_typed_error(tmp_path):
         dirs.append(str(tmp_path / f"warm{i}"))
     # a plain sum (the sites allow it) goes on with the sites that answer; SecAgg+ with 3 sites, degree 2 and
     # threshold 2 could not lose one (that abort is the killed-SuperNode test's)
-    cfg = {"landmarks": 8, "rounds": 2, "local-steps": 2, "gamma": 1.0, "init": "moments", "aggregation": "plain",
-           "min-sites": 2, "stage-timeout": 60.0, "seed": 0, "method": "none"}
+    cfg = {
+        "landmarks": 8,
+        "rounds": 2,
+        "local-steps": 2,
+        "gamma": 1.0,
+        "init": "moments",
+        "aggregation": "plain",
+        "min-sites": 2,
+        "stage-timeout": 60.0,
+        "seed": 0,
+        "method": "none",
+    }
     with LocalDeployment(str(tmp_path / "dep")) as dep:
         dep.start_superlink()
         for i, p in enumerate(paths):
-            dep.start_supernode(f"site{i}", p, node_config={"warm-worker-dir": dirs[i], "allow-plain": True, "allow-paper-mode": True})
+            dep.start_supernode(
+                f"site{i}", p, node_config={"warm-worker-dir": dirs[i], "allow-plain": True, "allow-paper-mode": True}
+            )
         out = dep.run(cfg)
         prog = os.path.join(out, "progress.jsonl")
         t0 = time.monotonic()
@@ -49,9 +61,9 @@ def test_killed_warm_worker_drops_its_site_with_a_typed_error(tmp_path):
             time.sleep(0.1)
         victim = _worker_of(dirs[2])
         assert victim["site"] == "site2" and victim["calls"] == 1
-        os.kill(victim["pid"], signal.SIGKILL)                 # the site's worker crashes; its SuperNode lives on
+        os.kill(victim["pid"], signal.SIGKILL)  # the site's worker crashes; its SuperNode lives on
         res = dep.wait_result(out, round_trips=10)
-        alive = [_worker_of(d) for d in dirs[:2]]              # the others served the whole run from one process
+        alive = [_worker_of(d) for d in dirs[:2]]  # the others served the whole run from one process
     assert res["status"] == "completed", res
     assert res["survivors"] == ["site0", "site1"]
     err = res["site_errors"]["site2"]

@@ -12,9 +12,21 @@ from securefed.federation import Coordinator, InMemoryExchange, SiteWorker, driv
 from securefed.plan import from_run_config
 
 # one SiteWorker per site for the whole run, as the warm worker keeps it over Flower
-CFG = {"landmarks": 6, "rounds": 1, "local-steps": 2, "gamma": 1.0, "init": "moments", "aggregation": "plain",
-       "landmark-method": "feddl", "audit-holdout": 0.0, "min-sites": 3, "seed": 1, "method": "tsne",
-       "nystrom": "local", "perplexity": 5.0}
+CFG = {
+    "landmarks": 6,
+    "rounds": 1,
+    "local-steps": 2,
+    "gamma": 1.0,
+    "init": "moments",
+    "aggregation": "plain",
+    "landmark-method": "feddl",
+    "audit-holdout": 0.0,
+    "min-sites": 3,
+    "seed": 1,
+    "method": "tsne",
+    "nystrom": "local",
+    "perplexity": 5.0,
+}
 
 
 def _write_sites(tmp_path, n=25):
@@ -36,8 +48,12 @@ def _write_sites(tmp_path, n=25):
 
 
 def _run(paths, options):
-    workers = {100 + i: SiteWorker({"site-name": f"site{i}", "data-path": p, "allow-plain": True,
-                                    "allow-paper-mode": True, **options(i)}) for i, p in enumerate(paths)}
+    workers = {
+        100 + i: SiteWorker(
+            {"site-name": f"site{i}", "data-path": p, "allow-plain": True, "allow-paper-mode": True, **options(i)}
+        )
+        for i, p in enumerate(paths)
+    }
     return drive(Coordinator(from_run_config(CFG)), InMemoryExchange(workers)), workers
 
 
@@ -47,7 +63,7 @@ def test_id_and_label_columns_stay_out_of_the_features_and_the_ids_on_the_site(t
     assert res.n_features == 3
     for i, w in workers.items():  # the features are the three f-columns, in file order
         np.testing.assert_array_equal(w.records(), feats[i - 100])
-    assert "record_ids" not in res.embedding                       # nobody chose to send them
+    assert "record_ids" not in res.embedding  # nobody chose to send them
     assert not any("record ids" in e["what"] for e in res.inventory)
 
 
@@ -55,9 +71,15 @@ def test_send_record_ids_sends_them_with_the_coordinates_and_names_the_release(t
     from securefed.flower.server_app import write_join_table
 
     paths, ids, _ = _write_sites(tmp_path)
-    res, _ = _run(paths, lambda i: {"id-column": "patient_id", "label-column": "diagnosis",
-                                    **({"send-record-ids": True} if i != 1 else {})})
-    assert res.embedding["record_ids"] == {"site0": ids[0], "site2": ids[2]}   # site1 kept its ids
+    res, _ = _run(
+        paths,
+        lambda i: {
+            "id-column": "patient_id",
+            "label-column": "diagnosis",
+            **({"send-record-ids": True} if i != 1 else {}),
+        },
+    )
+    assert res.embedding["record_ids"] == {"site0": ids[0], "site2": ids[2]}  # site1 kept its ids
     rel = [e for e in res.inventory if "record ids" in e["what"]]
     assert len(rel) == 1 and "site0" in rel[0]["what"] and "site1" not in rel[0]["what"]
     assert rel[0]["to"] == "the coordinator" and rel[0]["covered_by_epsilon"] is False

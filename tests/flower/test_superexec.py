@@ -23,10 +23,22 @@ def _free_port() -> int:
 
 def _start(parent: int, tmp_path):
     log = open(tmp_path / "superexec.log", "wb")
-    p = subprocess.Popen([sys.executable, "-m", "securefed.flower.superexec", "--runtime-api-address",
-                          f"127.0.0.1:{_free_port()}", "--insecure", "--parent-pid", str(parent)],
-                         env=dict(os.environ, PYTHONPATH=ROOT, FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1"),
-                         stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "securefed.flower.superexec",
+            "--runtime-api-address",
+            f"127.0.0.1:{_free_port()}",
+            "--insecure",
+            "--parent-pid",
+            str(parent),
+        ],
+        env=dict(os.environ, PYTHONPATH=ROOT, FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     log.close()
     return p
 

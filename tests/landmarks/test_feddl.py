@@ -24,6 +24,7 @@ def resolve_weights(rule, sizes):
     w = np.asarray(sizes, float) if rule == "records" else np.ones(len(sizes))
     return w / w.sum()
 
+
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 
@@ -92,7 +93,6 @@ def _fd_grad(X, Y, gamma, h=1e-5):
     "n_p, n_y, m, gamma, seed",
     [(5, 2, 1, 1.0, 10), (20, 7, 3, 0.5, 11), (13, 4, 10, 0.05, 12), (30, 6, 2, 3.0, 13), (8, 12, 5, 0.2, 14)],
 )
-
 def test_mmd_grad_matches_central_finite_differences(n_p, n_y, m, gamma, seed):
     rng = _rng(seed)
     X = rng.normal(size=(n_p, m))
@@ -129,8 +129,18 @@ def test_one_site_model_averaging_q1_equals_centralized_gradient_descent():
     Y0 = rng.normal(size=(6, 3))
     gamma, lr, S = 0.7, 0.9, 12
     seen = []
-    res = fed_dl([X], 6, rounds=S, local_steps=1, rule="model", lr=lr, gamma=gamma, init=Y0, random_state=0,
-                 callback=lambda s, Y, v: seen.append((s, Y.copy(), v)))
+    res = fed_dl(
+        [X],
+        6,
+        rounds=S,
+        local_steps=1,
+        rule="model",
+        lr=lr,
+        gamma=gamma,
+        init=Y0,
+        random_state=0,
+        callback=lambda s, Y, v: seen.append((s, Y.copy(), v)),
+    )
     Y = Y0.copy()
     assert [s for s, _, _ in seen] == list(range(1, S + 1))
     for s, Yfed, val in seen:

@@ -6,6 +6,7 @@ import pytest
 from securefed.errors import ConfigError, DataError
 from securefed.peers.affinities import calibrate_perplexity, knn_affinities, row_entropies
 
+
 @pytest.mark.parametrize("perplexity", [2.5, 10.0, 30.0, 60.0])
 def test_calibration_hits_target_entropy(perplexity):
     rng = np.random.default_rng(int(perplexity * 10))
@@ -21,6 +22,7 @@ def test_calibration_hits_target_entropy(perplexity):
     w = np.exp(-beta[i] * d2[i])
     assert np.allclose(P[i], w / w.sum(), rtol=1e-9, atol=1e-15)
 
+
 def test_knn_affinities_joint_properties():
     rng = np.random.default_rng(1)
     X = np.vstack([rng.normal(size=(150, 5)), rng.normal(size=(150, 5)) + 6])
@@ -31,6 +33,7 @@ def test_knn_affinities_joint_properties():
     # Each point's mass stays almost entirely within its own cluster.
     within = P[:150, :150].sum() + P[150:, 150:].sum()
     assert within > 0.999
+
 
 def test_bad_perplexity_and_data():
     X = np.random.default_rng(0).normal(size=(50, 3))

@@ -48,8 +48,11 @@ def test_one_site_no_noise_matches_plain_tsne(digits_split):
     E = np.vstack([m.embedding_, m.reference_embedding_])
     yy = np.r_[y[loc], y[ref]]
     ca = classification_accuracy(E, yy, ks=(10,), random_state=0)[10]
-    E_ot = np.asarray(openTSNE.TSNE(random_state=0, n_jobs=1, n_iter=300, early_exaggeration_iter=150)
-                      .fit(np.vstack([X[loc], X[ref]])))
+    E_ot = np.asarray(
+        openTSNE.TSNE(random_state=0, n_jobs=1, n_iter=300, early_exaggeration_iter=150).fit(
+            np.vstack([X[loc], X[ref]])
+        )
+    )
     ca_ot = classification_accuracy(E_ot, yy, ks=(10,), random_state=0)[10]
     assert ca > 0.9
     assert ca >= ca_ot - 0.03, (ca, ca_ot)
@@ -69,7 +72,7 @@ def test_private_variants_account_epsilon(digits_split):
     n_s = len(ref)
     assert dp.record_noise_multiplier_ == pytest.approx(1.0 / (2 * np.sqrt(n_s)))
     assert dp.epsilon_ == pytest.approx(_rdp_epsilon(1.0 / (2 * np.sqrt(n_s)), 40, 1e-5), rel=1e-3)
-    assert fd.epsilon_ < dp.epsilon_          # 10x fewer releases, same noise
+    assert fd.epsilon_ < dp.epsilon_  # 10x fewer releases, same noise
     assert fd.epsilon_per_row_ < fd.epsilon_  # row-level unit is far weaker than a record
     assert fd.delta_ == 1e-5
 
@@ -129,12 +132,12 @@ def test_ledger_records_each_release_and_enforces_budget(digits_split, tmp_path)
     X, y, loc, ref = digits_split
     sites = [X[loc[:180]], X[loc[180:]]]
     led = PrivacyLedger(tmp_path / "l.jsonl", "peers-test", accountant="rdp")
-    m = FedDSNE(rounds=3, noise="adaclip", noise_multiplier=50.0, reference=X[ref], ledger=led,
-                noise_seed=0).fit(sites)
+    m = FedDSNE(rounds=3, noise="adaclip", noise_multiplier=50.0, reference=X[ref], ledger=led, noise_seed=0).fit(sites)
     ev = led.events("release")
     assert len(ev) == 6 and sorted(led.sites()) == [0, 1]
     assert led.spent(0)[0] == pytest.approx(m.epsilon_, rel=1e-6)
     tight = PrivacyLedger(tmp_path / "t.jsonl", "peers-tight", budget_epsilon=m.epsilon_ * 0.5, accountant="rdp")
     with pytest.raises(BudgetExceededError):
-        FedDSNE(rounds=3, noise="adaclip", noise_multiplier=50.0, reference=X[ref], ledger=tight,
-                noise_seed=0).fit(sites)
+        FedDSNE(rounds=3, noise="adaclip", noise_multiplier=50.0, reference=X[ref], ledger=tight, noise_seed=0).fit(
+            sites
+        )

@@ -6,8 +6,7 @@ from sklearn.datasets import make_s_curve
 
 from securefed.errors import ConfigError, DataError
 from securefed.peers import PEER_METHODS, CentralizedGTM, DistributedGTM
-from securefed.peers.gtm import (abstraction_responsibilities, global_moments, kl_local_gtm,
-                                 local_abstraction)
+from securefed.peers.gtm import abstraction_responsibilities, global_moments, kl_local_gtm, local_abstraction
 
 KW = dict(grid=(10, 10), n_rbf=(4, 4), iters=30)
 
@@ -49,8 +48,7 @@ def test_global_moments_exact():
     X = rng.normal(size=(200, 4)) @ rng.normal(size=(4, 4))
     parts = [local_abstraction(X[:90], 7, reg_covar=0.0), local_abstraction(X[90:], 11, reg_covar=0.0)]
     counts = np.concatenate([p["counts"] for p in parts])
-    mu, cov = global_moments(counts, np.vstack([p["means"] for p in parts]),
-                             np.concatenate([p["covs"] for p in parts]))
+    mu, cov = global_moments(counts, np.vstack([p["means"] for p in parts]), np.concatenate([p["covs"] for p in parts]))
     np.testing.assert_allclose(mu, X.mean(0), atol=1e-12)
     np.testing.assert_allclose(cov, np.cov(X.T, bias=True), atol=1e-10)
     assert counts.sum() == 200 and len(counts) == 18

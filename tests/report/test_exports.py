@@ -7,8 +7,13 @@ import pytest
 
 from securefed.data import load_sites
 from securefed.errors import ConfigError, DataError
-from securefed.report.exports import (embedding_rows, obsm_key, to_anndata_obsm, write_embedding_table,
-                                      write_h5ad_with_embedding)
+from securefed.report.exports import (
+    embedding_rows,
+    obsm_key,
+    to_anndata_obsm,
+    write_embedding_table,
+    write_h5ad_with_embedding,
+)
 
 
 def _site_csvs(tmp_path, rng):
@@ -16,8 +21,10 @@ def _site_csvs(tmp_path, rng):
     d.mkdir()
     for name, n in (("north", 6), ("south", 4), ("east", 5)):
         ids = [f"{name[:2].upper()}{v:05d}" for v in rng.choice(99999, n, replace=False)]  # not sorted
-        lines = ["mrn,a,b,c,diagnosis"] + [f"{i},{x[0]:.6f},{x[1]:.6f},{x[2]:.6f},{['benign', 'malignant'][k]}"
-                                          for i, x, k in zip(ids, rng.normal(size=(n, 3)), rng.integers(0, 2, n))]
+        lines = ["mrn,a,b,c,diagnosis"] + [
+            f"{i},{x[0]:.6f},{x[1]:.6f},{x[2]:.6f},{['benign', 'malignant'][k]}"
+            for i, x, k in zip(ids, rng.normal(size=(n, 3)), rng.integers(0, 2, n))
+        ]
         (d / f"{name}.csv").write_text("\n".join(lines) + "\n")
     return d
 
@@ -26,8 +33,13 @@ def test_per_site_csvs_round_trip_ids_in_equal_ids_out(tmp_path):
     rng = np.random.default_rng(0)
     sites = load_sites(_site_csvs(tmp_path, rng), id_column="mrn", label_column="diagnosis")
     coords = {s.name: s.X @ rng.normal(size=(3, 2)) for s in sites}  # stand-in for each site's placed records
-    out = write_embedding_table(tmp_path / "out" / "embedding.csv", coords, {s.name: s.ids for s in sites},
-                                {s.name: s.y for s in sites}, label_names=sites[0].target_names)
+    out = write_embedding_table(
+        tmp_path / "out" / "embedding.csv",
+        coords,
+        {s.name: s.ids for s in sites},
+        {s.name: s.y for s in sites},
+        label_names=sites[0].target_names,
+    )
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["site", "record_id", "x1", "x2", "label"]
@@ -81,13 +93,17 @@ def test_h5ad_round_trip_into_obsm(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
     for name, n in (("site_a", 8), ("site_b", 5)):
-        ad = anndata.AnnData(X=rng.poisson(3.0, size=(n, 4)).astype(np.float32),
-                             obs=pd.DataFrame(index=[f"{name}-cell{v}" for v in rng.permutation(n)]))
+        ad = anndata.AnnData(
+            X=rng.poisson(3.0, size=(n, 4)).astype(np.float32),
+            obs=pd.DataFrame(index=[f"{name}-cell{v}" for v in rng.permutation(n)]),
+        )
         ad.write_h5ad(src / f"{name}.h5ad")
     sites = load_sites(src)
     for s in sites:
         coords = rng.normal(size=(s.n_samples, 2))
-        out = write_h5ad_with_embedding(s.path, tmp_path / "out" / f"{s.name}.h5ad", coords, obsm_key("tsne"), ids=s.ids)
+        out = write_h5ad_with_embedding(
+            s.path, tmp_path / "out" / f"{s.name}.h5ad", coords, obsm_key("tsne"), ids=s.ids
+        )
         back = anndata.read_h5ad(out)
         assert tuple(back.obs_names) == s.ids  # ids in = ids out, in order
         np.testing.assert_array_equal(back.obsm["X_fedtsne"], coords)

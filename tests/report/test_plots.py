@@ -19,23 +19,37 @@ def blobs():
 
 
 def test_privacy_and_metrics_lines():
-    assert privacy_line({"aggregation": "secagg", "dp": True, "nystrom": "local"}, {"epsilon": 1.0, "delta": 1e-5}) == \
-        "no rows (each site places its own records) · SecAgg+ · ε=1 (δ=1e-05)"
+    assert (
+        privacy_line({"aggregation": "secagg", "dp": True, "nystrom": "local"}, {"epsilon": 1.0, "delta": 1e-5})
+        == "no rows (each site places its own records) · SecAgg+ · ε=1 (δ=1e-05)"
+    )
     rows = privacy_line({"aggregation": "plain", "dp": False, "nystrom": "rows"})
-    assert rows.startswith("rows mode — records reconstructible") and "plain" in rows and "no differential privacy" in rows
+    assert (
+        rows.startswith("rows mode — records reconstructible") and "plain" in rows and "no differential privacy" in rows
+    )
     assert "kernel rows" in privacy_line({"aggregation": "ckks", "nystrom": "rows", "method": "spectral"})
     assert "VOID" in privacy_line({"dp": True, "nystrom": "local"}, {"epsilon": 1, "noise_source": "seeded-testing"})
-    assert metrics_line("tsne", {"ca_10nn": 0.9261, "trustworthiness": 0.99, "nmi": 0.5}) == "CA-10NN 0.926 · trustworthiness 0.990"
+    assert (
+        metrics_line("tsne", {"ca_10nn": 0.9261, "trustworthiness": 0.99, "nmi": 0.5})
+        == "CA-10NN 0.926 · trustworthiness 0.990"
+    )
     assert metrics_line("spectral", {"nmi": 0.7, "ari": None}) == "NMI 0.700"
     assert metrics_line("tsne", {"ca_10nn": None}) is None
 
 
 def test_standard_panels_legend_markers_titles(blobs, tmp_path):
     E, y = blobs
-    panels = standard_panels("tsne", E, y=y, site_sizes=[50, 40, 30], centralized=E * 2,
-                             mode={"aggregation": "secagg", "dp": False, "nystrom": "local"},
-                             fed_metrics={"ca_10nn": 0.95, "trustworthiness": 0.97},
-                             cen_metrics={"ca_10nn": 0.96, "trustworthiness": 0.98}, partition="iid")
+    panels = standard_panels(
+        "tsne",
+        E,
+        y=y,
+        site_sizes=[50, 40, 30],
+        centralized=E * 2,
+        mode={"aggregation": "secagg", "dp": False, "nystrom": "local"},
+        fed_metrics={"ca_10nn": 0.95, "trustworthiness": 0.97},
+        cen_metrics={"ca_10nn": 0.96, "trustworthiness": 0.98},
+        partition="iid",
+    )
     assert [p.title for p in panels] == ["Fed-tSNE (iid partition, 3 sites)", "centralized t-SNE on pooled data"]
     assert panels[0].metrics == "CA-10NN 0.950 · trustworthiness 0.970" and "SecAgg+" in panels[0].privacy
     assert "exists only in this simulation" in panels[1].privacy
@@ -69,8 +83,16 @@ def test_old_tuple_panels_still_draw(blobs, tmp_path):
 def test_spectral_pca_views(blobs):
     E, y = blobs
     X = np.hstack([E, np.random.default_rng(1).normal(size=(120, 3))])
-    panels = standard_panels("spectral", y[::-1].copy(), y=y, X=X, centralized=y, site_sizes=[60, 60],
-                             mode={"aggregation": "ckks", "nystrom": "local"}, fed_metrics={"nmi": 0.5, "ari": 0.4})
+    panels = standard_panels(
+        "spectral",
+        y[::-1].copy(),
+        y=y,
+        X=X,
+        centralized=y,
+        site_sizes=[60, 60],
+        mode={"aggregation": "ckks", "nystrom": "local"},
+        fed_metrics={"nmi": 0.5, "ari": 0.4},
+    )
     assert [p.colour_kind for p in panels] == ["cluster", "cluster", "class"]
     assert panels[0].metrics == "NMI 0.500 · ARI 0.400" and "labels its own records" in panels[0].privacy
     assert "PCA view" in panels[2].title and panels[0].coords.shape == (120, 2)

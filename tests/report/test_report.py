@@ -46,8 +46,16 @@ def run_dir(tmp_path_factory):
     emb = np.asarray(TSNE(n_iter=250, random_state=0, n_jobs=1).fit(X))
     np.save(d / "embedding.npy", emb)
     np.save(d / "y_true.npy", np.concatenate(labels))
-    config = {"dataset": {"name": "synthetic blobs", "n_features": 8}, "n_landmarks": 20, "rounds": 8, "local_steps": 3,
-              "aggregation": "plain", "nystrom": "rows", "seed": 0, "gamma": res.gamma}
+    config = {
+        "dataset": {"name": "synthetic blobs", "n_features": 8},
+        "n_landmarks": 20,
+        "rounds": 8,
+        "local_steps": 3,
+        "aggregation": "plain",
+        "nystrom": "rows",
+        "seed": 0,
+        "gamma": res.gamma,
+    }
     metrics = {"ca_10nn": 0.9, "privacy": None, "audit": gate.to_dict()}
     (d / "config.json").write_text(json.dumps(config))
     (d / "metrics.json").write_text(json.dumps(metrics))
@@ -126,28 +134,48 @@ def test_cli_register_and_exit_code(run_dir, tmp_path, capsys):
 
 def test_what_leaves_modes():
     # FedDL landmarks (a run folder without landmark_method, or the rows mode) under DP, through CKKS
-    rows = what_leaves({"aggregation": "ckks", "dp": True, "nystrom": "local"}, privacy={"epsilon": 1.0, "delta": 1e-5, "releases": 300})
+    rows = what_leaves(
+        {"aggregation": "ckks", "dp": True, "nystrom": "local"},
+        privacy={"epsilon": 1.0, "delta": 1e-5, "releases": 300},
+    )
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
-    assert set(applies) == {"SecAgg+ or CKKS aggregation", "a malicious site (no range proofs)",
-                            "FedDL with differential privacy", "no rows, coordinates sent (local placement, the default)"}
+    assert set(applies) == {
+        "SecAgg+ or CKKS aggregation",
+        "a malicious site (no range proofs)",
+        "FedDL with differential privacy",
+        "no rows, coordinates sent (local placement, the default)",
+    }
     assert "secret key never reaches the coordinator" in applies["SecAgg+ or CKKS aggregation"]
-    assert "(ε, δ) = (1, 1e-05)" in applies["FedDL with differential privacy"] and "300" in applies["FedDL with differential privacy"]
+    assert (
+        "(ε, δ) = (1, 1e-05)" in applies["FedDL with differential privacy"]
+        and "300" in applies["FedDL with differential privacy"]
+    )
     assert "landmarks only" not in applies["FedDL with differential privacy"]
     # DP landmarks + rows in the clear: the report must say the ε does not cover the rows
-    rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "rows", "landmark_method": "feddl"},
-                       privacy={"epsilon": 1.0, "delta": 1e-5})
+    rows = what_leaves(
+        {"aggregation": "secagg", "dp": True, "nystrom": "rows", "landmark_method": "feddl"},
+        privacy={"epsilon": 1.0, "delta": 1e-5},
+    )
     dp_row = next(r for r in rows if r["mode"] == "FedDL with differential privacy")
     assert "covers the landmarks only" in dp_row["server_learns"]
     # the default: cells through SecAgg+; the floor is named and so is who applies it
-    rows = what_leaves({"aggregation": "secagg", "dp": False, "nystrom": "local", "landmark_method": "cells", "cell_floor": 15})
+    rows = what_leaves(
+        {"aggregation": "secagg", "dp": False, "nystrom": "local", "landmark_method": "cells", "cell_floor": 15}
+    )
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
-    assert set(applies) == {"cells (a cell tree with a floor, no DP)", "SecAgg+ or CKKS aggregation",
-                            "a malicious site (no range proofs)", "no rows, coordinates sent (local placement, the default)"}
+    assert set(applies) == {
+        "cells (a cell tree with a floor, no DP)",
+        "SecAgg+ or CKKS aggregation",
+        "a malicious site (no range proofs)",
+        "no rows, coordinates sent (local placement, the default)",
+    }
     cells = applies["cells (a cell tree with a floor, no DP)"]
     assert "≥ 15 records" in cells and "Every site recomputes each query" in cells and "fewer than 15" in cells
     # the DP billboard: its ε is named for the whole run; FedDL's row does not apply
-    rows = what_leaves({"aggregation": "secagg", "dp": True, "nystrom": "local", "landmark_method": "billboard"},
-                       privacy={"epsilon": 4.0, "delta": 1e-5})
+    rows = what_leaves(
+        {"aggregation": "secagg", "dp": True, "nystrom": "local", "landmark_method": "billboard"},
+        privacy={"epsilon": 4.0, "delta": 1e-5},
+    )
     applies = {r["mode"]: r["server_learns"] for r in rows if r["applies"]}
     assert "FedDL with differential privacy" not in applies
     assert "(ε, δ) = (4, 1e-05) per record for the whole run" in applies["the DP billboard"]
@@ -159,7 +187,9 @@ def test_html_report_renders_in_headless_chromium(written):
 
     if find_chromium() is None:
         if os.environ.get("SECUREFED_CI") == "1":
-            pytest.fail("chromium is not installed but SECUREFED_CI=1 (.ci/run installs it: apt-get install -y chromium)")
+            pytest.fail(
+                "chromium is not installed but SECUREFED_CI=1 (.ci/run installs it: apt-get install -y chromium)"
+            )
         pytest.skip("chromium not installed (apt-get install -y chromium; .ci/run installs it)")
     from matplotlib.image import imread
 

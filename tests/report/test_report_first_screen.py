@@ -37,21 +37,29 @@ def test_without_a_recorded_guarantee_the_verdict_holds_only_against_an_honest_c
 
 
 def test_a_recorded_guarantee_is_what_the_verdict_names(tmp_path, run_folder):
-    g = {"adversary": "a coordinator that deviates from the protocol, colluding with no site",
-         "holds_against_deviating_coordinator": True, "reasons": [],
-         "collusion": "a coordinator colluding with a site learns that site's records; only DP stops more"}
+    g = {
+        "adversary": "a coordinator that deviates from the protocol, colluding with no site",
+        "holds_against_deviating_coordinator": True,
+        "reasons": [],
+        "collusion": "a coordinator colluding with a site learns that site's records; only DP stops more",
+    }
     rep, html = _report(run_folder, tmp_path / "r", "norows_pass", {"guarantee": g})
-    assert rep["summary"]["headline"] == ("PASS against a coordinator that deviates from the protocol, colluding with "
-                                          "no site · no differential privacy")
+    assert rep["summary"]["headline"] == (
+        "PASS against a coordinator that deviates from the protocol, colluding with no site · no differential privacy"
+    )
     assert rep["guarantee"] == dict(g, source="run")
     who = {w["who"]: w["learns"] for w in rep["summary"]["who_learns"]}
     assert who["a coordinator colluding with a site"] == g["collusion"]
     assert "a coordinator that deviates from the protocol;" not in html.split("<h3>Who could learn what</h3>")[0]
     # a malformed key is not trusted: the conservative reading
-    assert run_guarantee({"guarantee": {"adversary": "", "holds_against_deviating_coordinator": True}})["source"] == \
-        "fallback"
-    assert run_guarantee({"guarantee": {"adversary": "x", "holds_against_deviating_coordinator": "yes"}})["source"] == \
-        "fallback"
+    assert (
+        run_guarantee({"guarantee": {"adversary": "", "holds_against_deviating_coordinator": True}})["source"]
+        == "fallback"
+    )
+    assert (
+        run_guarantee({"guarantee": {"adversary": "x", "holds_against_deviating_coordinator": "yes"}})["source"]
+        == "fallback"
+    )
 
 
 def test_under_dp_the_first_screen_names_the_audit_counts_outside_epsilon(tmp_path, run_folder):
@@ -59,8 +67,10 @@ def test_under_dp_the_first_screen_names_the_audit_counts_outside_epsilon(tmp_pa
     s = rep["summary"]
     assert s["epsilon_short"].startswith("ε = 2 (δ = 1e-5); the membership audit's ROC counts")
     assert "released outside ε: un-noised aggregate counts" in s["epsilon_short"]
-    assert s["epsilon"].endswith("Also outside ε: the membership audit's ROC counts (members vs held-out records, "
-                                 "summed over sites) are released outside ε: un-noised aggregate counts.")
+    assert s["epsilon"].endswith(
+        "Also outside ε: the membership audit's ROC counts (members vs held-out records, "
+        "summed over sites) are released outside ε: un-noised aggregate counts."
+    )
     first = html.split("<h3>Who could learn what</h3>")[0]
     assert "ε = 2 (δ = 1e-5); the membership audit&#x27;s ROC counts" in first
     checks = {c["check"]: c for c in s["checks"]}
@@ -80,11 +90,17 @@ def test_each_check_is_against_its_limit_in_the_first_screen(tmp_path, run_folde
     assert "<td class='res-fail'>fail</td>" in first and "≤ 0.6" in first
 
 
-@pytest.mark.parametrize("beyond, raw, status", [(0.002, 0.021, "pass"), (0.011, 0.03, "fail"), (None, 0.001, "fail"),
-                                                 (None, 0.0, "pass")])
+@pytest.mark.parametrize(
+    "beyond, raw, status", [(0.002, 0.021, "pass"), (0.011, 0.03, "fail"), (None, 0.001, "fail"), (None, 0.0, "pass")]
+)
 def test_reconstruction_is_judged_beyond_guessing_the_average_record(beyond, raw, status):
-    rec = {"available": True, "fraction_within_5pct": raw, "median_relative_error": 0.44,
-           "baseline_median_relative_error": 0.44, "baseline_fraction_within_5pct": 0.019}
+    rec = {
+        "available": True,
+        "fraction_within_5pct": raw,
+        "median_relative_error": 0.44,
+        "baseline_median_relative_error": 0.44,
+        "baseline_fraction_within_5pct": 0.019,
+    }
     if beyond is not None:
         rec["fraction_within_5pct_beyond_baseline"] = beyond
     got, why = reconstruction_verdict(rec)
@@ -108,7 +124,8 @@ def test_the_baseline_counts_only_what_the_attack_adds():
     assert r["fraction_within_5pct_beyond_baseline"] == 0.0
     r = reconstruction_risk(X, X, reference=mean)
     assert r["fraction_within_5pct"] == 1.0 and r["fraction_within_5pct_beyond_baseline"] == pytest.approx(
-        1.0 - guess_hits.mean())
+        1.0 - guess_hits.mean()
+    )
 
 
 def _lab(rgb):

@@ -40,8 +40,24 @@ def test_a_keep_run_never_says_a_coordinate_left(tmp_path, capsys, extra):
             pytest.fail("chromium is not installed but SECUREFED_CI=1")
         pytest.skip("chromium not installed (apt-get install -y chromium)")
     out = tmp_path / "keep"
-    rc = main(["run", "--dataset", "iris", "--clients", "3", "--partition", "iid", "--coordinates", "keep",
-               "--no-compare-centralized", "--quiet", "--out", str(out), *extra])
+    rc = main(
+        [
+            "run",
+            "--dataset",
+            "iris",
+            "--clients",
+            "3",
+            "--partition",
+            "iid",
+            "--coordinates",
+            "keep",
+            "--no-compare-centralized",
+            "--quiet",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     assert rc in (0, 1), capsys.readouterr().err
     png, dom = render_report(out / "report.html", width=1280, height=900)
     clauses = _clauses(dom)
@@ -69,14 +85,29 @@ def _bottoms(html_path, selectors) -> dict:
     from securefed.report.browser import _FLAGS, find_chromium
 
     page = open(html_path, encoding="utf-8").read()
-    probe = ("<script>const out = {};" + "".join(
-        f"out[{sel!r}] = document.querySelector({sel!r}).getBoundingClientRect().bottom;" for sel in selectors)
-        + "document.body.setAttribute('data-bottoms', JSON.stringify(out));</script>")
+    probe = (
+        "<script>const out = {};"
+        + "".join(
+            f"out[{sel!r}] = document.querySelector({sel!r}).getBoundingClientRect().bottom;" for sel in selectors
+        )
+        + "document.body.setAttribute('data-bottoms', JSON.stringify(out));</script>"
+    )
     with tempfile.TemporaryDirectory() as d:
         probe_path = os.path.join(d, "probe.html")
         with open(probe_path, "w", encoding="utf-8") as fh:
             fh.write(page.replace("</body>", probe + "</body>"))
-        p = subprocess.run([find_chromium(), *_FLAGS, f"--user-data-dir={d}/profile", "--window-size=1280,900",
-                            "--dump-dom", "file://" + probe_path], capture_output=True, timeout=90, text=True)
+        p = subprocess.run(
+            [
+                find_chromium(),
+                *_FLAGS,
+                f"--user-data-dir={d}/profile",
+                "--window-size=1280,900",
+                "--dump-dom",
+                "file://" + probe_path,
+            ],
+            capture_output=True,
+            timeout=90,
+            text=True,
+        )
     raw = re.search(r'data-bottoms="([^"]+)"', p.stdout).group(1).replace("&quot;", '"')
     return json.loads(raw)

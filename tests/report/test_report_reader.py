@@ -36,17 +36,24 @@ def test_dp_summary_in_plain_words(dp):
     rep, html = dp
     s = rep["summary"]
     assert s["headline"].startswith("PASS") and "ε = 2 (δ = 1e-5)" in s["headline"]
-    assert s["epsilon"].startswith("ε = 2 bounds how much any one patient's record can change what the coordinator sees")
+    assert s["epsilon"].startswith(
+        "ε = 2 bounds how much any one patient's record can change what the coordinator sees"
+    )
     assert "e^2 ≈ 7.39" in s["epsilon"] and "δ = 1e-5" in s["epsilon"]
     assert "It does not cover each site's final 2-D coordinates" in s["epsilon"]
     who = {w["who"]: w["learns"] for w in s["who_learns"]}
-    assert "only the sum over sites of the landmark updates plus noise (ε = 2)" in who["the coordinator (following the protocol)"]
+    assert (
+        "only the sum over sites of the landmark updates plus noise (ε = 2)"
+        in who["the coordinator (following the protocol)"]
+    )
     assert "joint differential privacy" in who["the other sites"] and "Hsu et al. 2014" in who["the other sites"]
     assert any("final 2-D coordinates" in x for x in s["left_each_site"])
     assert not any("(hello)" in x or "(secagg)" in x for x in s["left_each_site"])  # no protocol jargon
     # a green PASS never stands alone beside a useless map, and the caveat names the worst figure (NMI), not the best
     assert s["caveat"].startswith("But the map is far from the centralized one: NMI 0.27 against 0.914")
-    assert "-64.4 points" in s["caveat"] and s["quality"].startswith("Worst gap to the same method on the pooled records: NMI")
+    assert "-64.4 points" in s["caveat"] and s["quality"].startswith(
+        "Worst gap to the same method on the pooled records: NMI"
+    )
     assert html.index("class='summary") < html.index("Release inventory") < html.index("Per site")  # summary first
     assert "930 of 1\u202f797 records (52 %) were clipped to the norm bound τ_X = 16" in " ".join(s["warnings"])
 
@@ -57,12 +64,22 @@ def test_dp_inventory_sites_utility_and_labels(dp):
     assert inv["only the sum over sites of the landmark updates (SecAgg+), 10 times"]["covered"] == "yes"
     assert inv["each site's final 2-D coordinates, one per record"]["covered"] == "no"
     assert inv["each site's count of records clipped to τ_X"]["to"] == "this report"
-    assert inv["the centralized comparison (the method on the pooled records) and its panel in embedding.png"]["to"] == "this report"
+    assert (
+        inv["the centralized comparison (the method on the pooled records) and its panel in embedding.png"]["to"]
+        == "this report"
+    )
     assert any("reconstruction audit" in w for w in inv)
     rows = rep["sites"]["rows"]
     assert [r["site"] for r in rows] == ["site-00", "site-01", "site-02"]
-    assert rows[1] == {"site": "site-01", "records": 599, "held_out": 120, "clipped": 320, "epsilon_spent": 2.0,
-                       "site_ledger_releases": 50, "bytes_sent": 10 * 1000 + 500}  # never another run's ledger (7)
+    assert rows[1] == {
+        "site": "site-01",
+        "records": 599,
+        "held_out": 120,
+        "clipped": 320,
+        "epsilon_spent": 2.0,
+        "site_ledger_releases": 50,
+        "bytes_sent": 10 * 1000 + 500,
+    }  # never another run's ledger (7)
     util = {r["metric"]: r for r in rep["utility"]["rows"]}
     assert util["ca_10nn"]["gap_points"] == -60.7 and util["trustworthiness"]["centralized"] == 0.996
     assert rep["budget"]["epsilon_paper_formula"] == 5.14 and rep["budget"]["epsilon_void"] is False
@@ -82,7 +99,10 @@ def test_rows_fail_has_its_remedy(tmp_path, run_folder):
     s = rep["summary"]
     assert rep["verdict"]["status"] == "fail"
     assert s["headline"].startswith("FAIL — the coordinator can rebuild 100.0 % of records to within 5 %")
-    assert any(r.startswith("Run with --nystrom local") for r in s["remedies"]) and rep["verdict"]["remedies"] == s["remedies"]
+    assert (
+        any(r.startswith("Run with --nystrom local") for r in s["remedies"])
+        and rep["verdict"]["remedies"] == s["remedies"]
+    )
     assert s["epsilon"].startswith("No differential privacy in this run")
     assert "What to do" in html and "--nystrom local" in html
 
@@ -92,8 +112,10 @@ def test_passing_no_rows_run_and_membership_fail_remedy(tmp_path, run_folder):
     assert rep["verdict"]["status"] == "pass" and rep["summary"]["remedies"] == []
     # CA-10NN 0.921 vs 0.978 reads well, but the worst figure is NMI 0.8 vs 0.914: the caveat names it
     assert rep["summary"]["caveat"].startswith("But the map is far from the centralized one: NMI 0.8 against 0.914")
-    assert rep["summary"]["headline"] == ("PASS against a coordinator that follows the protocol (honest-but-curious), "
-                                          "not against one that deviates · no differential privacy")
+    assert rep["summary"]["headline"] == (
+        "PASS against a coordinator that follows the protocol (honest-but-curious), "
+        "not against one that deviates · no differential privacy"
+    )
     assert all(r["covered"] == "no DP" for r in rep["release_inventory"])
     rep, html = _report(run_folder, tmp_path, "mia_fail_stopped")
     assert rep["verdict"]["status"] == "fail"
@@ -132,7 +154,9 @@ def _chromium_or_skip():
 
     if find_chromium() is None:
         if os.environ.get("SECUREFED_CI") == "1":
-            pytest.fail("chromium is not installed but SECUREFED_CI=1 (.ci/run installs it: apt-get install -y chromium)")
+            pytest.fail(
+                "chromium is not installed but SECUREFED_CI=1 (.ci/run installs it: apt-get install -y chromium)"
+            )
         pytest.skip("chromium not installed (apt-get install -y chromium; .ci/run installs it)")
 
 
@@ -153,8 +177,11 @@ def test_screenshots_of_the_three_kinds_of_run(tmp_path, run_folder, kind):
     assert "What left each hospital" in dom and "Quality beside privacy" in dom and "Release inventory" in dom
     rgb = imread(png)[..., :3]
     colour = {"dp": (0.12, 0.53, 0.24), "norows_pass": (0.12, 0.53, 0.24), "rows_fail": (0.81, 0.13, 0.18)}[kind]
-    banner = ((abs(rgb[..., 0] - colour[0]) < 0.06) & (abs(rgb[..., 1] - colour[1]) < 0.06)
-              & (abs(rgb[..., 2] - colour[2]) < 0.06)).mean()
+    banner = (
+        (abs(rgb[..., 0] - colour[0]) < 0.06)
+        & (abs(rgb[..., 1] - colour[1]) < 0.06)
+        & (abs(rgb[..., 2] - colour[2]) < 0.06)
+    ).mean()
     assert banner > 0.002, f"the {kind} headline banner is not drawn"
 
 
@@ -163,8 +190,12 @@ def test_the_dp_advice_follows_the_measured_curve():
     CA-10NN gains 4 points from ε = 1 to ∞ on MNIST-5k, BENCHMARKS §9c); without DP the cells' advice names the floor."""
     from securefed.report.summary import _quality_sentence
 
-    util = {"available": True, "rows": [{"metric": "ca_10nn", "label": "CA-10NN", "federated": 0.70,
-                                         "centralized": 0.93, "gap_points": -23.0}]}
+    util = {
+        "available": True,
+        "rows": [
+            {"metric": "ca_10nn", "label": "CA-10NN", "federated": 0.70, "centralized": 0.93, "gap_points": -23.0}
+        ],
+    }
     dp = _quality_sentence(util, dp=True)
     assert "more records sharpen it" in dp and "flat in ε" in dp
     assert "a larger --epsilon or more records sharpen it" not in dp

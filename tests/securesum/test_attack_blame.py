@@ -21,8 +21,7 @@ from securefed.securesum.graph import choose_parameters
 from securefed.securesum.messages import MaskedInput, decode, encode, peek_header
 from securefed.securesum.quantize import dequantize, plan_fixed_point
 from securefed.securesum.runner import run_secagg_round
-from securefed.securesum.secagg import (DEFAULT_TIMEOUTS, RoundSpec, bound_masked_payload, input_hash,
-                                        masked_payload)
+from securefed.securesum.secagg import DEFAULT_TIMEOUTS, RoundSpec, bound_masked_payload, input_hash, masked_payload
 from securefed.securesum.secagg_client import SecAggClient
 
 _KEYS: dict = {}
@@ -50,8 +49,9 @@ class _Resigned(SecAggClient):
         if self.schedule == "construction":
             payload = masked_payload(spec.session_id, spec.round_index, spec.digest, self.id, m.bits, data, m.peers)
         else:
-            payload = bound_masked_payload(spec.session_id, spec.round_index, spec.digest, self.id, m.bits,
-                                           self._input_hash)
+            payload = bound_masked_payload(
+                spec.session_id, spec.round_index, spec.digest, self.id, m.bits, self._input_hash
+            )
         return [encode(dataclasses.replace(m, data=data, signature=crypto.sign(self._identity, payload)))]
 
 
@@ -83,8 +83,9 @@ def make(n, d=8, bits=32, seed=0):
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = plan_fixed_point(100.0, np.ones(n), modulus_bits=bits, fractional_bits=2)
-    spec = RoundSpec(sid, seed, n, gp.degree, gp.threshold, sid, d, fp, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()),
-                     gp.quorum)
+    spec = RoundSpec(
+        sid, seed, n, gp.degree, gp.threshold, sid, d, fp, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+    )
     rng = np.random.default_rng(seed)
     xs = [rng.integers(-400, 400, d) / 4 for _ in range(n)]
     return spec, xs, rng
@@ -92,8 +93,10 @@ def make(n, d=8, bits=32, seed=0):
 
 def run(spec, xs, rng, bad=None, intercept=None):
     n = spec.n_clients
-    clients = [(bad if (bad is not None and i == OFFENDER) else SecAggClient)(spec, i, identities(n)[0][i], xs[i], 1.0,
-                                                                              rng) for i in range(n)]
+    clients = [
+        (bad if (bad is not None and i == OFFENDER) else SecAggClient)(spec, i, identities(n)[0][i], xs[i], 1.0, rng)
+        for i in range(n)
+    ]
     return run_secagg_round(spec, identities(n)[0], xs, np.ones(n), rng, clients=clients, intercept=intercept)
 
 
@@ -110,8 +113,11 @@ def test_garbage_under_honest_words_aborts_every_round_fail_closed_and_names_the
     # control: the same rounds without the offender complete exactly
     spec, xs, rng = make(n, seed=9)
     out = run(spec, xs, rng)
-    assert out.error is None and out.suspects == () and np.array_equal(dequantize(out.result, spec.fixed_point),
-                                                                       np.sum(xs, axis=0))
+    assert (
+        out.error is None
+        and out.suspects == ()
+        and np.array_equal(dequantize(out.result, spec.fixed_point), np.sum(xs, axis=0))
+    )
 
 
 @pytest.mark.usefixtures("schedule")
@@ -123,8 +129,9 @@ def test_a_signed_input_no_encoder_produces_names_its_signer_and_costs_only_it(b
         out = run(spec, xs, rng, bad)
         assert out.error is None and out.blame == (OFFENDER,) and OFFENDER not in out.survivors
         assert out.survivors == tuple(i for i in range(n) if i != OFFENDER)
-        np.testing.assert_array_equal(dequantize(out.result, spec.fixed_point),
-                                      np.sum([xs[u] for u in out.survivors], axis=0))
+        np.testing.assert_array_equal(
+            dequantize(out.result, spec.fixed_point), np.sum([xs[u] for u in out.survivors], axis=0)
+        )
         assert any(f"client {OFFENDER} signed a masked input" in r for r in out.rejected)
 
 

@@ -16,9 +16,19 @@ import pytest
 from securefed.errors import ConfigError, OverflowRiskError
 from securefed.federation import SiteWorker
 from securefed.securesum import crypto
-from securefed.securesum.ckks import (CKKSClient, CKKSRoundSpec, check_ckks_params, choose_ckks_parameters,
-                                      decode_ckks_spec, encode_ckks_spec, flood_shift, flood_sigma, gaussian_noise,
-                                      release_error_bound, run_ckks_round)
+from securefed.securesum.ckks import (
+    CKKSClient,
+    CKKSRoundSpec,
+    check_ckks_params,
+    choose_ckks_parameters,
+    decode_ckks_spec,
+    encode_ckks_spec,
+    flood_shift,
+    flood_sigma,
+    gaussian_noise,
+    release_error_bound,
+    run_ckks_round,
+)
 from securefed.securesum.ckks import context as cx
 from securefed.securesum.messages import DecryptRequest, SignedInput, decode, encode, peek_header
 
@@ -35,18 +45,27 @@ def identities(n):
 def test_a_step_below_the_ckks_error_is_refused_everywhere():
     n, d = 3, 256
     p0 = choose_ckks_parameters(d, 1e-6, float(n), n)
-    tiny = dataclasses.replace(p0, step=2.0 ** -60)
+    tiny = dataclasses.replace(p0, step=2.0**-60)
     assert any("below 2^6 x the CKKS error" in r for r in check_ckks_params(tiny, n, float(n)))
     with pytest.raises(ConfigError, match="raw decryption noise"):
         CKKSRoundSpec(b"\x01" * 16, 0, n, 0, tiny, 1.0, identities(n)[1])
     good = CKKSRoundSpec(b"\x01" * 16, 0, n, 0, p0, 1.0, identities(n)[1])
-    raw = encode_ckks_spec(good).replace(repr(p0.step).encode(), repr(2.0 ** -60).encode())
+    raw = encode_ckks_spec(good).replace(repr(p0.step).encode(), repr(2.0**-60).encode())
     with pytest.raises(ConfigError, match="key-recovery risk"):
         decode_ckks_spec(raw)
     # a site answers the server's spec with the reason, before computing anything
     w = SiteWorker({"site-name": "s"}, np.random.default_rng(0).normal(size=(10, 2)))
-    rep = w.handle({"op": "ckks-start", "site": 1, "spec": raw, "task": "stats", "want": ["moments"], "scale": 1.0,
-                    "weights": "uniform"})
+    rep = w.handle(
+        {
+            "op": "ckks-start",
+            "site": 1,
+            "spec": raw,
+            "task": "stats",
+            "want": ["moments"],
+            "scale": 1.0,
+            "weights": "uniform",
+        }
+    )
     assert rep["error"].startswith("ConfigError") and "raw decryption noise" in rep["error"]
     assert "ckks_client" not in w.state
 
@@ -56,7 +75,7 @@ def test_precision_beyond_float64_is_refused_with_the_reason():
     with pytest.raises(OverflowRiskError, match="cannot be released to .* in float64"):
         choose_ckks_parameters(4096, prec, n * clip, n)
     p = choose_ckks_parameters(4096, 1e-9, n * clip, n)
-    fine = dataclasses.replace(p, step=2.0 ** -40)
+    fine = dataclasses.replace(p, step=2.0**-40)
     assert any("finer than float64" in r for r in check_ckks_params(fine, n, n * clip))
 
 
@@ -90,8 +109,12 @@ def test_a_decryptor_releasing_an_impossible_sum_is_blamed_and_the_fallback_decr
         def _on_decrypt(self, msg):
             m = decode(super()._on_decrypt(msg)[0])
             bogus = np.full(self.spec.params.length, 1.95e278).astype("<f8").tobytes()
-            sig = crypto.sign(self._identity, cx.decrypted_payload(self.spec.session_id, self.spec.round_index, self.id,
-                                                                   self.spec.digest, m.step, bogus))
+            sig = crypto.sign(
+                self._identity,
+                cx.decrypted_payload(
+                    self.spec.session_id, self.spec.round_index, self.id, self.spec.digest, m.step, bogus
+                ),
+            )
             return [encode(dataclasses.replace(m, data=bogus, signature=sig))]
 
     n, d = 3, 16
@@ -101,8 +124,18 @@ def test_a_decryptor_releasing_an_impossible_sum_is_blamed_and_the_fallback_decr
     for fallbacks, completes in (((1,), True), ((), False)):
         spec = CKKSRoundSpec(os.urandom(16), 0, n, 0, params, 1.0, pub, max_abs_sum=float(n), fallbacks=fallbacks)
         clients = [(Liar if i == 0 else CKKSClient)(spec, i, priv[i], xs[i]) for i in range(n)]
-        out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, session_id=spec.session_id, max_abs_sum=float(n),
-                             fallbacks=fallbacks, clients=clients)
+        out = run_ckks_round(
+            params,
+            priv,
+            pub,
+            xs,
+            np.ones(n),
+            1.0,
+            session_id=spec.session_id,
+            max_abs_sum=float(n),
+            fallbacks=fallbacks,
+            clients=clients,
+        )
         assert out.blame == (0,) and any("lies outside |sum|" in r for r in out.rejected), out.rejected
         if completes:
             assert out.error is None and out.decryptor == 1
@@ -131,8 +164,18 @@ def test_who_can_read_an_upload_with_the_server():
             held.update({i: c._ctx for i, c in enumerate(clients)})
         return [data]
 
-    out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, session_id=spec.session_id, max_abs_sum=float(n),
-                         clients=clients, intercept=watch)
+    out = run_ckks_round(
+        params,
+        priv,
+        pub,
+        xs,
+        np.ones(n),
+        1.0,
+        session_id=spec.session_id,
+        max_abs_sum=float(n),
+        clients=clients,
+        intercept=watch,
+    )
     assert out.error is None and spec.decryptors == (0, 1)
     reads = {}
     for site, ctx in held.items():
@@ -168,7 +211,7 @@ def test_the_decryptor_adds_a_flood_of_the_announced_size():
     (two rounds over the same inputs) differ by √2·σ."""
     n, d, M = 3, 4096, 3.0
     p0 = choose_ckks_parameters(d, 1e-6, M, n)
-    params = dataclasses.replace(p0, step=2.0 ** -40)
+    params = dataclasses.replace(p0, step=2.0**-40)
     assert check_ckks_params(params, n, M) == []  # a step every party accepts
     sigma = _flood_sigma_closed_form(params.scale_bits, n, M, 40, 2)
     assert sigma > 1e4 * params.step
@@ -196,14 +239,19 @@ def test_a_decrypted_sum_at_another_step_is_refused_and_the_fallback_decrypts():
     """The server accepts a DecryptedSum only at the spec's rounding step: a key holder that releases its
     decryption at a finer grid (raw decryption noise, the key-recovery risk the step guards against) — signed, in
     range — is refused; the fallback decrypts at the stated step instead."""
+
     class FineStep(CKKSClient):
         def _on_decrypt(self, msg):
             m = decode(super()._on_decrypt(msg)[0])
             fine = self.spec.params.step / 1024
             vals = np.frombuffer(m.data, dtype="<f8") + 5 * fine  # off the stated grid, well inside the range
             data = vals.astype("<f8").tobytes()
-            sig = crypto.sign(self._identity, cx.decrypted_payload(self.spec.session_id, self.spec.round_index, self.id,
-                                                                   self.spec.digest, fine, data))
+            sig = crypto.sign(
+                self._identity,
+                cx.decrypted_payload(
+                    self.spec.session_id, self.spec.round_index, self.id, self.spec.digest, fine, data
+                ),
+            )
             return [encode(dataclasses.replace(m, step=fine, data=data, signature=sig))]
 
     n, d = 3, 16
@@ -212,8 +260,18 @@ def test_a_decrypted_sum_at_another_step_is_refused_and_the_fallback_decrypts():
     xs = [np.random.default_rng(20 + i).uniform(-1, 1, d) for i in range(n)]
     spec = CKKSRoundSpec(os.urandom(16), 0, n, 0, params, 1.0, pub, max_abs_sum=float(n), fallbacks=(1,))
     clients = [(FineStep if i == 0 else CKKSClient)(spec, i, priv[i], xs[i]) for i in range(n)]
-    out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, session_id=spec.session_id, max_abs_sum=float(n),
-                         fallbacks=(1,), clients=clients)
+    out = run_ckks_round(
+        params,
+        priv,
+        pub,
+        xs,
+        np.ones(n),
+        1.0,
+        session_id=spec.session_id,
+        max_abs_sum=float(n),
+        fallbacks=(1,),
+        clients=clients,
+    )
     assert any("wrong step" in r for r in out.rejected), out.rejected
     assert out.error is None and out.decryptor == 1
     grid = out.total / params.step

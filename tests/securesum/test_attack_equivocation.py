@@ -27,11 +27,27 @@ import pytest
 from securefed.errors import SecureFedError
 from securefed.securesum import crypto, shamir
 from securefed.securesum.graph import choose_parameters
-from securefed.securesum.messages import (BoundConsistencyRequest, ConsistencyRequest, InputDigest, MaskedInput,
-                                          SignatureEntry, UnmaskRequest, decode, encode, peek_header)
+from securefed.securesum.messages import (
+    BoundConsistencyRequest,
+    ConsistencyRequest,
+    InputDigest,
+    MaskedInput,
+    SignatureEntry,
+    UnmaskRequest,
+    decode,
+    encode,
+    peek_header,
+)
 from securefed.securesum.quantize import dequantize, plan_fixed_point
-from securefed.securesum.secagg import (DEFAULT_TIMEOUTS, RoundSpec, commitment, consistency_payload, input_hash,
-                                        pair_info, self_info)
+from securefed.securesum.secagg import (
+    DEFAULT_TIMEOUTS,
+    RoundSpec,
+    commitment,
+    consistency_payload,
+    input_hash,
+    pair_info,
+    self_info,
+)
 from securefed.securesum.secagg_client import SecAggClient
 from securefed.securesum.secagg_codec import dump_client, load_client
 from securefed.securesum.secagg_server import SecAggServer
@@ -92,7 +108,9 @@ def unmask(r, v, b_pts, s_pts):
     crypto.add_mask_inplace(acc, b, session_id=sid, info=self_info(rnd, v), sign=-1, buf=buf)
     for u in r["masked"][v].peers:
         shared = crypto.x25519_shared(s_sk, r["adverts"][u].s_pk)
-        crypto.add_mask_inplace(acc, shared, session_id=sid, info=pair_info(rnd, v, u), sign=-1 if v < u else +1, buf=buf)
+        crypto.add_mask_inplace(
+            acc, shared, session_id=sid, info=pair_info(rnd, v, u), sign=-1 if v < u else +1, buf=buf
+        )
     return dequantize(acc, fp)
 
 
@@ -102,8 +120,10 @@ def consistency_request(r, u, survivors):
     spec = r["spec"]
     if r["clients"][u].schedule == "construction":
         return ConsistencyRequest(spec.session_id, spec.round_index, u, survivors)
-    inputs = tuple(InputDigest(v, input_hash(r["masked"][v].data, r["masked"][v].peers), r["masked"][v].signature)
-                   for v in survivors)
+    inputs = tuple(
+        InputDigest(v, input_hash(r["masked"][v].data, r["masked"][v].peers), r["masked"][v].signature)
+        for v in survivors
+    )
     return BoundConsistencyRequest(spec.session_id, spec.round_index, u, survivors, inputs)
 
 

@@ -25,12 +25,19 @@ import pytest
 
 from securefed.securesum import crypto
 from securefed.securesum.graph import choose_parameters
-from securefed.securesum.messages import (AdvertiseKeys, EncryptedShares, ForwardedShares, MaskedInput, UnmaskResponse,
-                                          decode, encode, peek_header)
+from securefed.securesum.messages import (
+    AdvertiseKeys,
+    EncryptedShares,
+    ForwardedShares,
+    MaskedInput,
+    UnmaskResponse,
+    decode,
+    encode,
+    peek_header,
+)
 from securefed.securesum.quantize import dequantize, plan_fixed_point
 from securefed.securesum.runner import run_secagg_round
-from securefed.securesum.secagg import (DEFAULT_TIMEOUTS, RoundSpec, advert_payload, share_item_payload,
-                                        unmask_payload)
+from securefed.securesum.secagg import DEFAULT_TIMEOUTS, RoundSpec, advert_payload, share_item_payload, unmask_payload
 from securefed.securesum.secagg_client import SecAggClient
 
 _KEYS: dict = {}
@@ -48,8 +55,9 @@ def make_round(n, d=6, seed=0):
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = plan_fixed_point(1000.0, np.ones(n), modulus_bits=32, fractional_bits=FB)
-    spec = RoundSpec(sid, 0, n, gp.degree, gp.threshold, sid, d, fp, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()),
-                     gp.quorum)
+    spec = RoundSpec(
+        sid, 0, n, gp.degree, gp.threshold, sid, d, fp, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+    )
     rng = np.random.default_rng(seed)
     xs = [rng.integers(-500 * 2**FB, 500 * 2**FB, d) / 2**FB for _ in range(n)]
     return spec, xs, rng
@@ -66,8 +74,9 @@ def outcome(spec, xs, out) -> str:
 
 
 def secagg(spec, xs, rng, intercept=None, clients=None):
-    return run_secagg_round(spec, identities(spec.n_clients)[0], xs, np.ones(spec.n_clients), rng, intercept=intercept,
-                            clients=clients)
+    return run_secagg_round(
+        spec, identities(spec.n_clients)[0], xs, np.ones(spec.n_clients), rng, intercept=intercept, clients=clients
+    )
 
 
 # ------------------------------------------------------------------------------------------- mutators
@@ -88,7 +97,7 @@ def mutate_bytes(data: bytes, rng) -> tuple[str, bytes]:
     elif op == "byte":
         b[int(rng.integers(len(b)))] = int(rng.integers(256))
     elif op == "truncate":
-        b = b[:int(rng.integers(len(b)))]
+        b = b[: int(rng.integers(len(b)))]
     elif op == "extend":
         b += os.urandom(int(rng.integers(1, 8)))
     else:
@@ -104,9 +113,19 @@ def mutate_fields(data: bytes, rng, n: int) -> tuple[str, list]:
     msg = decode(data)
     flds = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
     tuples = [k for k, v in flds.items() if isinstance(v, tuple) and v and k not in ("survivors", "peers")]
-    ops = ["drop_message", "duplicate_message"] + (["drop_entry", "duplicate_entry", "reverse_entries"] if tuples else [])
-    ops += [o for o, k in (("swap_sender", "sender"), ("perturb_word", "data"), ("drop_survivor", "survivors"),
-                           ("drop_peer", "peers")) if k in flds and flds[k] not in ((), b"")]
+    ops = ["drop_message", "duplicate_message"] + (
+        ["drop_entry", "duplicate_entry", "reverse_entries"] if tuples else []
+    )
+    ops += [
+        o
+        for o, k in (
+            ("swap_sender", "sender"),
+            ("perturb_word", "data"),
+            ("drop_survivor", "survivors"),
+            ("drop_peer", "peers"),
+        )
+        if k in flds and flds[k] not in ((), b"")
+    ]
     if flds.get("self_shares") or flds.get("key_shares"):
         ops.append("perturb_share")
     op = str(rng.choice(ops))
@@ -175,8 +194,9 @@ def fuzz_secagg(cases: int, seed: int = 20250113):
 @pytest.mark.usefixtures("schedule")
 def test_fuzz_corpus_secagg_gives_no_wrong_sum():
     counts, by_key = fuzz_secagg(300)
-    assert counts["wrong_silent"] == counts["wrong_flagged"] == 0, {k: dict(v) for k, v in by_key.items()
-                                                                     if v["wrong_silent"] or v["wrong_flagged"]}
+    assert counts["wrong_silent"] == counts["wrong_flagged"] == 0, {
+        k: dict(v) for k, v in by_key.items() if v["wrong_silent"] or v["wrong_flagged"]
+    }
     assert counts["correct"] > 200  # most mutations cost one client at most
 
 
@@ -184,8 +204,9 @@ def test_fuzz_corpus_secagg_gives_no_wrong_sum():
 @pytest.mark.usefixtures("schedule")
 def test_fuzz_corpus_secagg_2000_rounds():
     counts, by_key = fuzz_secagg(2000, seed=7)
-    assert counts["wrong_silent"] == counts["wrong_flagged"] == 0, {k: dict(v) for k, v in by_key.items()
-                                                                     if v["wrong_silent"] or v["wrong_flagged"]}
+    assert counts["wrong_silent"] == counts["wrong_flagged"] == 0, {
+        k: dict(v) for k, v in by_key.items() if v["wrong_silent"] or v["wrong_flagged"]
+    }
 
 
 def fuzz_ckks(cases: int, verify: str, seed: int):
@@ -199,8 +220,16 @@ def fuzz_ckks(cases: int, verify: str, seed: int):
     for _ in range(cases):
         xs = [rng.uniform(-1, 1, d) for _ in range(n)]
         tag: dict = {}
-        out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, verify=verify,
-                             intercept=one_mutation(int(rng.integers(20)), rng, n, tag))
+        out = run_ckks_round(
+            params,
+            priv,
+            pub,
+            xs,
+            np.ones(n),
+            1.0,
+            verify=verify,
+            intercept=one_mutation(int(rng.integers(20)), rng, n, tag),
+        )
         if out.error is not None:
             kind = "aborted"
         else:
@@ -243,6 +272,7 @@ def _only(cls, direction, who, fn):
             return [data]
         done.add(head[1])
         return fn(decode(data))
+
     return intercept
 
 
@@ -274,27 +304,56 @@ class _LyingRevealer(SecAggClient):
         m = decode(super()._on_unmask(msg)[0])
         s = list(m.self_shares)
         s[0] = dataclasses.replace(s[0], value=(s[0].value + 1) % (1 << 256))
-        sig = crypto.sign(self._identity, unmask_payload(self.spec.session_id, self.spec.round_index, self.spec.digest,
-                                                         self.id, s, m.key_shares))
+        sig = crypto.sign(
+            self._identity,
+            unmask_payload(self.spec.session_id, self.spec.round_index, self.spec.digest, self.id, s, m.key_shares),
+        )
         return [encode(dataclasses.replace(m, self_shares=tuple(s), signature=sig))]
 
 
 def _factory(cls, who, n, d=6):
     def make(spec, xs, rng):
         return [(cls if i == who else SecAggClient)(spec, i, identities(n)[0][i], xs[i], 1.0, rng) for i in range(n)]
+
     return make
 
 
 NAMED = {  # name → (intercept, client factory, vector length, expected: ("correct", dropped) | ("aborted", culprit))
-    "forwarded_shares_entry_dropped": (_only(ForwardedShares, "down", 0, _forwarded_without_dealer_1), None, 6,
-                                       ("correct", 1)),
-    "masked_input_replaced": (_only(MaskedInput, "up", 2, lambda m: [encode(dataclasses.replace(
-        m, data=os.urandom(len(m.data))))]), None, 6, ("correct", 2)),
-    "masked_input_sender_swapped": (_only(MaskedInput, "up", 2, lambda m: [encode(dataclasses.replace(m, sender=3))]),
-                                    None, 6, ("correct", 2)),
-    "unmask_response_self_share_replaced": (_only(UnmaskResponse, "up", 0, lambda m: [encode(dataclasses.replace(
-        m, self_shares=(dataclasses.replace(m.self_shares[0], value=7),) + m.self_shares[1:]))]), None, 6,
-        ("correct", None)),
+    "forwarded_shares_entry_dropped": (
+        _only(ForwardedShares, "down", 0, _forwarded_without_dealer_1),
+        None,
+        6,
+        ("correct", 1),
+    ),
+    "masked_input_replaced": (
+        _only(MaskedInput, "up", 2, lambda m: [encode(dataclasses.replace(m, data=os.urandom(len(m.data))))]),
+        None,
+        6,
+        ("correct", 2),
+    ),
+    "masked_input_sender_swapped": (
+        _only(MaskedInput, "up", 2, lambda m: [encode(dataclasses.replace(m, sender=3))]),
+        None,
+        6,
+        ("correct", 2),
+    ),
+    "unmask_response_self_share_replaced": (
+        _only(
+            UnmaskResponse,
+            "up",
+            0,
+            lambda m: [
+                encode(
+                    dataclasses.replace(
+                        m, self_shares=(dataclasses.replace(m.self_shares[0], value=7),) + m.self_shares[1:]
+                    )
+                )
+            ],
+        ),
+        None,
+        6,
+        ("correct", None),
+    ),
     "dealer_masks_with_another_seed": (None, _factory(_OtherSeed, 4, 5), 64, ("aborted", None)),
     "dealer_shares_off_its_commitment": (None, _factory(_InconsistentDealer, 4, 5), 6, ("aborted", 4)),
     "revealer_lies_about_a_share": (None, _factory(_LyingRevealer, 0, 5), 6, ("correct", None)),
@@ -328,8 +387,10 @@ class _LowOrderKey(SecAggClient):
     def start(self, now=0.0):
         m = decode(super().start(now)[0])
         spec = self.spec
-        sig = crypto.sign(self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest,
-                                                         _LOW_ORDER, m.s_pk, m.commit))
+        sig = crypto.sign(
+            self._identity,
+            advert_payload(spec.session_id, spec.round_index, self.id, spec.digest, _LOW_ORDER, m.s_pk, m.commit),
+        )
         self._c_pk = _LOW_ORDER
         return [encode(dataclasses.replace(m, c_pk=_LOW_ORDER, signature=sig))]
 
@@ -340,8 +401,12 @@ class _GarbageShares(SecAggClient):
         spec, items = self.spec, []
         for it in m.items:
             ct = os.urandom(len(it.ciphertext))
-            sig = crypto.sign(self._identity, share_item_payload(spec.session_id, spec.round_index, spec.digest, self.id,
-                                                                 it.peer, ct, it.h_b, it.h_s))
+            sig = crypto.sign(
+                self._identity,
+                share_item_payload(
+                    spec.session_id, spec.round_index, spec.digest, self.id, it.peer, ct, it.h_b, it.h_s
+                ),
+            )
             items.append(dataclasses.replace(it, ciphertext=ct, signature=sig))
         return [encode(EncryptedShares(m.session_id, m.round_index, self.id, tuple(items)))]
 
@@ -367,8 +432,10 @@ def test_ckks_low_order_key_of_one_client_costs_only_that_client():
         def start(self, now=0.0):
             m = decode(super().start(now)[0])
             spec = self.spec
-            sig = crypto.sign(self._identity, advert_payload(spec.session_id, spec.round_index, self.id, spec.digest,
-                                                             _LOW_ORDER, m.s_pk, m.commit))
+            sig = crypto.sign(
+                self._identity,
+                advert_payload(spec.session_id, spec.round_index, self.id, spec.digest, _LOW_ORDER, m.s_pk, m.commit),
+            )
             return [encode(AdvertiseKeys(m.session_id, m.round_index, self.id, _LOW_ORDER, m.s_pk, m.commit, sig))]
 
     n, d = 5, 8
@@ -381,7 +448,16 @@ def test_ckks_low_order_key_of_one_client_costs_only_that_client():
         return [(LowOrder if i == 1 else CKKSClient)(spec, i, priv[i], xs[i]) for i in range(n)]
 
     spec_probe = CKKSRoundSpec(os.urandom(16), 0, n, 0, params, 1.0, pub, max_abs_sum=float(n))
-    out = run_ckks_round(params, priv, pub, xs, np.ones(n), 1.0, session_id=spec_probe.session_id, max_abs_sum=float(n),
-                         clients=clients_for(spec_probe))
+    out = run_ckks_round(
+        params,
+        priv,
+        pub,
+        xs,
+        np.ones(n),
+        1.0,
+        session_id=spec_probe.session_id,
+        max_abs_sum=float(n),
+        clients=clients_for(spec_probe),
+    )
     assert out.error is None and out.survivors == (0, 2, 3, 4)  # client 1 (even the fallback) is simply left out
     assert np.max(np.abs(out.total - np.sum([xs[u] for u in out.survivors], axis=0))) < 3 * params.step

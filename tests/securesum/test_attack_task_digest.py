@@ -23,9 +23,20 @@ from securefed.errors import AuthenticationError, ConfigError, DecodeError, Prot
 from securefed.securesum import crypto
 from securefed.securesum.graph import choose_parameters
 from securefed.securesum.machine import drive_round
-from securefed.securesum.messages import (ConsistencyRequest, EncryptedShares, ForwardedShares, KeyEntry,
-                                          KeysBroadcast, MaskedInput, ShareItem, SignatureEntry, UnmaskRequest,
-                                          UnmaskResponse, decode, encode)
+from securefed.securesum.messages import (
+    ConsistencyRequest,
+    EncryptedShares,
+    ForwardedShares,
+    KeyEntry,
+    KeysBroadcast,
+    MaskedInput,
+    ShareItem,
+    SignatureEntry,
+    UnmaskRequest,
+    UnmaskResponse,
+    decode,
+    encode,
+)
 from securefed.securesum.quantize import plan_fixed_point
 from securefed.securesum.runner import MESSAGE_STAGE
 from securefed.securesum.secagg import DEFAULT_TIMEOUTS, NO_TASK, STAGES, RoundSpec, decode_spec, encode_spec
@@ -49,8 +60,24 @@ def specs(n, tasks):
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = plan_fixed_point(100.0, np.ones(n), modulus_bits=32, fractional_bits=4)
-    return gp, [RoundSpec(sid, 0, n, gp.degree, gp.threshold, sid, D, fp, identities(n)[1],
-                          tuple(DEFAULT_TIMEOUTS.items()), gp.quorum, False, t) for t in tasks]
+    return gp, [
+        RoundSpec(
+            sid,
+            0,
+            n,
+            gp.degree,
+            gp.threshold,
+            sid,
+            D,
+            fp,
+            identities(n)[1],
+            tuple(DEFAULT_TIMEOUTS.items()),
+            gp.quorum,
+            False,
+            t,
+        )
+        for t in tasks
+    ]
 
 
 HONEST = task_digest({"task": "cells", "scale": 1.0, "centres": np.zeros((3, 2))})
@@ -63,9 +90,15 @@ FORGED = task_digest({"task": "cells", "scale": 1e300, "centres": np.zeros((3, 2
 def test_task_digest_is_canonical_and_names_every_field():
     a = {"task": "cells", "scale": 0.1, "centres": np.arange(6.0).reshape(3, 2), "noise": None, "bits": 16}
     assert task_digest(a) == task_digest(dict(reversed(list(a.items()))))  # key order does not matter
-    changed = [dict(a, scale=0.1 + 2**-56), dict(a, centres=np.arange(6.0).reshape(2, 3)),
-               dict(a, centres=np.arange(6, dtype=np.float32).reshape(3, 2)), dict(a, noise="distributed"),
-               dict(a, bits=17), dict(a, extra=b""), {k: v for k, v in a.items() if k != "bits"}]
+    changed = [
+        dict(a, scale=0.1 + 2**-56),
+        dict(a, centres=np.arange(6.0).reshape(2, 3)),
+        dict(a, centres=np.arange(6, dtype=np.float32).reshape(3, 2)),
+        dict(a, noise="distributed"),
+        dict(a, bits=17),
+        dict(a, extra=b""),
+        {k: v for k, v in a.items() if k != "bits"},
+    ]
     digests = {task_digest(a)} | {task_digest(c) for c in changed}
     assert len(digests) == len(changed) + 1  # every change of every field changes the digest
     with pytest.raises(ConfigError, match="task field"):
@@ -81,8 +114,21 @@ def test_spec_encodes_as_before_without_a_task_and_round_trips_with_one():
         with pytest.raises(DecodeError, match="task digest"):
             decode_spec(raw)
     with pytest.raises(ConfigError, match="task_digest"):
-        RoundSpec(plain.session_id, 0, 4, gp.degree, gp.threshold, plain.graph_seed, D, plain.fixed_point,
-                  plain.identity_keys, plain.timeouts, gp.quorum, False, b"short")
+        RoundSpec(
+            plain.session_id,
+            0,
+            4,
+            gp.degree,
+            gp.threshold,
+            plain.graph_seed,
+            D,
+            plain.fixed_point,
+            plain.identity_keys,
+            plain.timeouts,
+            gp.quorum,
+            False,
+            b"short",
+        )
     with pytest.raises(ProtocolError, match="another request"):
         check_task_digest(tasked, {"task": "cells", "scale": 1e300, "centres": np.zeros((3, 2))})
     assert check_task_digest(tasked, {"task": "cells", "scale": 1.0, "centres": np.zeros((3, 2))}) == HONEST
@@ -114,15 +160,22 @@ def blind_relay(spec_of, xs):
     sid, rnd = ref.session_id, ref.round_index
     shares = {}
     for i in range(n):
-        entries = tuple(KeyEntry(v, a.c_pk, a.s_pk, a.commit, a.signature) for v, a in sorted(adverts.items())
-                        if v in ref.neighbours[i])
+        entries = tuple(
+            KeyEntry(v, a.c_pk, a.s_pk, a.commit, a.signature)
+            for v, a in sorted(adverts.items())
+            if v in ref.neighbours[i]
+        )
         for m in deliver(i, encode(KeysBroadcast(sid, rnd, i, entries))):
             assert isinstance(m, EncryptedShares)
             shares[i] = m
     masked = {}
     for i in range(n):
-        items = tuple(ShareItem(v, it.ciphertext, it.h_b, it.h_s, it.signature) for v, m in sorted(shares.items())
-                      for it in m.items if it.peer == i)
+        items = tuple(
+            ShareItem(v, it.ciphertext, it.h_b, it.h_s, it.signature)
+            for v, m in sorted(shares.items())
+            for it in m.items
+            if it.peer == i
+        )
         for m in deliver(i, encode(ForwardedShares(sid, rnd, i, items))):
             assert isinstance(m, MaskedInput)
             masked[i] = m
@@ -222,8 +275,10 @@ def _ckks(n=4, d=8):
 
     params = choose_ckks_parameters(d, 1e-6, float(n), n)
     sid = os.urandom(16)
-    honest, forged = (CKKSRoundSpec(sid, 0, n, 0, params, 1.0, identities(n)[1], max_abs_sum=float(n), task_digest=t)
-                      for t in (HONEST, FORGED))
+    honest, forged = (
+        CKKSRoundSpec(sid, 0, n, 0, params, 1.0, identities(n)[1], max_abs_sum=float(n), task_digest=t)
+        for t in (HONEST, FORGED)
+    )
     xs = [np.random.default_rng(i).uniform(-1, 1, d) for i in range(n)]
     return CKKSClient, honest, forged, xs, params
 
@@ -232,8 +287,13 @@ def test_ckks_spec_encodes_as_before_without_a_task_and_round_trips_with_one():
     from securefed.securesum.ckks import decode_ckks_spec, encode_ckks_spec
 
     _, honest, _, _, _ = _ckks()
-    plain = type(honest)(**{f: getattr(honest, f) for f in ("session_id", "round_index", "n_clients", "key_holder",
-                                                             "params", "clip", "identity_keys")}, max_abs_sum=4.0)
+    plain = type(honest)(
+        **{
+            f: getattr(honest, f)
+            for f in ("session_id", "round_index", "n_clients", "key_holder", "params", "clip", "identity_keys")
+        },
+        max_abs_sum=4.0,
+    )
     assert b"task" not in encode_ckks_spec(plain) and decode_ckks_spec(encode_ckks_spec(plain)) == plain
     assert decode_ckks_spec(encode_ckks_spec(honest)).task_digest == HONEST and plain.digest != honest.digest
     with pytest.raises(DecodeError, match="task digest"):
@@ -286,16 +346,22 @@ def test_ckks_key_holder_shown_another_digest_round_aborts_before_any_upload():
     # refuses it and encrypts nothing
     holder = CKKSClient(forged, 0, priv[0], xs[0])
     adv = decode(holder.start()[0])
-    reply = holder.receive(encode(KeysBroadcast(forged.session_id, 0, 0, (KeyEntry(0, adv.c_pk, adv.s_pk, adv.commit,
-                                                                                    adv.signature),))))
+    reply = holder.receive(
+        encode(KeysBroadcast(forged.session_id, 0, 0, (KeyEntry(0, adv.c_pk, adv.s_pk, adv.commit, adv.signature),)))
+    )
     ctx = next(m for m in reply if decode(m).__class__ is PublicContext)
     for i in (1, 2, 3):
         c = CKKSClient(honest, i, priv[i], xs[i])
         c.start()
         if i in honest.fallbacks:  # a fallback waits for the holder's key first: its advertisement is refused
             with pytest.raises(AuthenticationError):
-                c.receive(encode(KeysBroadcast(honest.session_id, 0, i, (KeyEntry(0, adv.c_pk, adv.s_pk, adv.commit,
-                                                                                   adv.signature),))))
+                c.receive(
+                    encode(
+                        KeysBroadcast(
+                            honest.session_id, 0, i, (KeyEntry(0, adv.c_pk, adv.s_pk, adv.commit, adv.signature),)
+                        )
+                    )
+                )
         else:
             with pytest.raises(AuthenticationError, match="public context"):
                 c.receive(ctx)

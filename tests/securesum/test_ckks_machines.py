@@ -8,14 +8,31 @@ import math
 import numpy as np
 import pytest
 
-from securefed.errors import (AuthenticationError, ConfigError, DecodeError, ProtocolAbortedError, ProtocolError,
-                              ProtocolTimeoutError)
+from securefed.errors import (
+    AuthenticationError,
+    ConfigError,
+    DecodeError,
+    ProtocolAbortedError,
+    ProtocolError,
+    ProtocolTimeoutError,
+)
 from securefed.securesum import crypto
 from securefed.securesum import ckks
 from securefed.securesum.ckks import CKKSClient, CKKSRoundSpec, CKKSServer
-from securefed.securesum.messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, ContextHandoff,
-                                          DecryptedSum, DecryptRequest, KeysBroadcast, PublicContext, SignedInput,
-                                          decode, encode, peek_header)
+from securefed.securesum.messages import (
+    AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencySignature,
+    ContextHandoff,
+    DecryptedSum,
+    DecryptRequest,
+    KeysBroadcast,
+    PublicContext,
+    SignedInput,
+    decode,
+    encode,
+    peek_header,
+)
 
 N_CLIENTS, LENGTH, CLIP = 3, 40, 1.0
 
@@ -32,8 +49,17 @@ def setup():
 
 def _spec(setup, **kw):
     keys, params, _ = setup
-    base = dict(session_id=b"s" * 16, round_index=3, n_clients=N_CLIENTS, key_holder=0, params=params, clip=CLIP,
-                identity_keys=tuple(p for _, p in keys), min_survivors=2, max_abs_sum=10.0)
+    base = dict(
+        session_id=b"s" * 16,
+        round_index=3,
+        n_clients=N_CLIENTS,
+        key_holder=0,
+        params=params,
+        clip=CLIP,
+        identity_keys=tuple(p for _, p in keys),
+        min_survivors=2,
+        max_abs_sum=10.0,
+    )
     base.update(kw)
     return CKKSRoundSpec(**base)
 
@@ -138,14 +164,23 @@ def test_decryptor_refuses_single_ciphertext_and_other_server_forgeries(setup):
     one = m.uploads[1].chunks
     forgeries = {
         "single client's ciphertext": dict(chunks=one),
-        "sum over one client": dict(survivors=(0,), digests=m.digests[:1], uploads=m.uploads[:1], chunks=m.uploads[0].chunks),
+        "sum over one client": dict(
+            survivors=(0,), digests=m.digests[:1], uploads=m.uploads[:1], chunks=m.uploads[0].chunks
+        ),
         "omits the decryptor": dict(survivors=(1, 2), digests=m.digests[1:], uploads=m.uploads[1:]),
-        "set it did not confirm": dict(survivors=(0, 1), signatures=m.signatures[:2], digests=m.digests[:2],
-                                       uploads=m.uploads[:2]),
+        "set it did not confirm": dict(
+            survivors=(0, 1), signatures=m.signatures[:2], digests=m.digests[:2], uploads=m.uploads[:2]
+        ),
         "below the quorum": dict(signatures=m.signatures[:1]),
-        "forged set signature": dict(signatures=(m.signatures[0], dataclasses.replace(m.signatures[1], signature=bytes(64)))),
-        "relayed upload swapped": dict(uploads=(m.uploads[0], m.uploads[1], dataclasses.replace(m.uploads[2], chunks=one))),
-        "forged digest": dict(digests=(m.digests[0], m.digests[1], dataclasses.replace(m.digests[2], digest=b"\0" * 32))),
+        "forged set signature": dict(
+            signatures=(m.signatures[0], dataclasses.replace(m.signatures[1], signature=bytes(64)))
+        ),
+        "relayed upload swapped": dict(
+            uploads=(m.uploads[0], m.uploads[1], dataclasses.replace(m.uploads[2], chunks=one))
+        ),
+        "forged digest": dict(
+            digests=(m.digests[0], m.digests[1], dataclasses.replace(m.digests[2], digest=b"\0" * 32))
+        ),
     }
     for what, change in forgeries.items():
         c = _roundtrip(clients[0])
@@ -181,8 +216,9 @@ def test_signatures_mode_is_cheaper_but_trusts_the_server_sum(setup):
 def test_dropout_at_every_stage(setup, stage, who):
     keys, params, ups = setup
     priv, pub = [k for k, _ in keys], [p for _, p in keys]
-    out = ckks.run_ckks_round(params, priv, pub, ups, np.ones(N_CLIENTS), CLIP, drop_at={who: stage}, key_holder=0,
-                              max_abs_sum=10.0)
+    out = ckks.run_ckks_round(
+        params, priv, pub, ups, np.ones(N_CLIENTS), CLIP, drop_at={who: stage}, key_holder=0, max_abs_sum=10.0
+    )
     if who == 0 and stage in ("advertise", "handoff"):
         assert isinstance(out.error, ProtocolAbortedError) and out.total is None
         assert "key holder" in str(out.error)
@@ -207,14 +243,15 @@ def test_round_aborts_below_min_survivors_quorum_or_when_no_decryptor_is_left(se
     assert isinstance(out.error, ProtocolTimeoutError) and "quorum" in str(out.error)
     assert out.dropped_at["confirm"] == (1, 2)
     # min_survivors = quorum = 1 lets a lone client's sum through (explicit opt-in only)
-    out = ckks.run_ckks_round(params, priv, pub, ups, np.ones(3), CLIP, drop_at={1: "input", 2: "input"},
-                              min_survivors=1, quorum=1, **kw)
+    out = ckks.run_ckks_round(
+        params, priv, pub, ups, np.ones(3), CLIP, drop_at={1: "input", 2: "input"}, min_survivors=1, quorum=1, **kw
+    )
     assert out.error is None and out.survivors == (0,)
     # both key holders confirmed, then neither answers the decryption request: tried in turn, then aborted —
     # client 2 holds no secret key and is never asked
     _, server, _ = _run_to_decrypt(setup, _spec(setup))
     asked = [server.decryptor]
-    (rid, data), = server.tick(1e9)
+    ((rid, data),) = server.tick(1e9)
     assert peek_header(data)[0] is DecryptRequest
     asked.append(rid)
     with pytest.raises(ProtocolTimeoutError, match="no client holding the CKKS key"):
@@ -222,16 +259,25 @@ def test_round_aborts_below_min_survivors_quorum_or_when_no_decryptor_is_left(se
     assert asked == [0, 1] and server.stage == "aborted"
 
 
-@pytest.mark.parametrize("kind,err", [("ciphertext", AuthenticationError), ("signature", None),
-                                      ("replay", ckks.UnexpectedMessageError), ("reorder", ckks.UnexpectedMessageError),
-                                      ("wrong_session", DecodeError), ("truncate", DecodeError)])
+@pytest.mark.parametrize(
+    "kind,err",
+    [
+        ("ciphertext", AuthenticationError),
+        ("signature", None),
+        ("replay", ckks.UnexpectedMessageError),
+        ("reorder", ckks.UnexpectedMessageError),
+        ("wrong_session", DecodeError),
+        ("truncate", DecodeError),
+    ],
+)
 def test_tampered_messages_cost_the_fallback_its_key_never_the_sum(setup, kind, err):
     """A forged or broken key handoff reaches the fallback decryptor: it refuses it with a typed error and is
     dropped (or, for a forged key in the holder's broadcast, never gets the secret key and uploads under the
     public one); the key holder decrypts the others' exact sum."""
     keys, params, ups = setup
-    out = ckks.run_ckks_round(params, [k for k, _ in keys], [p for _, p in keys], ups, np.ones(3), CLIP, tamper=kind,
-                              max_abs_sum=10.0)
+    out = ckks.run_ckks_round(
+        params, [k for k, _ in keys], [p for _, p in keys], ups, np.ones(3), CLIP, tamper=kind, max_abs_sum=10.0
+    )
     assert out.error is None and out.decryptor == 0
     exact = sum(np.clip(ups[i], -CLIP, CLIP) for i in out.survivors)
     assert np.max(np.abs(out.total - exact)) < ckks.release_error_bound(params.step, 1e-6, LENGTH)
@@ -325,11 +371,11 @@ def _reblob(blob: bytes, head_change=None, blob_change=None) -> bytes:
     magic = ckks._STATE_MAGIC
     n = struct.unpack_from("<I", blob, len(magic))[0]
     pos = len(magic) + 4
-    head = json.loads(blob[pos:pos + n].decode())
+    head = json.loads(blob[pos : pos + n].decode())
     pos += n
     blobs = {}
     for k, ln in head["blobs"]:
-        blobs[k] = blob[pos:pos + ln]
+        blobs[k] = blob[pos : pos + ln]
         pos += ln
     if blob_change:
         blobs.update(blob_change)
@@ -365,7 +411,7 @@ def test_spec_codec_round_trip_and_strictness(setup):
     with pytest.raises(Exception, match="verify"):
         _spec(setup, verify="trust-me")
     # parameters no party may use are refused with the reason (a ConfigError, not a malformed spec)
-    tiny = ckks.encode_ckks_spec(spec).replace(repr(spec.params.step).encode(), repr(2.0 ** -60).encode())
+    tiny = ckks.encode_ckks_spec(spec).replace(repr(spec.params.step).encode(), repr(2.0**-60).encode())
     with pytest.raises(ConfigError, match="below 2\\^6 x the CKKS error"):
         ckks.decode_ckks_spec(tiny)
 
@@ -379,6 +425,7 @@ def test_aggregator_drives_the_machines_in_both_verify_modes():
         assert res.total.shape == (5, 7) and np.max(np.abs(res.total - exact)) < res.details["error_bound"]
         assert res.details["verify"] == mode and res.details["decryptor"] == 0 and res.details["fallbacks"] == [1]
     from securefed.errors import ConfigError
+
     with pytest.raises(ConfigError, match="min_survivors"):
         ckks.CKKSAggregator(clip_range=1.0, min_survivors=4).aggregate(ups)
     with pytest.raises(ConfigError, match="verify"):
@@ -416,8 +463,15 @@ def test_no_two_survivor_sets_can_be_decrypted_in_one_round(setup):
     u2 = (0, 1)
     sig1 = decode(c1.receive(encode(ConsistencyRequest(spec.session_id, spec.round_index, 1, u2)))[0]).signature
     from securefed.securesum.messages import SignatureEntry
-    forged = dataclasses.replace(m, recipient=1, survivors=u2, signatures=(SignatureEntry(1, sig1),),
-                                 digests=m.digests[:2], uploads=m.uploads[:2])
+
+    forged = dataclasses.replace(
+        m,
+        recipient=1,
+        survivors=u2,
+        signatures=(SignatureEntry(1, sig1),),
+        digests=m.digests[:2],
+        uploads=m.uploads[:2],
+    )
     with pytest.raises(AuthenticationError, match="confirmed"):
         c1.receive(encode(forged))
     # client 0's signature is over U1, so it cannot be moved onto U2

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from securefed.errors import ProtocolAbortedError, SecureFedError
-from securefed.securesum import (CKKSClient, CKKSServer, SecAggClient, SecAggServer, crypto)
+from securefed.securesum import CKKSClient, CKKSServer, SecAggClient, SecAggServer, crypto
 from securefed.securesum.ckks import CKKS_STAGES, choose_ckks_parameters, run_ckks_round
 from securefed.securesum.ckks.params import CKKSRoundSpec
 from securefed.securesum.graph import choose_parameters
@@ -25,14 +25,17 @@ def _secagg_spec(n=5):
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = plan_fixed_point(10.0, np.ones(n), modulus_bits=32)
-    return RoundSpec(sid, 0, n, gp.degree, gp.threshold, sid, 4, fp, PUB[:n], tuple(DEFAULT_TIMEOUTS.items()), gp.quorum)
+    return RoundSpec(
+        sid, 0, n, gp.degree, gp.threshold, sid, 4, fp, PUB[:n], tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+    )
 
 
 def test_transition_tables_and_base_classes():
     for cls in (SecAggServer, CKKSServer):
         assert issubclass(cls, StageServer)
-        assert all(isinstance(h, dict) and all(hasattr(cls, name) for name in h.values())
-                   for h in cls.TRANSITIONS.values())
+        assert all(
+            isinstance(h, dict) and all(hasattr(cls, name) for name in h.values()) for h in cls.TRANSITIONS.values()
+        )
     assert set(SecAggServer.TRANSITIONS) == set(STAGES)
     assert set(CKKSServer.TRANSITIONS) == {"advertise", "handoff", "input", "confirm", "decrypt"}
     for cls in (SecAggClient, CKKSClient):
@@ -63,7 +66,7 @@ def _servers():
 @given(st.binary(max_size=300), st.integers(0, 400), st.integers(0, 255))
 def test_fail_closed_an_exception_means_aborted(junk, pos, byte):
     for server, good in _servers():
-        for data in (junk, good[:pos % len(good)] + bytes([byte]) + good[pos % len(good) + 1:]):
+        for data in (junk, good[: pos % len(good)] + bytes([byte]) + good[pos % len(good) + 1 :]):
             try:
                 server.receive(data, 0.0)
             except Exception:

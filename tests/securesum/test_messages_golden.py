@@ -41,7 +41,7 @@ def _instances():
         "PublicContext": M.PublicContext(SID, RND, 0, b"public context", B64),
         "EncryptedInput": M.EncryptedInput(SID, RND, 1, (b"c0", b"c1")),
         "EncryptedSum": M.EncryptedSum(SID, RND, 0, (0, 1, 2), (b"sum",)),
-        "DecryptedSum": M.DecryptedSum(SID, RND, 1, 2.0 ** -20, b"\x00" * 16, B64),
+        "DecryptedSum": M.DecryptedSum(SID, RND, 1, 2.0**-20, b"\x00" * 16, B64),
         "SignedInput": M.SignedInput(SID, RND, 2, (b"x" * 5,), B64),
         "DecryptRequest": M.DecryptRequest(SID, RND, 0, (0, 2), (se,), (dg,), (ie,), (b"s0", b"s1")),
     }

@@ -9,7 +9,12 @@ from scipy import special
 from securefed.securesum.base import Aggregator, PlainAggregator, make_aggregator
 from securefed.errors import ConfigError, OverflowRiskError, ProtocolAbortedError
 from securefed.securesum import SecAggAggregator
-from securefed.securesum.graph import choose_parameters, harary_graph, share_leak_probability, dropout_failure_probability
+from securefed.securesum.graph import (
+    choose_parameters,
+    harary_graph,
+    share_leak_probability,
+    dropout_failure_probability,
+)
 from securefed.securesum.quantize import ClippingWarning, overflow_bound, plan_fixed_point, quantize
 
 
@@ -40,11 +45,15 @@ def test_stochastic_rounding_is_unbiased():
 def test_dropouts_are_reported_and_sum_covers_survivors_only():
     rng = np.random.default_rng(2)
     ups = [rng.uniform(-1, 1, 50) for _ in range(8)]
-    agg = SecAggAggregator(clip_range=1.0, degree=7, threshold=3, dropout={1: "masked", 4: "unmask", 6: "share"},
-                           random_state=0)
+    agg = SecAggAggregator(
+        clip_range=1.0, degree=7, threshold=3, dropout={1: "masked", 4: "unmask", 6: "share"}, random_state=0
+    )
     res = agg.aggregate(ups)
     assert res.survivors == (0, 2, 3, 4, 5, 7)
-    assert np.max(np.abs(res.total - np.sum([ups[i] for i in res.survivors], axis=0))) <= res.details["fixed_point"]["max_abs_error"]
+    assert (
+        np.max(np.abs(res.total - np.sum([ups[i] for i in res.survivors], axis=0)))
+        <= res.details["fixed_point"]["max_abs_error"]
+    )
     assert res.details["dropped_at"]["masked"] == [1] and res.details["dropped_at"]["unmask"] == [4]
 
 
@@ -98,15 +107,17 @@ def test_threat_model_bounds_are_computed_exactly():
     n, k, t, gamma = 20, 8, 3, 0.1
     corrupt = 2
     # brute force hypergeometric tail P[X >= t] for k of n-1 neighbours with `corrupt` corrupt
-    tail = sum(special.comb(corrupt, x, exact=True) * special.comb(n - 1 - corrupt, k - x, exact=True)
-               for x in range(t, min(corrupt, k) + 1)) / special.comb(n - 1, k, exact=True)
+    tail = sum(
+        special.comb(corrupt, x, exact=True) * special.comb(n - 1 - corrupt, k - x, exact=True)
+        for x in range(t, min(corrupt, k) + 1)
+    ) / special.comb(n - 1, k, exact=True)
     assert share_leak_probability(n, k, t, gamma) == pytest.approx(min(1.0, n * tail))
     drop = sum(special.comb(k, x, exact=True) * 0.2**x * 0.8 ** (k - x) for x in range(k - t + 1, k + 1))
     assert dropout_failure_probability(n, k, t, 0.2) == pytest.approx(n * drop)
     # sparse graphs (above the complete-graph range): the bounds of Bell et al. with the malicious condition
     gp = choose_parameters(200, dropout_rate=0.1, corrupt_fraction=0.1)
     assert gp.degree < 199 and gp.log2_disconnect <= -40 and gp.log2_dropout_failure <= -10 and gp.log2_leak <= -40
-    assert 2 ** gp.log2_dropout_failure == pytest.approx(dropout_failure_probability(200, gp.degree, gp.threshold, 0.1))
+    assert 2**gp.log2_dropout_failure == pytest.approx(dropout_failure_probability(200, gp.degree, gp.threshold, 0.1))
     assert gp.quorum == (200 + gp.colluders) // 2 + 1 and 2 * gp.quorum > 200 + gp.colluders
     semi = choose_parameters(100, dropout_rate=0.1, corrupt_fraction=0.1, server_model="semi-honest")
     assert semi.degree < 99  # the honest-but-curious model stays available, explicitly

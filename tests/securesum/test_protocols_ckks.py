@@ -38,6 +38,7 @@ def test_server_context_is_public_and_cannot_decrypt():
         ts.ckks_vector_from(server, total[0]).decrypt()
     # handing the server a private context is refused
     from securefed.errors import AuthenticationError
+
     with pytest.raises(AuthenticationError):
         ckks.load_public_context(ckks._secret_bytes(ctx))
     out = ckks.decrypt_sum(ckks.ts.context_from(ckks._secret_bytes(ctx)), total, 100, params.step)
@@ -74,9 +75,17 @@ def test_key_holder_dropout_another_client_decrypts_and_total_loss_aborts():
     assert r2["aborted"] and r2["error_type"] == "ProtocolAbortedError"
 
 
-@pytest.mark.parametrize("kind,err", [("ciphertext", "AuthenticationError"), ("signature", None),
-                                      ("replay", "UnexpectedMessageError"), ("reorder", "UnexpectedMessageError"),
-                                      ("wrong_round", "DecodeError"), ("truncate", "DecodeError")])
+@pytest.mark.parametrize(
+    "kind,err",
+    [
+        ("ciphertext", "AuthenticationError"),
+        ("signature", None),
+        ("replay", "UnexpectedMessageError"),
+        ("reorder", "UnexpectedMessageError"),
+        ("wrong_round", "DecodeError"),
+        ("truncate", "DecodeError"),
+    ],
+)
 def test_ckks_faults_are_refused_by_the_client_that_gets_them(kind, err):
     r = simulate("ckks", clients=3, length=20, tamper=kind, seed=0)
     assert not r["aborted"] and r["max_abs_error"] < r["error_bound"]

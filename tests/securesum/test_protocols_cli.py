@@ -21,11 +21,24 @@ def test_simulate_json_has_required_keys(capsys, protocol, options):
     """Seed 6 drops one client (4) at the masked / input stage: the round completes over the other five and
     its error is within the stated bound (checked always: the run is arranged not to abort)."""
     stage = "masked" if protocol == "secagg" else "input"
-    code, out = run(f"simulate --protocol {protocol} --clients 6 --length 200 --dropout 0.2 --drop-stage {stage} "
-                    f"--seed 6 {options} --json".split(), capsys)
+    code, out = run(
+        f"simulate --protocol {protocol} --clients 6 --length 200 --dropout 0.2 --drop-stage {stage} "
+        f"--seed 6 {options} --json".split(),
+        capsys,
+    )
     res = json.loads(out)
     assert code == 0
-    for key in ("protocol", "clients", "survivors", "length", "max_abs_error", "aborted", "abort_reason", "timings", "bytes"):
+    for key in (
+        "protocol",
+        "clients",
+        "survivors",
+        "length",
+        "max_abs_error",
+        "aborted",
+        "abort_reason",
+        "timings",
+        "bytes",
+    ):
         assert key in res
     assert set(res["bytes"]) >= {"client_upload", "server_download"}
     assert res["scheduled_dropouts"] == {"4": stage}

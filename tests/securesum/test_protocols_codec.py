@@ -23,15 +23,31 @@ sess = st.binary(min_size=16, max_size=16)
 ITEMS = st.lists(st.builds(M.ShareItem, ids, blob, b32, b32, b64), max_size=4).map(tuple)
 MESSAGES = st.one_of(
     st.builds(M.AdvertiseKeys, sess, rnd, ids, b32, b32, b32, b64),
-    st.builds(M.KeysBroadcast, sess, rnd, ids, st.lists(st.builds(M.KeyEntry, ids, b32, b32, b32, b64), max_size=4).map(tuple)),
+    st.builds(
+        M.KeysBroadcast, sess, rnd, ids, st.lists(st.builds(M.KeyEntry, ids, b32, b32, b32, b64), max_size=4).map(tuple)
+    ),
     st.builds(M.EncryptedShares, sess, rnd, ids, ITEMS),
     st.builds(M.ForwardedShares, sess, rnd, ids, ITEMS),
     st.builds(M.MaskedInput, sess, rnd, ids, st.integers(0, 255), blob, sorted_ids, b64),
     st.builds(M.ConsistencyRequest, sess, rnd, ids, sorted_ids),
     st.builds(M.ConsistencySignature, sess, rnd, ids, b64),
-    st.builds(M.UnmaskRequest, sess, rnd, ids, sorted_ids, st.lists(st.builds(M.SignatureEntry, ids, b64), max_size=3).map(tuple)),
-    st.builds(M.UnmaskResponse, sess, rnd, ids, st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple),
-              st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple), b64),
+    st.builds(
+        M.UnmaskRequest,
+        sess,
+        rnd,
+        ids,
+        sorted_ids,
+        st.lists(st.builds(M.SignatureEntry, ids, b64), max_size=3).map(tuple),
+    ),
+    st.builds(
+        M.UnmaskResponse,
+        sess,
+        rnd,
+        ids,
+        st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple),
+        st.lists(st.builds(M.ShareValue, ids, share), max_size=3).map(tuple),
+        b64,
+    ),
     st.builds(M.SharePlaintext, sess, rnd, ids, ids, share, share),
     st.builds(M.ContextHandoff, sess, rnd, ids, ids, blob),
     st.builds(M.PublicContext, sess, rnd, ids, blob, b64),
@@ -89,8 +105,9 @@ def test_random_bytes_never_crash(raw):
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.sampled_from(sorted(M.MESSAGE_TYPES)),
-       st.integers(0, 300).flatmap(lambda n: st.binary(min_size=n, max_size=n)))  # lengths spread evenly
+@given(
+    st.sampled_from(sorted(M.MESSAGE_TYPES)), st.integers(0, 300).flatmap(lambda n: st.binary(min_size=n, max_size=n))
+)  # lengths spread evenly
 def test_random_bodies_behind_a_valid_header_decode_exactly_or_raise_decode_error(mtype, body):
     """Random bytes almost never start with the magic; here the header is valid (magic, version, a real type, the
     body length) and only the body is random, so the field decoders themselves are fuzzed."""
@@ -136,7 +153,7 @@ def test_wrong_length_and_trailing_bytes_refused():
     with pytest.raises(DecodeError, match="length"):
         M.decode(raw + b"\x00")
     # consistent header length but a body with an extra byte after the last field
-    body = raw[M.HEADER.size:] + b"\x00"
+    body = raw[M.HEADER.size :] + b"\x00"
     head = M.HEADER.pack(M.MAGIC, M.VERSION, M.ConsistencyRequest.TYPE, SID, 7, len(body))
     with pytest.raises(DecodeError, match="trailing"):
         M.decode(head + body)

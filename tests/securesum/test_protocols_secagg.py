@@ -8,11 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy import stats
 
-from securefed.errors import (AuthenticationError, ConfigError, DecodeError, ProtocolAbortedError,
-                              ProtocolTimeoutError)
+from securefed.errors import AuthenticationError, ConfigError, DecodeError, ProtocolAbortedError, ProtocolTimeoutError
 from securefed.securesum import crypto
-from securefed.securesum.messages import (ConsistencyRequest, MaskedInput, UnmaskRequest, decode, encode,
-                                          peek_header)
+from securefed.securesum.messages import ConsistencyRequest, MaskedInput, UnmaskRequest, decode, encode, peek_header
 from securefed.securesum.graph import choose_parameters
 from securefed.securesum.quantize import dequantize, plan_fixed_point
 from securefed.securesum.runner import TAMPER_KINDS, run_secagg_round
@@ -84,7 +82,11 @@ def test_exact_sum_over_1000_random_dropout_schedules():
     stages_seen = set()
     for trial in range(1000):
         n = int(rng.integers(3, 6))
-        k = n - 1 if n % 2 == 1 and rng.random() < 0.5 else int(rng.choice([d for d in range(2, n) if d % 2 == 0 or n % 2 == 0] + [n - 1]))
+        k = (
+            n - 1
+            if n % 2 == 1 and rng.random() < 0.5
+            else int(rng.choice([d for d in range(2, n) if d % 2 == 0 or n % 2 == 0] + [n - 1]))
+        )
         t = int(rng.integers(1, k + 1))
         d = 4
         quorum = int(rng.choice([0, n // 2 + 1, n]))
@@ -114,22 +116,26 @@ def _weighted_round(n, data, fbits=3, clip=4.0):
     gp = choose_parameters(n)
     w = np.array(data.draw(st.lists(st.integers(1, 5), min_size=n, max_size=n)), float)
     d = 3
-    step = 2.0 ** -fbits
+    step = 2.0**-fbits
     top = int(clip / step)
     near = st.integers(top - 2, top).flatmap(lambda m: st.sampled_from([m, -m]))  # at / next to the bound
-    xs = [np.array(data.draw(st.lists(st.one_of(near, st.integers(-top, top)), min_size=d, max_size=d)), float) * step
-          for _ in range(n)]
+    xs = [
+        np.array(data.draw(st.lists(st.one_of(near, st.integers(-top, top)), min_size=d, max_size=d)), float) * step
+        for _ in range(n)
+    ]
     sched = data.draw(st.dictionaries(st.integers(0, n - 1), st.sampled_from(STAGES), max_size=max(1, n // 4)))
     spec = make_spec(n, gp.degree, gp.threshold, d, clip=clip, fbits=fbits, bits=32, quorum=gp.quorum, weights=w)
-    out = run_secagg_round(spec, identities(n)[0], xs, w, np.random.default_rng(0), drop_at=sched,
-                           colluders=gp.colluders)
+    out = run_secagg_round(
+        spec, identities(n)[0], xs, w, np.random.default_rng(0), drop_at=sched, colluders=gp.colluders
+    )
     want = oracle(spec, sched)
     if want is None:
         assert out.aborted and out.words is None, (n, sched, out.error)
     else:
         assert out.error is None and out.survivors == want, (n, sched, out.error)
-        np.testing.assert_array_equal(dequantize(out.words, spec.fixed_point),
-                                      np.sum([w[i] * xs[i] for i in want], axis=0))
+        np.testing.assert_array_equal(
+            dequantize(out.words, spec.fixed_point), np.sum([w[i] * xs[i] for i in want], axis=0)
+        )
         assert max(out.clipped.values()) == 0
 
 
@@ -185,10 +191,18 @@ def test_masked_vectors_are_uniform_and_independent_of_inputs():
     assert stats.chi2_contingency(table).pvalue > 1e-6
 
 
-@pytest.mark.parametrize("kind,err,dropped", [
-    ("ciphertext", None, True), ("signature", None, False), ("replay", "UnexpectedMessageError", True),
-    ("reorder", "UnexpectedMessageError", True), ("wrong_round", "DecodeError", True),
-    ("wrong_session", "DecodeError", True), ("truncate", "DecodeError", True)])
+@pytest.mark.parametrize(
+    "kind,err,dropped",
+    [
+        ("ciphertext", None, True),
+        ("signature", None, False),
+        ("replay", "UnexpectedMessageError", True),
+        ("reorder", "UnexpectedMessageError", True),
+        ("wrong_round", "DecodeError", True),
+        ("wrong_session", "DecodeError", True),
+        ("truncate", "DecodeError", True),
+    ],
+)
 def test_every_fault_kind_costs_one_client_at_most_and_never_a_wrong_sum(kind, err, dropped):
     """A forged or broken message reaches one client: it refuses it with a typed error (or leaves the peer the
     message was about out of its peer set); the round completes over the others with their exact sum."""
@@ -205,7 +219,7 @@ def test_server_refuses_replayed_and_stale_messages_without_aborting():
     spec = make_spec(n, 3, 2, d)
     server = SecAggServer(spec)
     clients = [SecAggClient(spec, i, identities(n)[0][i], np.ones(d), 1.0, 0) for i in range(n)]
-    adv = [c.start() [0] for c in clients]
+    adv = [c.start()[0] for c in clients]
     server.receive(adv[0])
     assert server.receive(adv[0]) == [] and "duplicate" in str(server.rejected[-1][1])
     out = []
@@ -247,9 +261,11 @@ def test_client_refuses_equivocation_and_unmasking_when_declared_dropped():
     # the right set but fewer signatures than the quorum (3 of 4) → refused, nothing revealed
     sigs = [decode(clients[i].receive(out[i][1])[0]) for i in (2, 3)]
     from securefed.securesum.messages import SignatureEntry
+
     with pytest.raises(ProtocolAbortedError, match="quorum"):
-        clients[2].receive(encode(UnmaskRequest(sid, 0, 2, (0, 1, 2, 3), tuple(SignatureEntry(m.sender, m.signature)
-                                                                                for m in sigs))))
+        clients[2].receive(
+            encode(UnmaskRequest(sid, 0, 2, (0, 1, 2, 3), tuple(SignatureEntry(m.sender, m.signature) for m in sigs)))
+        )
 
 
 def test_timeouts_close_stages_on_the_simulated_clock():

@@ -17,8 +17,20 @@ def _spec(n, bits, length, integer=True):
     keys = [crypto.ed25519_keypair() for _ in range(n)]
     sid = os.urandom(16)
     fp = integer_plan(bits, n) if integer else plan_fixed_point(1.0, np.ones(n), modulus_bits=bits)
-    spec = RoundSpec(sid, 0, n, n - 1, n // 2 + 1, sid, length, fp, tuple(p for _, p in keys),
-                     tuple(DEFAULT_TIMEOUTS.items()), 0, integer)
+    spec = RoundSpec(
+        sid,
+        0,
+        n,
+        n - 1,
+        n // 2 + 1,
+        sid,
+        length,
+        fp,
+        tuple(p for _, p in keys),
+        tuple(DEFAULT_TIMEOUTS.items()),
+        0,
+        integer,
+    )
     return spec, [k for k, _ in keys]
 
 

@@ -26,11 +26,31 @@ from securefed.errors import ConfigError, DecodeError, ProtocolError, ProtocolTi
 from securefed.securesum import crypto, shamir
 from securefed.securesum import messages as M
 from securefed.securesum.graph import choose_parameters
-from securefed.securesum.messages import (BoundConsistencyRequest, ConsistencyRequest, InputDigest, SignatureEntry,
-                                          UnmaskRequest, decode, encode)
+from securefed.securesum.messages import (
+    BoundConsistencyRequest,
+    ConsistencyRequest,
+    InputDigest,
+    SignatureEntry,
+    UnmaskRequest,
+    decode,
+    encode,
+)
 from securefed.securesum.quantize import dequantize, plan_fixed_point
-from securefed.securesum.secagg import (DEFAULT_TIMEOUTS, InputSpec, RoundSpec, SetupSpec, decode_input, decode_setup, decode_spec, encode_input, encode_setup,
-                                        encode_spec, input_hash, pair_info, self_info)
+from securefed.securesum.secagg import (
+    DEFAULT_TIMEOUTS,
+    InputSpec,
+    RoundSpec,
+    SetupSpec,
+    decode_input,
+    decode_setup,
+    decode_spec,
+    encode_input,
+    encode_setup,
+    encode_spec,
+    input_hash,
+    pair_info,
+    self_info,
+)
 from securefed.securesum.secagg_client import SecAggClient
 from securefed.securesum.secagg_codec import dump_client, load_client
 from securefed.securesum.secagg_server import SecAggServer
@@ -50,8 +70,9 @@ def identities(n):
 def setup(n, rnd=0, sid=None):
     gp = choose_parameters(n)
     sid = sid or os.urandom(16)
-    return SetupSpec(sid, rnd, n, gp.degree, gp.threshold, sid, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()),
-                     gp.quorum), gp
+    return SetupSpec(
+        sid, rnd, n, gp.degree, gp.threshold, sid, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()), gp.quorum
+    ), gp
 
 
 def input_part(n, d, task=b"cells", clip=1000.0):
@@ -138,7 +159,7 @@ def test_k_rounds_set_up_before_their_inputs_give_exact_sums():
 
 def test_late_round_with_a_dropout_before_and_after_masking():
     n, d = 8, 5
-    (su, server, stored), = set_up_rounds(n, 1)
+    ((su, server, stored),) = set_up_rounds(n, 1)
     xs = [np.full(d, float(i)) for i in range(n)]
     server, _ = finish(su, server, stored, xs, input_part(n, d), drop_masked=(7,))
     assert server.stage == "done" and server.survivors == tuple(range(7))  # 7's pairwise masks removed via s_7
@@ -147,7 +168,7 @@ def test_late_round_with_a_dropout_before_and_after_masking():
 
 def test_a_site_dropped_in_setup_is_in_no_round():
     n, d = 8, 3
-    (su, server, stored), = set_up_rounds(n, 1, dead={3})
+    ((su, server, stored),) = set_up_rounds(n, 1, dead={3})
     assert server.dropped_at["advertise"] == (3,)
     xs = [np.ones(d)] * n
     server, _ = finish(su, server, stored, xs, input_part(n, d))
@@ -174,8 +195,17 @@ def test_both_schedules_give_the_same_sum_and_the_joined_spec_digests_as_a_whole
             seen.add(peek_header(data)[0].__name__)
             return [data]
 
-        out = run_secagg_round(full, identities(n)[0], xs, np.ones(n), np.random.default_rng(0), drop_at={1: "masked"},
-                               schedule=schedule, intercept=watch, colluders=gp.colluders)
+        out = run_secagg_round(
+            full,
+            identities(n)[0],
+            xs,
+            np.ones(n),
+            np.random.default_rng(0),
+            drop_at={1: "masked"},
+            schedule=schedule,
+            intercept=watch,
+            colluders=gp.colluders,
+        )
         assert out.error is None and out.survivors == (0, 2, 3, 4)
         sums[schedule], kinds[schedule] = dequantize(out.result, inp.fixed_point), seen
     np.testing.assert_array_equal(sums["construction"], np.sum([xs[i] for i in (0, 2, 3, 4)], axis=0))
@@ -258,8 +288,9 @@ def test_dropping_in_round_k_unmasks_nothing_of_round_k_minus_1():
         crypto.add_mask_inplace(acc, b0, session_id=sid, info=self_info(0, v), sign=-1, buf=buf)
         for u in masked0[v].peers:
             shared = crypto.x25519_shared(s_sk, held[0][u][1])
-            crypto.add_mask_inplace(acc, shared, session_id=sid, info=pair_info(0, v, u), sign=-1 if v < u else +1,
-                                    buf=buf)
+            crypto.add_mask_inplace(
+                acc, shared, session_id=sid, info=pair_info(0, v, u), sign=-1 if v < u else +1, buf=buf
+            )
         return dequantize(acc, fp)
 
     assert np.array_equal(strip(held[0][v][0]), x[v])  # reused keys: round 0's input recovered exactly
@@ -335,8 +366,13 @@ def test_a_site_bound_to_another_input_part_is_kept_out_of_the_sum():
     sid = su.session_id
 
     def bound(i, U):  # the attacker holds every masked input: it sends every binding it has
-        return BoundConsistencyRequest(sid, 0, i, U, tuple(InputDigest(u, input_hash(masked[u].data, masked[u].peers),
-                                                                       masked[u].signature) for u in U))
+        return BoundConsistencyRequest(
+            sid,
+            0,
+            i,
+            U,
+            tuple(InputDigest(u, input_hash(masked[u].data, masked[u].peers), masked[u].signature) for u in U),
+        )
 
     sigs, got = _attack(su, clients, masked, full_a, bound)
     assert got is None and sigs == {}  # nobody signs: the victim's binding is for part B, the others' for A
@@ -354,7 +390,7 @@ def test_without_the_binding_check_the_same_attack_recovers_the_victims_input_ex
 
 
 def _ready_clients(n=4):
-    (su, server, stored), = set_up_rounds(n, 1)
+    ((su, server, stored),) = set_up_rounds(n, 1)
     priv = identities(n)[0]
     return su, server, {i: load_client(b, su, priv[i]) for i, b in stored.items()}
 
@@ -404,7 +440,7 @@ def test_a_floor_known_only_with_the_input_part_can_be_raised_at_provide_input()
     """Distributed DP: the plan (and with it t_DP + dp-colluders) comes with the input request; a client raises its
     survivor-set floor then, and refuses to sign a smaller set (nothing revealed)."""
     n, d = 6, 3
-    (su, server, stored), = set_up_rounds(n, 1)
+    ((su, server, stored),) = set_up_rounds(n, 1)
     priv = identities(n)[0]
     inp = input_part(n, d)
     server.open_input(inp)
@@ -459,9 +495,17 @@ def test_stored_state_refuses_another_spec():
 sess = st.binary(min_size=16, max_size=16)
 ids = st.integers(0, 2**32 - 1)
 sorted_ids = st.lists(st.integers(0, 10_000), unique=True, max_size=12).map(lambda xs: tuple(sorted(xs)))
-BOUND = st.builds(BoundConsistencyRequest, sess, st.integers(0, 2**32 - 1), ids, sorted_ids,
-                  st.lists(st.builds(InputDigest, ids, st.binary(min_size=32, max_size=32),
-                                     st.binary(min_size=64, max_size=64)), max_size=5).map(tuple))
+BOUND = st.builds(
+    BoundConsistencyRequest,
+    sess,
+    st.integers(0, 2**32 - 1),
+    ids,
+    sorted_ids,
+    st.lists(
+        st.builds(InputDigest, ids, st.binary(min_size=32, max_size=32), st.binary(min_size=64, max_size=64)),
+        max_size=5,
+    ).map(tuple),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -475,7 +519,7 @@ def test_bound_consistency_request_round_trips_and_mutations_are_refused_or_reen
         i = data.draw(st.integers(0, len(b) - 1))
         b[i] ^= data.draw(st.integers(1, 255))
     elif op == "cut":
-        b = b[:data.draw(st.integers(0, len(b) - 1))]
+        b = b[: data.draw(st.integers(0, len(b) - 1))]
     else:
         b += data.draw(st.binary(min_size=1, max_size=8))
     try:
@@ -486,8 +530,14 @@ def test_bound_consistency_request_round_trips_and_mutations_are_refused_or_reen
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(2, 40), st.integers(1, 10**6), st.booleans(), st.binary(min_size=32, max_size=32),
-       st.integers(16, 64), st.integers(0, 2**32 - 1))
+@given(
+    st.integers(2, 40),
+    st.integers(1, 10**6),
+    st.booleans(),
+    st.binary(min_size=32, max_size=32),
+    st.integers(16, 64),
+    st.integers(0, 2**32 - 1),
+)
 def test_spec_parts_round_trip_and_join_to_the_whole(n, length, integer, task, bits, rnd):
     from securefed.securesum.quantize import integer_plan
 
@@ -497,20 +547,37 @@ def test_spec_parts_round_trip_and_join_to_the_whole(n, length, integer, task, b
     fp = integer_plan(bits, n) if integer else plan_fixed_point(1.0, np.ones(n), modulus_bits=bits)
     inp = InputSpec(length, fp, integer, task)
     assert decode_setup(encode_setup(su)) == su and decode_input(encode_input(inp)) == inp
-    whole = RoundSpec(b"s" * 16, rnd, n, n - 1, max(1, n // 2), b"g", length, fp, keys, tuple(DEFAULT_TIMEOUTS.items()),
-                      0, integer, task)
+    whole = RoundSpec(
+        b"s" * 16,
+        rnd,
+        n,
+        n - 1,
+        max(1, n // 2),
+        b"g",
+        length,
+        fp,
+        keys,
+        tuple(DEFAULT_TIMEOUTS.items()),
+        0,
+        integer,
+        task,
+    )
     assert su.bind(inp) == whole and su.bind(inp).digest == whole.digest and whole.setup.digest == su.digest
 
 
 def test_spec_part_codecs_are_strict():
     su, _ = setup(3)
     inp = input_part(3, 2)
-    for raw, dec, match in ((encode_setup(su), decode_input, "part"), (encode_input(inp), decode_setup, "part"),
-                            (encode_setup(su).replace(b'"v": 1', b'"v": 2'), decode_setup, "version"),
-                            (encode_input(inp)[:-1] + b', "weight": 3}', decode_input, "unknown fields"),
-                            (encode_spec(su.bind(inp))[:-1] + b', "extra": 1}', decode_spec, "unknown fields"),
-                            (b"[1, 2]", decode_setup, "version"), (b"\xff", decode_input, "malformed"),
-                            (encode_input(inp).replace(b'"length": 2', b'"length": "x"'), decode_input, "malformed")):
+    for raw, dec, match in (
+        (encode_setup(su), decode_input, "part"),
+        (encode_input(inp), decode_setup, "part"),
+        (encode_setup(su).replace(b'"v": 1', b'"v": 2'), decode_setup, "version"),
+        (encode_input(inp)[:-1] + b', "weight": 3}', decode_input, "unknown fields"),
+        (encode_spec(su.bind(inp))[:-1] + b', "extra": 1}', decode_spec, "unknown fields"),
+        (b"[1, 2]", decode_setup, "version"),
+        (b"\xff", decode_input, "malformed"),
+        (encode_input(inp).replace(b'"length": 2', b'"length": "x"'), decode_input, "malformed"),
+    ):
         with pytest.raises(DecodeError, match=match):
             dec(raw)
     with pytest.raises(ConfigError, match="InputSpec"):
@@ -553,8 +620,12 @@ def test_every_client_state_survives_a_fresh_process_per_message(mode):
         if server.stage == "ready":  # the late-bound round: ForwardedShares first, then bind the input part
             assert all(r == [] for rid, data in nxt for r in [handle(rid, lambda c, data=data: c.receive(data))])
             server.open_input(inp)
-            nxt = [m for i in range(n) for r in handle(i, lambda c, i=i: c.provide_input(inp, xs[i])) for m in
-                   server.receive(r)]
+            nxt = [
+                m
+                for i in range(n)
+                for r in handle(i, lambda c, i=i: c.provide_input(inp, xs[i]))
+                for m in server.receive(r)
+            ]
         out = nxt
     assert server.stage == "done" and server.survivors == tuple(range(n))
     np.testing.assert_array_equal(dequantize(server.result, inp.fixed_point), np.sum(xs, axis=0))

@@ -41,12 +41,26 @@ def run(n=8, d=12, drop=None, integer=False, xs=None, seed=0):
     gp = choose_parameters(n)
     sid = os.urandom(16)
     fp = integer_plan(24, n) if integer else plan_fixed_point(100.0, np.ones(n), modulus_bits=32, fractional_bits=0)
-    spec = RoundSpec(sid, 0, n, gp.degree, gp.threshold, sid, d, fp, identities(n)[1], tuple(DEFAULT_TIMEOUTS.items()),
-                     gp.quorum, integer)
+    spec = RoundSpec(
+        sid,
+        0,
+        n,
+        gp.degree,
+        gp.threshold,
+        sid,
+        d,
+        fp,
+        identities(n)[1],
+        tuple(DEFAULT_TIMEOUTS.items()),
+        gp.quorum,
+        integer,
+    )
     rng = np.random.default_rng(seed)
     if xs is None:
-        xs = [rng.integers(0, 1 << 24, d, dtype=np.uint64) if integer else rng.integers(-100, 101, d).astype(float)
-              for _ in range(n)]
+        xs = [
+            rng.integers(0, 1 << 24, d, dtype=np.uint64) if integer else rng.integers(-100, 101, d).astype(float)
+            for _ in range(n)
+        ]
     clients = [SecAggClient(spec, i, identities(n)[0][i], xs[i], 1.0, rng) for i in range(n)]
     server = SecAggServer(spec)
     out = drive_round(server, clients, MESSAGE_STAGE, STAGES, drop_at=drop or {})
@@ -143,9 +157,14 @@ def test_a_proof_that_drops_a_survivor_is_detected():
     def keep(lst, f):
         return tuple(e for e in lst if f(e) != v)
 
-    bad = forge(proof, survivors=tuple(u for u in p.survivors if u != v), inputs=keep(p.inputs, lambda e: e.sender),
-                seeds=keep(p.seeds, lambda e: e.owner), signatures=keep(p.signatures, lambda e: e.signer),
-                keys=keep(p.keys, lambda e: e.sender))
+    bad = forge(
+        proof,
+        survivors=tuple(u for u in p.survivors if u != v),
+        inputs=keep(p.inputs, lambda e: e.sender),
+        seeds=keep(p.seeds, lambda e: e.owner),
+        signatures=keep(p.signatures, lambda e: e.signer),
+        keys=keep(p.keys, lambda e: e.sender),
+    )
     with pytest.raises(SumProofError) as err:
         clients[v].verify_sum(bad)
     assert err.value.reason in ("own-input", "survivor-set")
@@ -161,9 +180,13 @@ def test_a_proof_that_adds_a_dropped_client_is_detected():
     # 6 dropped at advertise: no survivor masked with it; the server adds a key of its own for it
     sk, pk = crypto.x25519_keypair()
     extra_key = M.KeyEntry(6, pk, pk, bytes(32), bytes(64))
-    bad = forge(proof, keys=tuple(sorted(p.keys + (extra_key,), key=lambda e: e.sender)),
-                mask_keys=tuple(sorted(p.mask_keys + (M.SecretEntry(6, crypto.x25519_private_bytes(sk)),),
-                                       key=lambda e: e.owner)))
+    bad = forge(
+        proof,
+        keys=tuple(sorted(p.keys + (extra_key,), key=lambda e: e.sender)),
+        mask_keys=tuple(
+            sorted(p.mask_keys + (M.SecretEntry(6, crypto.x25519_private_bytes(sk)),), key=lambda e: e.owner)
+        ),
+    )
     refused_by_all(clients, out.survivors, bad, {"advertisement", "mask-key"})
     # 7 dropped after the share stage: the server moves it into U with an input it made up
     fake = M.ProofInput(7, tuple(range(6)), bytes(len(p.inputs[0].data)), bytes(64))
@@ -187,7 +210,7 @@ def test_a_missing_signature_is_detected():
     spec, server, clients, _, out = run()
     p = M.decode(proof := server.proof())
     q = spec.signatures_needed
-    refused_by_all(clients, out.survivors, forge(proof, signatures=p.signatures[:q - 1]), {"consistency-signatures"})
+    refused_by_all(clients, out.survivors, forge(proof, signatures=p.signatures[: q - 1]), {"consistency-signatures"})
     forged_sig = (dataclasses.replace(p.signatures[0], signature=bytes(64)),) + p.signatures[1:]
     refused_by_all(clients, out.survivors, forge(proof, signatures=forged_sig), {"consistency-signatures"})
 
@@ -223,13 +246,20 @@ b64 = st.binary(min_size=64, max_size=64)
 ids = st.integers(0, 2**32 - 1)
 sorted_ids = st.lists(st.integers(0, 10_000), unique=True, max_size=8).map(lambda xs: tuple(sorted(xs)))
 PROOFS = st.builds(
-    M.SumProof, st.binary(min_size=16, max_size=16), st.integers(0, 2**32 - 1), st.integers(0, 255), b32, sorted_ids,
-    st.integers(0, 255), st.binary(max_size=64),
+    M.SumProof,
+    st.binary(min_size=16, max_size=16),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 255),
+    b32,
+    sorted_ids,
+    st.integers(0, 255),
+    st.binary(max_size=64),
     st.lists(st.builds(M.ProofInput, ids, sorted_ids, st.binary(max_size=32), b64), max_size=3).map(tuple),
     st.lists(st.builds(M.SignatureEntry, ids, b64), max_size=3).map(tuple),
     st.lists(st.builds(M.KeyEntry, ids, b32, b32, b32, b64), max_size=3).map(tuple),
     st.lists(st.builds(M.SecretEntry, ids, b32), max_size=3).map(tuple),
-    st.lists(st.builds(M.SecretEntry, ids, b32), max_size=3).map(tuple))
+    st.lists(st.builds(M.SecretEntry, ids, b32), max_size=3).map(tuple),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -243,7 +273,7 @@ def test_sum_proof_round_trips_and_mutations_are_refused_or_reencode(msg, data):
         i = data.draw(st.integers(0, len(b) - 1))
         b[i] ^= data.draw(st.integers(1, 255))
     elif op == "cut":
-        b = b[:data.draw(st.integers(0, len(b) - 1))]
+        b = b[: data.draw(st.integers(0, len(b) - 1))]
     else:
         b += data.draw(st.binary(min_size=1, max_size=8))
     try:

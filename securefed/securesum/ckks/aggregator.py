@@ -44,12 +44,30 @@ class CKKSAggregator:
 
     name = "ckks"
 
-    def __init__(self, clip_range=None, *, precision: float = 1e-6, key_holder: int = 0, min_survivors=None,
-                 quorum=None, verify: str = "recompute", dropout=None, drop_stage: str | None = None,
-                 random_state=None, fallbacks=None, flood_bits: int = FLOOD_BITS):
+    def __init__(
+        self,
+        clip_range=None,
+        *,
+        precision: float = 1e-6,
+        key_holder: int = 0,
+        min_survivors=None,
+        quorum=None,
+        verify: str = "recompute",
+        dropout=None,
+        drop_stage: str | None = None,
+        random_state=None,
+        fallbacks=None,
+        flood_bits: int = FLOOD_BITS,
+    ):
         if clip_range is None or not np.isfinite(clip_range) or clip_range <= 0:
-            raise ConfigError(bad_value("clip_range", clip_range, "CKKS needs a positive public bound on |update| "
-                                        "coordinates, e.g. clip_range=1.0 for data scaled to [0, 1]"))
+            raise ConfigError(
+                bad_value(
+                    "clip_range",
+                    clip_range,
+                    "CKKS needs a positive public bound on |update| "
+                    "coordinates, e.g. clip_range=1.0 for data scaled to [0, 1]",
+                )
+            )
         if drop_stage is not None and drop_stage not in CKKS_STAGES:
             raise ConfigError(bad_value("drop_stage", drop_stage, f"use one of {', '.join(CKKS_STAGES)} or None"))
         if not (precision > 0):
@@ -87,10 +105,24 @@ class CKKSAggregator:
         params = choose_ckks_parameters(flat[0].size, self.precision, M, n, self.flood_bits, 1 + len(fb))
         sched = dropout_schedule(n, self.dropout, self.drop_stage, self._rng, CKKS_STAGES)
         priv, pub = self._identities(n)
-        out = run_ckks_round(params, priv, pub, flat, w, self.clip_range, drop_at=sched, key_holder=self.key_holder,
-                             session_id=self.session_id, round_index=self._round, verify=self.verify,
-                             min_survivors=self.min_survivors, quorum=self.quorum, max_abs_sum=M, fallbacks=fb,
-                             flood_bits=self.flood_bits)
+        out = run_ckks_round(
+            params,
+            priv,
+            pub,
+            flat,
+            w,
+            self.clip_range,
+            drop_at=sched,
+            key_holder=self.key_holder,
+            session_id=self.session_id,
+            round_index=self._round,
+            verify=self.verify,
+            min_survivors=self.min_survivors,
+            quorum=self.quorum,
+            max_abs_sum=M,
+            fallbacks=fb,
+            flood_bits=self.flood_bits,
+        )
         self._round += 1
         if out.error is not None:
             raise out.error
@@ -102,12 +134,28 @@ class CKKSAggregator:
 
         sigma = flood_sigma(params.scale_bits, n, M, self.flood_bits, 1 + len(fb))
         return AggregateResult(
-            total=out.total.reshape(shape), survivors=tuple(int(i) for i in surv), weight_sum=float(w[list(surv)].sum()),
-            protocol="ckks", clipped=clipped, bytes_up=int(np.mean(up)), bytes_down=int(sum(out.bytes_up.values())),
+            total=out.total.reshape(shape),
+            survivors=tuple(int(i) for i in surv),
+            weight_sum=float(w[list(surv)].sum()),
+            protocol="ckks",
+            clipped=clipped,
+            bytes_up=int(np.mean(up)),
+            bytes_down=int(sum(out.bytes_up.values())),
             seconds=time.perf_counter() - t0,
-            details=dict(round_index=round_index, params=params.as_dict(), precision=params.step,
-                         flood_sigma=sigma, flood_bits=self.flood_bits, fallbacks=list(fb),
-                         error_bound=release_error_bound(params.step, sigma, params.length),
-                         decryptor=out.decryptor, timings=out.timings, scheduled_dropouts=sched,
-                         verify=self.verify, dropped_at={k: list(v) for k, v in out.dropped_at.items()},
-                         bytes_to_clients=int(sum(out.bytes_down.values())), client_errors=out.client_errors))
+            details=dict(
+                round_index=round_index,
+                params=params.as_dict(),
+                precision=params.step,
+                flood_sigma=sigma,
+                flood_bits=self.flood_bits,
+                fallbacks=list(fb),
+                error_bound=release_error_bound(params.step, sigma, params.length),
+                decryptor=out.decryptor,
+                timings=out.timings,
+                scheduled_dropouts=sched,
+                verify=self.verify,
+                dropped_at={k: list(v) for k, v in out.dropped_at.items()},
+                bytes_to_clients=int(sum(out.bytes_down.values())),
+                client_errors=out.client_errors,
+            ),
+        )

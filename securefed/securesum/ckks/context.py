@@ -10,9 +10,26 @@ from ...errors import AuthenticationError, DecodeError, ProtocolError
 from .. import crypto
 from .params import CKKSParams
 
-__all__ = ["tenseal", "make_context", "public_bytes", "secret_bytes", "context_bytes", "load_public_context",
-           "load_context", "can_decrypt", "encrypt_vector", "sum_ciphertexts", "decrypt_vectors", "vectors",
-           "add_into", "upload_digest", "input_payload", "survivors_payload", "context_payload", "decrypted_payload"]
+__all__ = [
+    "tenseal",
+    "make_context",
+    "public_bytes",
+    "secret_bytes",
+    "context_bytes",
+    "load_public_context",
+    "load_context",
+    "can_decrypt",
+    "encrypt_vector",
+    "sum_ciphertexts",
+    "decrypt_vectors",
+    "vectors",
+    "add_into",
+    "upload_digest",
+    "input_payload",
+    "survivors_payload",
+    "context_payload",
+    "decrypted_payload",
+]
 
 _pack = crypto.pack_ids
 
@@ -26,9 +43,10 @@ def tenseal():
 
 def make_context(p: CKKSParams):
     ts = tenseal()
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=p.poly_modulus_degree,
-                     coeff_mod_bit_sizes=list(p.coeff_mod_bit_sizes))
-    ctx.global_scale = 2.0 ** p.scale_bits
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS, poly_modulus_degree=p.poly_modulus_degree, coeff_mod_bit_sizes=list(p.coeff_mod_bit_sizes)
+    )
+    ctx.global_scale = 2.0**p.scale_bits
     return ctx
 
 
@@ -57,8 +75,9 @@ def load_public_context(data: bytes):
     """Load a context that must not carry the secret key (the server's, a non-key-holder's)."""
     ctx = load_context(data, "public context")
     if ctx.is_private():
-        raise AuthenticationError("a party that must not decrypt was handed a context holding the CKKS secret key; "
-                                  "refused")
+        raise AuthenticationError(
+            "a party that must not decrypt was handed a context holding the CKKS secret key; refused"
+        )
     return ctx
 
 
@@ -74,7 +93,7 @@ def can_decrypt(ctx, ciphertext: bytes) -> bool:
 def encrypt_vector(ctx, x: np.ndarray, slots: int) -> tuple:
     """Batch ``x`` over ⌈len/slots⌉ CKKS ciphertexts (serialised)."""
     ts = tenseal()
-    return tuple(ts.ckks_vector(ctx, x[i:i + slots].tolist()).serialize() for i in range(0, x.size, slots))
+    return tuple(ts.ckks_vector(ctx, x[i : i + slots].tolist()).serialize() for i in range(0, x.size, slots))
 
 
 def vectors(ctx, chunks, what: str) -> list:
@@ -137,11 +156,22 @@ def survivors_payload(session: bytes, rnd: int, survivors, spec_digest: bytes = 
 
 def context_payload(session: bytes, rnd: int, sender: int, spec_digest: bytes, context: bytes) -> bytes:
     """Bytes the key holder signs for its public context (so no server can hand a client its own key)."""
-    return (b"securefed/ckks-public-context/v2|" + session + _pack(rnd, sender) + spec_digest
-            + hashlib.sha256(context).digest())
+    return (
+        b"securefed/ckks-public-context/v2|"
+        + session
+        + _pack(rnd, sender)
+        + spec_digest
+        + hashlib.sha256(context).digest()
+    )
 
 
 def decrypted_payload(session: bytes, rnd: int, sender: int, spec_digest: bytes, step: float, data: bytes) -> bytes:
     """Bytes a decryptor signs for its DecryptedSum."""
-    return (b"securefed/ckks-decrypted/v2|" + session + _pack(rnd, sender) + spec_digest
-            + np.float64(step).tobytes() + hashlib.sha256(data).digest())
+    return (
+        b"securefed/ckks-decrypted/v2|"
+        + session
+        + _pack(rnd, sender)
+        + spec_digest
+        + np.float64(step).tobytes()
+        + hashlib.sha256(data).digest()
+    )

@@ -63,9 +63,22 @@ import numpy as np
 from ...errors import AuthenticationError, ConfigError, DecodeError, ProtocolError, bad_value
 from .. import crypto
 from ..machine import StageClient, StageServer
-from ..messages import (AdvertiseKeys, ConsistencyRequest, ConsistencySignature, ContextHandoff, DecryptedSum,
-                        DecryptRequest, InputDigest, InputEntry, KeyEntry, KeysBroadcast, PublicContext, SignatureEntry,
-                        SignedInput, encode)
+from ..messages import (
+    AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencySignature,
+    ContextHandoff,
+    DecryptedSum,
+    DecryptRequest,
+    InputDigest,
+    InputEntry,
+    KeyEntry,
+    KeysBroadcast,
+    PublicContext,
+    SignatureEntry,
+    SignedInput,
+    encode,
+)
 from ..secagg import advert_payload, channel_key, share_aad
 from . import context as cx
 from .params import CKKSRoundSpec, gaussian_noise, randomized_round
@@ -96,9 +109,12 @@ class CKKSClient(StageClient):
         The client's own non-negative weight, applied after clipping (a site computes it from its own data).
     """
 
-    TRANSITIONS = {"advertised": {KeysBroadcast: "_on_keys", PublicContext: "_on_public"},
-                   "keyed": {ContextHandoff: "_on_handoff"}, "uploaded": {ConsistencyRequest: "_on_confirm"},
-                   "confirmed": {DecryptRequest: "_on_decrypt"}}
+    TRANSITIONS = {
+        "advertised": {KeysBroadcast: "_on_keys", PublicContext: "_on_public"},
+        "keyed": {ContextHandoff: "_on_handoff"},
+        "uploaded": {ConsistencyRequest: "_on_confirm"},
+        "confirmed": {DecryptRequest: "_on_decrypt"},
+    }
 
     def __init__(self, spec: CKKSRoundSpec, client_id: int, identity_key, update, weight: float = 1.0):
         if not 0 <= client_id < spec.n_clients:
@@ -147,9 +163,12 @@ class CKKSClient(StageClient):
         spec = self.spec
         if not 0 <= e.sender < spec.n_clients:
             raise ProtocolError(f"client {self.id}: key advertisement of unknown client {e.sender}")
-        crypto.verify(spec.identity_keys[e.sender], e.signature,
-                      advert_payload(spec.session_id, spec.round_index, e.sender, spec.digest, e.c_pk, e.s_pk, e.commit),
-                      what=f"client {e.sender}'s advertised key")
+        crypto.verify(
+            spec.identity_keys[e.sender],
+            e.signature,
+            advert_payload(spec.session_id, spec.round_index, e.sender, spec.digest, e.c_pk, e.s_pk, e.commit),
+            what=f"client {e.sender}'s advertised key",
+        )
 
     # -- stage handlers
     def _on_keys(self, msg: KeysBroadcast) -> list[bytes]:
@@ -161,18 +180,24 @@ class CKKSClient(StageClient):
             if self.id not in spec.fallbacks:
                 raise ProtocolError(f"client {self.id}: not a decryptor of this round; it expects the public context")
             if senders != [kh]:
-                raise ProtocolError(f"client {self.id}: expected the key holder's ({kh}) advertisement only, got {senders}")
+                raise ProtocolError(
+                    f"client {self.id}: expected the key holder's ({kh}) advertisement only, got {senders}"
+                )
             self._verify_entry(msg.entries[0])
             self._holder_pk = msg.entries[0].c_pk
             self.state = "keyed"
             return []
         if not set(senders) <= set(spec.fallbacks) | {self.id}:
-            raise ProtocolError(f"client {self.id}: the broadcast names clients {senders}, not only this round's "
-                                f"fallback decryptors {list(spec.fallbacks)}; the secret key goes to nobody else")
+            raise ProtocolError(
+                f"client {self.id}: the broadcast names clients {senders}, not only this round's "
+                f"fallback decryptors {list(spec.fallbacks)}; the secret key goes to nobody else"
+            )
         out = []
         ctx = cx.make_context(spec.params)
         pub = cx.public_bytes(ctx)
-        sig = crypto.sign(self._identity, cx.context_payload(spec.session_id, spec.round_index, self.id, spec.digest, pub))
+        sig = crypto.sign(
+            self._identity, cx.context_payload(spec.session_id, spec.round_index, self.id, spec.digest, pub)
+        )
         out.append(encode(PublicContext(spec.session_id, spec.round_index, self.id, pub, sig)))
         secret = cx.secret_bytes(ctx)
         for e in msg.entries:
@@ -184,8 +209,9 @@ class CKKSClient(StageClient):
                 self._verify_entry(e)
                 if e.c_pk == self._c_pk:
                     raise AuthenticationError(f"client {e.sender} advertised the key holder's own key")
-                key = channel_key(crypto.x25519_shared(self._c_sk, e.c_pk), spec.session_id, spec.round_index,
-                                  self.id, e.sender)
+                key = channel_key(
+                    crypto.x25519_shared(self._c_sk, e.c_pk), spec.session_id, spec.round_index, self.id, e.sender
+                )
             except AuthenticationError:
                 continue  # a bad advertisement: that fallback gets no key (it can still upload with the public one)
             ct = crypto.aead_encrypt(key, secret, share_aad(spec.session_id, spec.round_index, self.id, e.sender))
@@ -199,9 +225,12 @@ class CKKSClient(StageClient):
         spec, kh = self.spec, self.spec.key_holder
         if self.is_key_holder or msg.sender != kh:
             raise ProtocolError(f"client {self.id}: public context from client {msg.sender}, not the key holder {kh}")
-        crypto.verify(spec.identity_keys[kh], msg.signature,
-                      cx.context_payload(spec.session_id, spec.round_index, kh, spec.digest, msg.context),
-                      what="the key holder's public context")
+        crypto.verify(
+            spec.identity_keys[kh],
+            msg.signature,
+            cx.context_payload(spec.session_id, spec.round_index, kh, spec.digest, msg.context),
+            what="the key holder's public context",
+        )
         ctx = cx.load_public_context(msg.context)
         self._check_context(ctx)
         self._c_sk = None
@@ -209,16 +238,22 @@ class CKKSClient(StageClient):
         return [self._upload()]
 
     def _check_context(self, ctx) -> None:
-        if ctx.global_scale != 2.0 ** self.spec.params.scale_bits:
+        if ctx.global_scale != 2.0**self.spec.params.scale_bits:
             raise ProtocolError(f"client {self.id}: the CKKS context has the wrong scale")
 
     def _on_handoff(self, msg: ContextHandoff) -> list[bytes]:
         spec, kh = self.spec, self.spec.key_holder
         if msg.sender != kh:
             raise ProtocolError(f"client {self.id}: key handoff from client {msg.sender}, not the key holder {kh}")
-        key = channel_key(crypto.x25519_shared(self._c_sk, self._holder_pk), spec.session_id, spec.round_index, kh, self.id)
-        secret = crypto.aead_decrypt(key, msg.ciphertext, share_aad(spec.session_id, spec.round_index, kh, self.id),
-                                     what=f"client {self.id}: CKKS key handoff")
+        key = channel_key(
+            crypto.x25519_shared(self._c_sk, self._holder_pk), spec.session_id, spec.round_index, kh, self.id
+        )
+        secret = crypto.aead_decrypt(
+            key,
+            msg.ciphertext,
+            share_aad(spec.session_id, spec.round_index, kh, self.id),
+            what=f"client {self.id}: CKKS key handoff",
+        )
         ctx = cx.load_context(secret, f"client {self.id}: the handed-off CKKS context")
         if not ctx.is_private():
             raise ProtocolError(f"client {self.id}: the handed-off context lacks the secret key")
@@ -235,8 +270,9 @@ class CKKSClient(StageClient):
         x = np.clip(x, -c, c) * self._weight
         chunks = cx.encrypt_vector(self._ctx, x, spec.params.slots)
         self._digest = cx.upload_digest(chunks)
-        sig = crypto.sign(self._identity, cx.input_payload(spec.session_id, spec.round_index, self.id, self._digest,
-                                                           spec.digest))
+        sig = crypto.sign(
+            self._identity, cx.input_payload(spec.session_id, spec.round_index, self.id, self._digest, spec.digest)
+        )
         self._update = None
         self.state = "uploaded"
         return encode(SignedInput(spec.session_id, spec.round_index, self.id, chunks, sig))
@@ -256,8 +292,9 @@ class CKKSClient(StageClient):
             raise ProtocolError(f"client {self.id} holds no CKKS secret key; it decrypts nothing")
         surv = tuple(msg.survivors)
         if surv != self._survivors:
-            raise AuthenticationError(f"client {self.id}: asked to decrypt over a survivor set other than the one it "
-                                      "confirmed; refused")
+            raise AuthenticationError(
+                f"client {self.id}: asked to decrypt over a survivor set other than the one it confirmed; refused"
+            )
         signers = [e.signer for e in msg.signatures]
         if len(set(signers)) != len(signers) or not set(signers) <= set(surv):
             raise ProtocolError(f"client {self.id}: survivor-set signatures are duplicated or from non-survivors")
@@ -265,15 +302,20 @@ class CKKSClient(StageClient):
         for e in msg.signatures:
             crypto.verify(spec.identity_keys[e.signer], e.signature, payload, what=f"client {e.signer}'s survivor set")
         if len(signers) < spec.signatures_needed:
-            raise AuthenticationError(f"client {self.id}: only {len(signers)} clients confirmed the survivor set, "
-                                      f"{spec.signatures_needed} required; refused")
+            raise AuthenticationError(
+                f"client {self.id}: only {len(signers)} clients confirmed the survivor set, "
+                f"{spec.signatures_needed} required; refused"
+            )
         if tuple(d.sender for d in msg.digests) != surv:
             raise AuthenticationError(f"client {self.id}: signed digests do not match the survivor list; refused")
         digests = {}
         for d in msg.digests:
-            crypto.verify(spec.identity_keys[d.sender], d.signature,
-                          cx.input_payload(spec.session_id, spec.round_index, d.sender, d.digest, spec.digest),
-                          what=f"client {d.sender}'s CKKS upload")
+            crypto.verify(
+                spec.identity_keys[d.sender],
+                d.signature,
+                cx.input_payload(spec.session_id, spec.round_index, d.sender, d.digest, spec.digest),
+                what=f"client {d.sender}'s CKKS upload",
+            )
             digests[d.sender] = d.digest
         if digests[self.id] != self._digest:
             raise AuthenticationError(f"client {self.id}: the digest of its own upload was replaced; refused")
@@ -283,14 +325,21 @@ class CKKSClient(StageClient):
             sums = None
             for e in msg.uploads:
                 if len(e.chunks) != p.n_ciphertexts or cx.upload_digest(e.chunks) != digests[e.sender]:
-                    raise AuthenticationError(f"client {self.id}: client {e.sender}'s relayed upload does not match "
-                                              "its signed digest; refused")
-                sums = cx.add_into(sums, cx.vectors(self._ctx, e.chunks, f"upload of client {e.sender}"),
-                                   f"upload of client {e.sender}")
+                    raise AuthenticationError(
+                        f"client {self.id}: client {e.sender}'s relayed upload does not match "
+                        "its signed digest; refused"
+                    )
+                sums = cx.add_into(
+                    sums,
+                    cx.vectors(self._ctx, e.chunks, f"upload of client {e.sender}"),
+                    f"upload of client {e.sender}",
+                )
             mine = tuple(v.serialize() for v in sums)
             if mine != tuple(msg.chunks):
-                raise AuthenticationError(f"client {self.id}: the server's claimed sum is not the homomorphic sum of "
-                                          "the signed uploads; refused to decrypt")
+                raise AuthenticationError(
+                    f"client {self.id}: the server's claimed sum is not the homomorphic sum of "
+                    "the signed uploads; refused to decrypt"
+                )
             vecs = sums
         else:
             if msg.uploads:
@@ -303,8 +352,9 @@ class CKKSClient(StageClient):
         self._ctx = None
         self.state = "done"
         data = out.astype("<f8").tobytes()
-        sig = crypto.sign(self._identity, cx.decrypted_payload(spec.session_id, spec.round_index, self.id, spec.digest,
-                                                               p.step, data))
+        sig = crypto.sign(
+            self._identity, cx.decrypted_payload(spec.session_id, spec.round_index, self.id, spec.digest, p.step, data)
+        )
         return [encode(DecryptedSum(spec.session_id, spec.round_index, self.id, p.step, data, sig))]
 
     # -- persistence between messages (a fresh process per message, e.g. a Flower ClientApp)
@@ -324,9 +374,17 @@ class CKKSClient(StageClient):
         for k in ("_c_pk", "_holder_pk", "_digest"):
             if getattr(self, k, None) is not None:
                 blobs[k] = getattr(self, k)
-        head = json.dumps({"v": _STATE_VERSION, "id": self.id, "state": self.state, "weight": self._weight,
-                           "clipped": self.clipped, "survivors": self._survivors,
-                           "blobs": [[k, len(b)] for k, b in blobs.items()]}).encode()
+        head = json.dumps(
+            {
+                "v": _STATE_VERSION,
+                "id": self.id,
+                "state": self.state,
+                "weight": self._weight,
+                "clipped": self.clipped,
+                "survivors": self._survivors,
+                "blobs": [[k, len(b)] for k, b in blobs.items()],
+            }
+        ).encode()
         return _STATE_MAGIC + struct.pack("<I", len(head)) + head + b"".join(blobs.values())
 
     @classmethod
@@ -338,7 +396,7 @@ class CKKSClient(StageClient):
                 raise DecodeError("stored CKKS client state has a bad magic")
             n = struct.unpack_from("<I", blob, len(_STATE_MAGIC))[0]
             pos = len(_STATE_MAGIC) + 4
-            head = json.loads(blob[pos:pos + n].decode())
+            head = json.loads(blob[pos : pos + n].decode())
             pos += n
             if head.get("v") != _STATE_VERSION:
                 raise DecodeError(f"stored CKKS client state version {head.get('v')!r} is not {_STATE_VERSION}")
@@ -346,7 +404,7 @@ class CKKSClient(StageClient):
             for k, ln in head["blobs"]:
                 if pos + ln > len(blob):
                     raise DecodeError("stored CKKS client state is truncated")
-                blobs[k] = blob[pos:pos + ln]
+                blobs[k] = blob[pos : pos + ln]
                 pos += ln
             if pos != len(blob):
                 raise DecodeError("stored CKKS client state has trailing bytes")
@@ -363,10 +421,19 @@ class CKKSClient(StageClient):
         except (ValueError, KeyError, TypeError) as exc:
             raise DecodeError(f"malformed stored CKKS client state: {exc}") from None
         if c.state not in _CLIENT_STATES or not 0 <= c.id < spec.n_clients:
-            raise DecodeError(f"stored CKKS client state is for client {c.id} in state {c.state!r}, not a client of "
-                              f"this round's {spec.n_clients} in one of {', '.join(_CLIENT_STATES)}")
-        c._ctx = cx.load_context(blobs["ctx"], "stored CKKS client state (the site's stored round state is corrupt — "
-                                 "the round cannot continue on this site)") if "ctx" in blobs else None
+            raise DecodeError(
+                f"stored CKKS client state is for client {c.id} in state {c.state!r}, not a client of "
+                f"this round's {spec.n_clients} in one of {', '.join(_CLIENT_STATES)}"
+            )
+        c._ctx = (
+            cx.load_context(
+                blobs["ctx"],
+                "stored CKKS client state (the site's stored round state is corrupt — "
+                "the round cannot continue on this site)",
+            )
+            if "ctx" in blobs
+            else None
+        )
         for k in ("_c_pk", "_holder_pk", "_digest"):
             setattr(c, k, blobs.get(k))
         return c
@@ -384,10 +451,13 @@ class CKKSServer(StageServer):
     aborted (:class:`~..machine.StageServer`). The server only ever holds the public context.
     """
 
-    TRANSITIONS = {"advertise": {AdvertiseKeys: "_on_advert"},
-                   "handoff": {PublicContext: "_on_public", ContextHandoff: "_on_handoff", SignedInput: "_on_input"},
-                   "input": {SignedInput: "_on_input"}, "confirm": {ConsistencySignature: "_on_confirmation"},
-                   "decrypt": {DecryptedSum: "_on_decrypted"}}
+    TRANSITIONS = {
+        "advertise": {AdvertiseKeys: "_on_advert"},
+        "handoff": {PublicContext: "_on_public", ContextHandoff: "_on_handoff", SignedInput: "_on_input"},
+        "input": {SignedInput: "_on_input"},
+        "confirm": {ConsistencySignature: "_on_confirmation"},
+        "decrypt": {DecryptedSum: "_on_decrypted"},
+    }
     FIRST_STAGE = "advertise"
     NAME = "server"
     ROUND_NAME = "CKKS round"
@@ -420,9 +490,12 @@ class CKKSServer(StageServer):
         spec = self.spec
         if msg.sender in self._adverts:
             raise ProtocolError(f"server: duplicate AdvertiseKeys from client {msg.sender} (replay); discarded")
-        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
-                      advert_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.c_pk, msg.s_pk,
-                                     msg.commit), what=f"client {msg.sender}'s advertised key")
+        crypto.verify(
+            spec.identity_keys[msg.sender],
+            msg.signature,
+            advert_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.c_pk, msg.s_pk, msg.commit),
+            what=f"client {msg.sender}'s advertised key",
+        )
         crypto.x25519_shared(self._probe, msg.c_pk)  # invalid / low-order keys raise: that client is left out
         self._adverts[msg.sender] = msg
 
@@ -430,14 +503,17 @@ class CKKSServer(StageServer):
         spec = self.spec
         if msg.sender != spec.key_holder or self._ctx is not None:
             raise ProtocolError(f"server: unexpected PublicContext from client {msg.sender}; discarded")
-        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
-                      cx.context_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.context),
-                      what="the key holder's public context")
+        crypto.verify(
+            spec.identity_keys[msg.sender],
+            msg.signature,
+            cx.context_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.context),
+            what="the key holder's public context",
+        )
         try:
             ctx = cx.load_public_context(msg.context)
         except AuthenticationError:
             self._fail("the key holder sent a context holding the secret key; the server discarded it", False)
-        if ctx.global_scale != 2.0 ** spec.params.scale_bits:
+        if ctx.global_scale != 2.0**spec.params.scale_bits:
             raise ProtocolError("server: public context has the wrong scale; discarded")
         self._ctx, self._public = ctx, msg
 
@@ -459,12 +535,17 @@ class CKKSServer(StageServer):
         if self._ctx is None:
             raise ProtocolError(f"server: upload from client {u} before the public context; discarded")
         if len(msg.chunks) != spec.params.n_ciphertexts:
-            raise DecodeError(f"server: client {u} uploaded {len(msg.chunks)} ciphertexts, expected "
-                              f"{spec.params.n_ciphertexts}; discarded")
+            raise DecodeError(
+                f"server: client {u} uploaded {len(msg.chunks)} ciphertexts, expected "
+                f"{spec.params.n_ciphertexts}; discarded"
+            )
         digest = cx.upload_digest(msg.chunks)
-        crypto.verify(spec.identity_keys[u], msg.signature,
-                      cx.input_payload(spec.session_id, spec.round_index, u, digest, spec.digest),
-                      what=f"client {u}'s CKKS upload")
+        crypto.verify(
+            spec.identity_keys[u],
+            msg.signature,
+            cx.input_payload(spec.session_id, spec.round_index, u, digest, spec.digest),
+            what=f"client {u}'s CKKS upload",
+        )
         t0 = time.perf_counter()
         vecs = cx.vectors(self._ctx, msg.chunks, f"server: upload of client {u}")
         if self._sum is not None and len(vecs) != len(self._sum):
@@ -480,28 +561,42 @@ class CKKSServer(StageServer):
             raise ProtocolError(f"server: survivor-set signature from client {u}, not a survivor; discarded")
         if u in self._confirmations:
             raise ProtocolError(f"server: duplicate survivor-set signature from client {u} (replay); discarded")
-        crypto.verify(spec.identity_keys[u], msg.signature,
-                      cx.survivors_payload(spec.session_id, spec.round_index, self.survivors, spec.digest),
-                      what=f"client {u}'s survivor set")
+        crypto.verify(
+            spec.identity_keys[u],
+            msg.signature,
+            cx.survivors_payload(spec.session_id, spec.round_index, self.survivors, spec.digest),
+            what=f"client {u}'s survivor set",
+        )
         self._confirmations[u] = msg.signature
 
     def _on_decrypted(self, msg):
         spec, p = self.spec, self.spec.params
         if msg.sender != self.decryptor or self.result is not None:
-            raise ProtocolError(f"server: DecryptedSum from client {msg.sender}, asked client {self.decryptor}; discarded")
+            raise ProtocolError(
+                f"server: DecryptedSum from client {msg.sender}, asked client {self.decryptor}; discarded"
+            )
         if msg.step != p.step or len(msg.data) != 8 * p.length:
             raise DecodeError(f"server: decrypted sum of client {msg.sender} has the wrong step or size; discarded")
-        crypto.verify(spec.identity_keys[msg.sender], msg.signature,
-                      cx.decrypted_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.step, msg.data),
-                      what=f"client {msg.sender}'s decrypted sum")
+        crypto.verify(
+            spec.identity_keys[msg.sender],
+            msg.signature,
+            cx.decrypted_payload(spec.session_id, spec.round_index, msg.sender, spec.digest, msg.step, msg.data),
+            what=f"client {msg.sender}'s decrypted sum",
+        )
         out = np.frombuffer(msg.data, dtype="<f8").astype(np.float64)
         limit = spec.max_abs_sum + spec.release_bound
         if not np.all(np.isfinite(out)) or float(np.max(np.abs(out))) > limit:
             # signed by the decryptor, so provably its own lie: blame it and ask the next key holder at once
             self.blame = tuple(self.blame) + (msg.sender,)
-            self.rejected.append((msg.sender, ProtocolError(
-                f"server: client {msg.sender}'s decrypted sum lies outside |sum| <= {limit:.6g} (M + the stated "
-                "release error); discarded, the next key holder is asked")))
+            self.rejected.append(
+                (
+                    msg.sender,
+                    ProtocolError(
+                        f"server: client {msg.sender}'s decrypted sum lies outside |sum| <= {limit:.6g} (M + the stated "
+                        "release error); discarded, the next key holder is asked"
+                    ),
+                )
+            )
             self._liar = msg.sender
             return
         self.result = out
@@ -536,21 +631,28 @@ class CKKSServer(StageServer):
         uploads = tuple(InputEntry(u, self._inputs[u].chunks) for u in surv) if spec.verify == "recompute" else ()
         self.expected = {d}
         self.deadline = now + spec.timeout("decrypt")
-        self._send(out, d, DecryptRequest(spec.session_id, spec.round_index, d, surv, sigs, digests, uploads,
-                                          self._sum_chunks))
+        self._send(
+            out, d, DecryptRequest(spec.session_id, spec.round_index, d, surv, sigs, digests, uploads, self._sum_chunks)
+        )
 
     def _close(self, now: float, timed_out: bool) -> list[tuple[int, bytes]]:
         spec, sid, rnd, kh = self.spec, self.spec.session_id, self.spec.round_index, self.spec.key_holder
         out: list = []
         if self.stage == "advertise":
             if kh not in self._adverts:
-                self._fail(f"the key holder (client {kh}) dropped before generating the key; nothing was encrypted",
-                           False)
+                self._fail(
+                    f"the key holder (client {kh}) dropped before generating the key; nothing was encrypted", False
+                )
             if len(self._adverts) < spec.min_survivors:
-                self._fail(f"only {len(self._adverts)} clients advertised keys, min_survivors is {spec.min_survivors}",
-                           timed_out)
-            entries = tuple(KeyEntry(v, a.c_pk, a.s_pk, a.commit, a.signature) for v, a in sorted(self._adverts.items())
-                            if v == kh or v in spec.fallbacks)
+                self._fail(
+                    f"only {len(self._adverts)} clients advertised keys, min_survivors is {spec.min_survivors}",
+                    timed_out,
+                )
+            entries = tuple(
+                KeyEntry(v, a.c_pk, a.s_pk, a.commit, a.signature)
+                for v, a in sorted(self._adverts.items())
+                if v == kh or v in spec.fallbacks
+            )
             self._advance("handoff", now, {kh}, set(self._adverts))
             self._send(out, kh, KeysBroadcast(sid, rnd, kh, entries))
         elif self.stage == "handoff":
@@ -570,7 +672,9 @@ class CKKSServer(StageServer):
         elif self.stage == "input":
             surv = tuple(sorted(self._inputs))
             if len(surv) < spec.min_survivors:
-                self._fail(f"only {len(surv)} encrypted inputs arrived, min_survivors is {spec.min_survivors}", timed_out)
+                self._fail(
+                    f"only {len(surv)} encrypted inputs arrived, min_survivors is {spec.min_survivors}", timed_out
+                )
             t0 = time.perf_counter()
             self._sum_chunks = tuple(v.serialize() for v in self._sum)
             self.sum_seconds += time.perf_counter() - t0
@@ -584,8 +688,11 @@ class CKKSServer(StageServer):
             signers = sorted(self._confirmations)
             self.dropped_at["confirm"] = tuple(sorted(self.expected - set(signers)))
             if len(signers) < spec.signatures_needed:
-                self._fail(f"only {len(signers)} survivors confirmed the survivor set, {spec.signatures_needed} "
-                           "required (quorum)", timed_out)
+                self._fail(
+                    f"only {len(signers)} survivors confirmed the survivor set, {spec.signatures_needed} "
+                    "required (quorum)",
+                    timed_out,
+                )
             keyed = {kh} | set(self._handoffs)
             self._candidates = [d for d in spec.decryptors if d in keyed and d in self._confirmations]
             if not self._candidates:

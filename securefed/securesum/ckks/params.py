@@ -41,10 +41,26 @@ from ...errors import ConfigError, DecodeError, OverflowRiskError, bad_value
 from .. import crypto
 from ..task import NO_TASK
 
-__all__ = ["CKKS_STAGES", "CKKS_TIMEOUTS", "VERIFY_MODES", "MAX_COEFF_BITS", "CKKSParams", "CKKSRoundSpec",
-           "choose_ckks_parameters", "check_ckks_params", "ckks_error_bound", "flood_sigma", "flood_shift",
-           "randomized_round", "gaussian_noise", "release_error_bound", "encode_ckks_spec", "decode_ckks_spec",
-           "FLOOD_BITS", "TAIL_BITS"]
+__all__ = [
+    "CKKS_STAGES",
+    "CKKS_TIMEOUTS",
+    "VERIFY_MODES",
+    "MAX_COEFF_BITS",
+    "CKKSParams",
+    "CKKSRoundSpec",
+    "choose_ckks_parameters",
+    "check_ckks_params",
+    "ckks_error_bound",
+    "flood_sigma",
+    "flood_shift",
+    "randomized_round",
+    "gaussian_noise",
+    "release_error_bound",
+    "encode_ckks_spec",
+    "decode_ckks_spec",
+    "FLOOD_BITS",
+    "TAIL_BITS",
+]
 
 CKKS_STAGES = ("advertise", "handoff", "input", "decrypt")
 CKKS_TIMEOUTS = {"advertise": 30.0, "handoff": 60.0, "input": 120.0, "decrypt": 120.0}
@@ -73,9 +89,15 @@ class CKKSParams:
         return math.ceil(self.length / self.slots)
 
     def as_dict(self) -> dict:
-        return dict(poly_modulus_degree=self.poly_modulus_degree, coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes),
-                    scale_bits=self.scale_bits, step=self.step, slots=self.slots, n_ciphertexts=self.n_ciphertexts,
-                    security_bits=128)
+        return dict(
+            poly_modulus_degree=self.poly_modulus_degree,
+            coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes),
+            scale_bits=self.scale_bits,
+            step=self.step,
+            slots=self.slots,
+            n_ciphertexts=self.n_ciphertexts,
+            security_bits=128,
+        )
 
 
 def _half_log2(n: int) -> int:
@@ -98,21 +120,22 @@ def flood_sigma(scale_bits: int, n_clients: int, max_abs_sum: float, bits: int =
 
 
 def _tail_z(length: int) -> float:
-    return math.sqrt(2.0 * math.log(2.0 * max(1, int(length)) * 2.0 ** TAIL_BITS))
+    return math.sqrt(2.0 * math.log(2.0 * max(1, int(length)) * 2.0**TAIL_BITS))
 
 
 def release_error_bound(step: float, sigma: float = 0.0, length: int = 1) -> float:
     """Bound on |released − exact sum| per coordinate: randomised rounding (< step), the CKKS error
     (≤ step/64) and the flood (≤ z·σ for all ``length`` coordinates, except with probability 2^−40)."""
-    return float(step) * (1.0 + 2.0 ** -6) + _tail_z(length) * float(sigma)
+    return float(step) * (1.0 + 2.0**-6) + _tail_z(length) * float(sigma)
 
 
 def _float64_min_step(max_abs_sum: float) -> float:
-    return 2.0 ** (math.ceil(math.log2(max(float(max_abs_sum), 2.0 ** -1000))) - 51)
+    return 2.0 ** (math.ceil(math.log2(max(float(max_abs_sum), 2.0**-1000))) - 51)
 
 
-def check_ckks_params(p: CKKSParams, n_clients: int, max_abs_sum: float, flood_bits: int = FLOOD_BITS,
-                      queries: int = 2) -> list[str]:
+def check_ckks_params(
+    p: CKKSParams, n_clients: int, max_abs_sum: float, flood_bits: int = FLOOD_BITS, queries: int = 2
+) -> list[str]:
     """What makes ``p`` unsafe or dishonest for a sum of ``n_clients`` values bounded by ``max_abs_sum``.
 
     Returns the reasons (empty: fine): the step must lie above the CKKS error (no raw decryption noise
@@ -123,33 +146,45 @@ def check_ckks_params(p: CKKSParams, n_clients: int, max_abs_sum: float, flood_b
     if p.poly_modulus_degree not in MAX_COEFF_BITS or p.slots != p.poly_modulus_degree // 2:
         out.append(f"N = {p.poly_modulus_degree} with {p.slots} slots is not a supported CKKS ring")
         return out
-    if sum(p.coeff_mod_bit_sizes) > MAX_COEFF_BITS[p.poly_modulus_degree] or len(p.coeff_mod_bit_sizes) < 2 \
-            or any(not 20 <= b <= 60 for b in p.coeff_mod_bit_sizes):
-        out.append(f"N = {p.poly_modulus_degree} with modulus {list(p.coeff_mod_bit_sizes)} is not a 128-bit-secure "
-                   "parameter set (HomomorphicEncryption.org table, primes of 20..60 bits)")
+    if (
+        sum(p.coeff_mod_bit_sizes) > MAX_COEFF_BITS[p.poly_modulus_degree]
+        or len(p.coeff_mod_bit_sizes) < 2
+        or any(not 20 <= b <= 60 for b in p.coeff_mod_bit_sizes)
+    ):
+        out.append(
+            f"N = {p.poly_modulus_degree} with modulus {list(p.coeff_mod_bit_sizes)} is not a 128-bit-secure "
+            "parameter set (HomomorphicEncryption.org table, primes of 20..60 bits)"
+        )
     if not (np.isfinite(p.step) and p.step > 0) or not (np.isfinite(max_abs_sum) and max_abs_sum > 0):
         out.append(f"step {p.step!r} and max |sum| {max_abs_sum!r} must be positive and finite")
         return out
     e_max = ckks_error_bound(p.scale_bits, n_clients)
     if p.step < 64.0 * e_max:
-        out.append(f"step {p.step:.3g} is below 2^6 x the CKKS error {e_max:.3g} of a sum of {n_clients} ciphertexts "
-                   f"at scale 2^{p.scale_bits}: the release would carry raw decryption noise (key-recovery risk); "
-                   f"use step >= {64.0 * e_max:.3g} or a larger scale")
+        out.append(
+            f"step {p.step:.3g} is below 2^6 x the CKKS error {e_max:.3g} of a sum of {n_clients} ciphertexts "
+            f"at scale 2^{p.scale_bits}: the release would carry raw decryption noise (key-recovery risk); "
+            f"use step >= {64.0 * e_max:.3g} or a larger scale"
+        )
     fmin = _float64_min_step(max_abs_sum)
     if p.step < fmin:
-        out.append(f"step {p.step:.3g} is finer than float64 can carry at |sum| up to {max_abs_sum:g} (two ulps = "
-                   f"{fmin:.3g}): the stated error bound would be broken; use step >= {fmin:.3g} or a smaller clip")
+        out.append(
+            f"step {p.step:.3g} is finer than float64 can carry at |sum| up to {max_abs_sum:g} (two ulps = "
+            f"{fmin:.3g}): the stated error bound would be broken; use step >= {fmin:.3g} or a smaller clip"
+        )
     sigma = flood_sigma(p.scale_bits, n_clients, max_abs_sum, flood_bits, queries)
     top = max_abs_sum + release_error_bound(p.step, sigma, p.length)
     need = p.scale_bits + max(0, math.ceil(math.log2(top))) + 2
     if sum(p.coeff_mod_bit_sizes[:-1]) < need:
-        out.append(f"data modulus of {sum(p.coeff_mod_bit_sizes[:-1])} bits cannot hold |sum| up to {top:.3g} at "
-                   f"scale 2^{p.scale_bits} (needs {need})")
+        out.append(
+            f"data modulus of {sum(p.coeff_mod_bit_sizes[:-1])} bits cannot hold |sum| up to {top:.3g} at "
+            f"scale 2^{p.scale_bits} (needs {need})"
+        )
     return out
 
 
-def choose_ckks_parameters(length: int, precision: float, max_abs_sum: float, n_clients: int,
-                           flood_bits: int = FLOOD_BITS, queries: int = 2) -> CKKSParams:
+def choose_ckks_parameters(
+    length: int, precision: float, max_abs_sum: float, n_clients: int, flood_bits: int = FLOOD_BITS, queries: int = 2
+) -> CKKSParams:
     """Smallest 128-bit-secure CKKS parameters that sum ``n_clients`` vectors to ``precision``, flooded.
 
     step = 2^−f with f = ⌈−log2(precision)⌉ (refused when finer than float64 carries at M = ``max_abs_sum``);
@@ -163,12 +198,17 @@ def choose_ckks_parameters(length: int, precision: float, max_abs_sum: float, n_
     if not (max_abs_sum > 0 and np.isfinite(max_abs_sum)):
         raise ConfigError(bad_value("clip_range", max_abs_sum, "use a positive finite bound"))
     f = max(0, math.ceil(-math.log2(precision)))
-    step = 2.0 ** -f
+    step = 2.0**-f
     fmin = _float64_min_step(max_abs_sum)
     if step < fmin:
-        raise OverflowRiskError(bad_value(
-            "precision", precision, f"a sum bounded by {max_abs_sum:g} cannot be released to {step:.3g} in float64 "
-            f"(two ulps are {fmin:.3g}); use precision >= {fmin:.3g} or a smaller clip range / fewer sites"))
+        raise OverflowRiskError(
+            bad_value(
+                "precision",
+                precision,
+                f"a sum bounded by {max_abs_sum:g} cannot be released to {step:.3g} in float64 "
+                f"(two ulps are {fmin:.3g}); use precision >= {fmin:.3g} or a smaller clip range / fewer sites",
+            )
+        )
     h = _half_log2(n_clients)
     s = max(f + 20 + h, math.ceil(14 + h - math.log2(float(np.spacing(float(max_abs_sum))))))
     sigma = flood_sigma(s, n_clients, max_abs_sum, flood_bits, queries)
@@ -181,9 +221,14 @@ def choose_ckks_parameters(length: int, precision: float, max_abs_sum: float, n_
         special = min(60, budget - sum(data))
         if special >= max(20, min(per, 40)):
             return CKKSParams(degree, tuple(data + [special]), s, step, degree // 2, int(length))
-    raise OverflowRiskError(bad_value(
-        "precision", precision, f"a sum bounded by {max_abs_sum:g} at this precision needs {data_bits} modulus bits, "
-        "beyond 128-bit-secure CKKS; lower the precision or the clip range"))
+    raise OverflowRiskError(
+        bad_value(
+            "precision",
+            precision,
+            f"a sum bounded by {max_abs_sum:g} at this precision needs {data_bits} modulus bits, "
+            "beyond 128-bit-secure CKKS; lower the precision or the clip range",
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ secret randomness
@@ -192,7 +237,7 @@ def choose_ckks_parameters(length: int, precision: float, max_abs_sum: float, n_
 def _uniforms(size: int) -> np.ndarray:
     """53-bit uniforms in [0, 1) from AES-256-CTR under a fresh ``os.urandom`` key (secret randomness)."""
     words = crypto.keystream_words(os.urandom(32), size, np.uint64)
-    return (words >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def randomized_round(x: np.ndarray, step: float) -> np.ndarray:
@@ -277,22 +322,37 @@ class CKKSRoundSpec:
         if not 0 <= self.round_index < 2**32:
             raise ConfigError(bad_value("round_index", self.round_index, "use an integer in [0, 2^32)"))
         if self.n_clients < 1 or len(self.identity_keys) != self.n_clients:
-            raise ConfigError(bad_value("identity_keys", len(self.identity_keys), f"give {self.n_clients} Ed25519 public keys"))
+            raise ConfigError(
+                bad_value("identity_keys", len(self.identity_keys), f"give {self.n_clients} Ed25519 public keys")
+            )
         if not 0 <= self.key_holder < self.n_clients:
             raise ConfigError(bad_value("key_holder", self.key_holder, f"use a client index in [0, {self.n_clients})"))
         if not 1 <= self.min_survivors <= self.n_clients:
-            raise ConfigError(bad_value("min_survivors", self.min_survivors,
-                                        f"use 1 <= min_survivors <= n_clients = {self.n_clients} (2 or more hides inputs)"))
+            raise ConfigError(
+                bad_value(
+                    "min_survivors",
+                    self.min_survivors,
+                    f"use 1 <= min_survivors <= n_clients = {self.n_clients} (2 or more hides inputs)",
+                )
+            )
         if not (np.isfinite(self.clip) and self.clip > 0):
             raise ConfigError(bad_value("clip", self.clip, "use a positive public bound on |coordinates|"))
         if not 0 <= self.quorum <= self.n_clients:
-            raise ConfigError(bad_value("quorum", self.quorum, f"use 0 (majority) or 1..{self.n_clients}; below a "
-                                        "majority a malicious server can get two survivor sets decrypted"))
+            raise ConfigError(
+                bad_value(
+                    "quorum",
+                    self.quorum,
+                    f"use 0 (majority) or 1..{self.n_clients}; below a "
+                    "majority a malicious server can get two survivor sets decrypted",
+                )
+            )
         if self.verify not in VERIFY_MODES:
             raise ConfigError(bad_value("verify", self.verify, f"use one of {', '.join(VERIFY_MODES)}"))
         tmo = dict(self.timeouts)
         if set(tmo) != set(CKKS_STAGES) or any(not (v > 0) for v in tmo.values()):
-            raise ConfigError(bad_value("timeouts", tmo, f"give a positive number of seconds for each of {CKKS_STAGES}"))
+            raise ConfigError(
+                bad_value("timeouts", tmo, f"give a positive number of seconds for each of {CKKS_STAGES}")
+            )
         if not self.max_abs_sum:
             object.__setattr__(self, "max_abs_sum", float(self.n_clients * self.clip))
         if not (np.isfinite(self.max_abs_sum) and self.max_abs_sum >= self.clip):
@@ -305,8 +365,13 @@ class CKKSRoundSpec:
         if len(set(fb)) != len(fb) or self.key_holder in fb or any(not 0 <= i < self.n_clients for i in fb):
             raise ConfigError(bad_value("fallbacks", fb, "give distinct client ids other than the key holder"))
         if not isinstance(self.task_digest, bytes) or len(self.task_digest) != 32:
-            raise ConfigError(bad_value("task_digest", self.task_digest, "use 32 bytes (SHA-256 of the request's "
-                                        "fields, securefed.securesum.task.task_digest) or NO_TASK"))
+            raise ConfigError(
+                bad_value(
+                    "task_digest",
+                    self.task_digest,
+                    "use 32 bytes (SHA-256 of the request's fields, securefed.securesum.task.task_digest) or NO_TASK",
+                )
+            )
         if not 1 <= int(self.flood_bits) <= 256:
             raise ConfigError(bad_value("flood_bits", self.flood_bits, "use λ in [1, 256], e.g. 40"))
         problems = check_ckks_params(self.params, self.n_clients, self.max_abs_sum, self.flood_bits, self.queries)
@@ -350,12 +415,23 @@ class CKKSRoundSpec:
 def encode_ckks_spec(spec: CKKSRoundSpec) -> bytes:
     """The public round parameters as JSON bytes (byte strings hex-encoded)."""
     p = spec.params
-    doc = {"v": SPEC_VERSION, "session_id": spec.session_id.hex(), "round_index": spec.round_index,
-           "n_clients": spec.n_clients, "key_holder": spec.key_holder, "clip": spec.clip,
-           "min_survivors": spec.min_survivors, "verify": spec.verify, "quorum": spec.quorum,
-           "max_abs_sum": spec.max_abs_sum, "flood_bits": spec.flood_bits, "fallbacks": list(spec.fallbacks),
-           "params": [p.poly_modulus_degree, list(p.coeff_mod_bit_sizes), p.scale_bits, p.step, p.slots, p.length],
-           "identity_keys": [k.hex() for k in spec.identity_keys], "timeouts": [[k, v] for k, v in spec.timeouts]}
+    doc = {
+        "v": SPEC_VERSION,
+        "session_id": spec.session_id.hex(),
+        "round_index": spec.round_index,
+        "n_clients": spec.n_clients,
+        "key_holder": spec.key_holder,
+        "clip": spec.clip,
+        "min_survivors": spec.min_survivors,
+        "verify": spec.verify,
+        "quorum": spec.quorum,
+        "max_abs_sum": spec.max_abs_sum,
+        "flood_bits": spec.flood_bits,
+        "fallbacks": list(spec.fallbacks),
+        "params": [p.poly_modulus_degree, list(p.coeff_mod_bit_sizes), p.scale_bits, p.step, p.slots, p.length],
+        "identity_keys": [k.hex() for k in spec.identity_keys],
+        "timeouts": [[k, v] for k, v in spec.timeouts],
+    }
     if spec.task_digest != NO_TASK:  # only then: a spec without a task digest encodes (and digests) as before
         doc["task"] = spec.task_digest.hex()
     return json.dumps(doc, sort_keys=True).encode()
@@ -367,8 +443,9 @@ def decode_ckks_spec(data: bytes) -> CKKSRoundSpec:
     try:
         doc = json.loads(bytes(data).decode())
         if not isinstance(doc, dict) or doc.get("v") != SPEC_VERSION:
-            raise DecodeError(f"CKKS round spec version {doc.get('v') if isinstance(doc, dict) else None!r} is not "
-                              f"{SPEC_VERSION}")
+            raise DecodeError(
+                f"CKKS round spec version {doc.get('v') if isinstance(doc, dict) else None!r} is not {SPEC_VERSION}"
+            )
         deg, mods, sbits, step, slots, length = doc["params"]
         if int(deg) not in MAX_COEFF_BITS or sum(int(m) for m in mods) > MAX_COEFF_BITS[int(deg)]:
             raise DecodeError(f"CKKS round spec: N={deg} with modulus {mods} is not a 128-bit-secure parameter set")
@@ -381,10 +458,23 @@ def decode_ckks_spec(data: bytes) -> CKKSRoundSpec:
             task = bytes.fromhex(doc["task"]) if isinstance(doc["task"], str) else b""
             if len(task) != 32 or task == NO_TASK:
                 raise DecodeError(f"CKKS round spec: task digest {doc['task']!r} is not 32 non-zero bytes in hex")
-        fields = (bytes.fromhex(doc["session_id"]), int(doc["round_index"]), int(doc["n_clients"]),
-                  int(doc["key_holder"]), params, float(doc["clip"]), keys, int(doc["min_survivors"]),
-                  str(doc["verify"]), tuple((str(a), float(b)) for a, b in doc["timeouts"]), int(doc["quorum"]),
-                  float(doc["max_abs_sum"]), int(doc["flood_bits"]), tuple(int(i) for i in doc["fallbacks"]), task)
+        fields = (
+            bytes.fromhex(doc["session_id"]),
+            int(doc["round_index"]),
+            int(doc["n_clients"]),
+            int(doc["key_holder"]),
+            params,
+            float(doc["clip"]),
+            keys,
+            int(doc["min_survivors"]),
+            str(doc["verify"]),
+            tuple((str(a), float(b)) for a, b in doc["timeouts"]),
+            int(doc["quorum"]),
+            float(doc["max_abs_sum"]),
+            int(doc["flood_bits"]),
+            tuple(int(i) for i in doc["fallbacks"]),
+            task,
+        )
     except DecodeError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

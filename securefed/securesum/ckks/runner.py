@@ -8,8 +8,19 @@ import os
 from ...errors import ConfigError, bad_value
 from .. import crypto
 from ..machine import RoundOutcome, drive_round
-from ..messages import (AdvertiseKeys, ConsistencySignature, ContextHandoff, DecryptedSum, DecryptRequest, KeysBroadcast,
-                        PublicContext, SignedInput, decode, encode, peek_header)
+from ..messages import (
+    AdvertiseKeys,
+    ConsistencySignature,
+    ContextHandoff,
+    DecryptedSum,
+    DecryptRequest,
+    KeysBroadcast,
+    PublicContext,
+    SignedInput,
+    decode,
+    encode,
+    peek_header,
+)
 from .machines import CKKSClient, CKKSServer
 from ..task import NO_TASK
 from .params import CKKS_STAGES, CKKS_TIMEOUTS, FLOOD_BITS, CKKSParams, CKKSRoundSpec
@@ -18,8 +29,14 @@ __all__ = ["CKKS_TAMPER_KINDS", "MESSAGE_STAGE", "run_ckks_round", "ckks_tamper_
 
 CKKS_TAMPER_KINDS = ("ciphertext", "signature", "replay", "reorder", "wrong_round", "wrong_session", "truncate")
 #: CKKS client message → the client stage it belongs to (dropout schedules)
-MESSAGE_STAGE = {AdvertiseKeys: "advertise", PublicContext: "handoff", ContextHandoff: "handoff", SignedInput: "input",
-                 ConsistencySignature: "decrypt", DecryptedSum: "decrypt"}
+MESSAGE_STAGE = {
+    AdvertiseKeys: "advertise",
+    PublicContext: "handoff",
+    ContextHandoff: "handoff",
+    SignedInput: "input",
+    ConsistencySignature: "decrypt",
+    DecryptedSum: "decrypt",
+}
 
 
 def ckks_tamper_intercept(kind: str, spec: CKKSRoundSpec):
@@ -67,12 +84,30 @@ def ckks_tamper_intercept(kind: str, spec: CKKSRoundSpec):
     return intercept
 
 
-def run_ckks_round(params: CKKSParams, identity_private, identity_public, updates, weights, clip: float,
-                   drop_at: dict | None = None, key_holder: int = 0, session_id: bytes | None = None,
-                   round_index: int = 0, tamper: str | None = None, *, min_survivors: int | None = None,
-                   verify: str = "recompute", timeouts: dict | None = None, quorum: int | None = None,
-                   max_abs_sum: float | None = None, fallbacks=None, flood_bits: int = FLOOD_BITS, intercept=None,
-                   clients=None, task_digest: bytes = NO_TASK) -> RoundOutcome:
+def run_ckks_round(
+    params: CKKSParams,
+    identity_private,
+    identity_public,
+    updates,
+    weights,
+    clip: float,
+    drop_at: dict | None = None,
+    key_holder: int = 0,
+    session_id: bytes | None = None,
+    round_index: int = 0,
+    tamper: str | None = None,
+    *,
+    min_survivors: int | None = None,
+    verify: str = "recompute",
+    timeouts: dict | None = None,
+    quorum: int | None = None,
+    max_abs_sum: float | None = None,
+    fallbacks=None,
+    flood_bits: int = FLOOD_BITS,
+    intercept=None,
+    clients=None,
+    task_digest: bytes = NO_TASK,
+) -> RoundOutcome:
     """One CKKS round in-process: the :class:`CKKSClient` / :class:`CKKSServer` machines over the codec.
 
     ``drop_at`` maps client → stage in ``CKKS_STAGES`` (from that stage on the client processes and sends
@@ -86,10 +121,23 @@ def run_ckks_round(params: CKKSParams, identity_private, identity_public, update
     tmo = dict(CKKS_TIMEOUTS, **(timeouts or {}))
     if max_abs_sum is None:
         max_abs_sum = max(float(sum(float(w) for w in weights)) * float(clip), float(clip))
-    spec = CKKSRoundSpec(session_id or os.urandom(16), round_index, n, key_holder, params, float(clip),
-                         tuple(identity_public), min(2, n) if min_survivors is None else int(min_survivors), verify,
-                         tuple(tmo.items()), int(quorum or 0), float(max_abs_sum), int(flood_bits),
-                         None if fallbacks is None else tuple(fallbacks), task_digest)
+    spec = CKKSRoundSpec(
+        session_id or os.urandom(16),
+        round_index,
+        n,
+        key_holder,
+        params,
+        float(clip),
+        tuple(identity_public),
+        min(2, n) if min_survivors is None else int(min_survivors),
+        verify,
+        tuple(tmo.items()),
+        int(quorum or 0),
+        float(max_abs_sum),
+        int(flood_bits),
+        None if fallbacks is None else tuple(fallbacks),
+        task_digest,
+    )
     if tamper is not None:
         if intercept is not None:
             raise ConfigError(bad_value("tamper", tamper, "give either tamper or intercept"))
