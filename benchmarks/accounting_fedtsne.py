@@ -173,7 +173,7 @@ def fit_and_record(a, label, eps, seed, privacy, rule, agg, sites, ys, tau_x, ga
         "epsilon_landmarks": r.get("epsilon"),
         "accountant": r.get("accountant"),
         "epsilon_rows": rows_eps,
-        "epsilon_paper_bound": r.get("epsilon_paper_bound"),
+        "epsilon_paper_bound": r.get("epsilon_paper_formula", r.get("epsilon_paper_bound")),  # renamed in the report
         "noise_multiplier": r.get("noise_multiplier"),
         "sensitivity": r.get("sensitivity"),
         "sensitivity_rule": r.get("sensitivity_rule"),
@@ -194,9 +194,10 @@ def fit_and_record(a, label, eps, seed, privacy, rule, agg, sites, ys, tau_x, ga
             flush=True,
         )
     else:
+        pb = rec["epsilon_paper_bound"]
         print(
             f"| {label} | {eps:g} | {seed} | {a.nystrom} | {est.reconstruction_} | {ca:.4f} | "
-            f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {r['epsilon_paper_bound']:.4g} | "
+            f"{r['epsilon']:.4g} ({r['accountant']}) | {rows_eps} | {'–' if pb is None else f'{pb:.4g}'} | "
             f"{r['noise_multiplier']:.4g} | {r['sensitivity']:.3g} ({r['sensitivity_rule']}) | {dt:.0f} |",
             flush=True,
         )
