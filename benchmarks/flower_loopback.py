@@ -80,7 +80,9 @@ def flower_config(a, agg, bound, tau_x):
         "audit-holdout": 0.0,
         "nystrom": a.embedding.split("-", 1)[1] if "-" in a.embedding else "",
     }
-    nodes = {"warm-worker": a.warm_worker == "true"}
+    # the job is the paper's FedDL landmarks (and, with nystrom rows, its rows): a site answers it only when its
+    # operator allows the paper's mode
+    nodes = {"warm-worker": a.warm_worker == "true", "allow-paper-mode": True}
     if agg == "plain":
         nodes["allow-plain"] = True  # a site sends its uploads in the clear only when its operator allows it
     if a.epsilon > 0:
@@ -160,6 +162,7 @@ def main():
             ]
             out["runs"][agg] = {
                 "status": res["status"],
+                "reason": res.get("reason"),
                 "in_process_seconds": round(t_inproc, 2),
                 "flower_startup_seconds": round(t_up, 2),
                 "flower_run_seconds": round(t_run, 2),
