@@ -6,7 +6,7 @@
 The job's stages:
 
 1. **Landmarks** — FedDL (Algorithm 1) through the chosen secure sum (plain / SecAgg+ / CKKS), optionally with
-   differential privacy (``privacy``) — or, in the no-rows mode, federated k-means cells (the default), or the DP
+   differential privacy (``privacy``) — or, in the no-rows mode, the cell tree (the default), or the DP
    billboard under DP.
 2. **Audit gate** — with ``audit_holdout > 0`` every site keeps that share of its records out of FedDL and a
    membership attack on the landmarks runs from summed ROC counts before anything per record leaves a site;
@@ -91,7 +91,7 @@ class FederatedParams:
         Server-side path for ``nystrom="rows"``: dense Eq. (21) or feature map + k-NN (no n × n)
         (:func:`securefed.embedding.nystrom.choose_reconstruction`).
     landmark_method : {"auto", "cells", "billboard", "feddl"}
-        ``"cells"``: federated k-means cells in a federated PCA basis, each mean over ≥ ``cell_floor`` records (the
+        ``"cells"``: the cell tree in a federated PCA basis, each released cell over ≥ ``cell_floor`` records (the
         no-rows default); ``"billboard"``: the DP landmarks (two noisy releases; the default under DP);
         ``"feddl"``: the paper's FedDL (the default of the rows mode).
     cell_floor : int, default 15

@@ -762,7 +762,7 @@ def _cast(key: str, value, default):
 HELP = {
     "landmarks": "n_y, the number of landmarks the sites learn together (auto: FedDL and the billboard 300; cells as many "
     "as the records allow, at most N / cell-floor and 1 000; a number caps the cells instead)",
-    "landmark_method": "auto, cells (federated k-means cells; no DP), billboard (DP: 2 noisy releases, 3 with density-share) or feddl "
+    "landmark_method": "auto, cells (the cell tree; no DP), billboard (DP: 2 noisy releases, 3 with density-share) or feddl "
     "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",
     "cell_rounds": "cells: most rounds of cell growth",

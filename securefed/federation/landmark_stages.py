@@ -2,8 +2,8 @@
 
 * :func:`feddl` — FedDL (Qiao et al. Algorithm 1; docs/paper-equations.md), optionally with the paper's gradient
   perturbation (DP); landmarks in the records' own space.
-* :func:`cells` — federated k-means cells with a minimum cell size in a federated PCA basis
-  (:mod:`securefed.landmarks.cells`): the default of the no-rows mode without DP.
+* :func:`cells` — the cell tree in a federated PCA basis, every released cell over ≥ the floor, each query
+  recomputed by every site (:mod:`securefed.landmarks.celltree`): the default of the no-rows mode without DP.
 * :func:`billboard` — the DP billboard: a random-feature mean embedding and the landmarks' counts, two noisy
   releases in a public basis (:mod:`securefed.landmarks.merf`): the default of the no-rows mode under DP.
 
