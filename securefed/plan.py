@@ -341,6 +341,8 @@ class _Validator:
         if not p.audit_holdout < 0.9:
             self.fail("audit_holdout", p.audit_holdout, "use a fraction in [0, 0.9), e.g. 0.2")
         self.pos("max_auc")
+        if not 0.5 <= float(p.max_auc) <= 1.0:  # the audit gate's own range, checked before any file is written
+            self.fail("max_auc", p.max_auc, "use a value in [0.5, 1], e.g. 0.6")
         self.pos("max_empirical_epsilon", allow_zero=True)
         self.choice("method")
         if p.nystrom is None:  # unset in a run configuration

@@ -86,6 +86,7 @@ def csv_without_label(tmp_path):
         (["--lr", "-1"], ["--lr=-1.0"]),
         (["--gamma", "0"], ["--gamma=0.0"]),
         (["--audit-holdout", "0.95"], ["--audit-holdout=0.95"]),
+        (["--max-auc", "0.3"], ["--max-auc=0.3"]),
     ],
     ids=[
         "dataset",
@@ -101,6 +102,7 @@ def csv_without_label(tmp_path):
         "lr",
         "gamma",
         "holdout",
+        "max-auc",
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, names):
@@ -110,7 +112,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, names):
     cap = capsys.readouterr()
     assert rc == 2
     _one_line_error(cap.err, *names)
-    assert not (tmp_path / "out" / "embedding.npy").exists()
+    assert not (tmp_path / "out").exists()  # refused before any file is written (--max-auc 0.3 wrote config.json)
 
 
 def test_csv_without_the_label_column(tmp_path, capsys, csv_without_label):

@@ -31,7 +31,13 @@ def _clauses(dom: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("extra", [["--cell-floor", "8"], ["--epsilon", "1", "--landmarks", "20"]], ids=["cells", "dp"])
+# under DP the noise is secret (the OS source), so the membership audit of 30 iris hold-outs varies from run to run
+# (it crossed 0.6 once in CI): the run proceeds past a failed audit (recorded) so that there is always a report
+@pytest.mark.parametrize(
+    "extra",
+    [["--cell-floor", "8"], ["--epsilon", "1", "--landmarks", "20", "--allow-audit-failure"]],
+    ids=["cells", "dp"],
+)
 def test_a_keep_run_never_says_a_coordinate_left(tmp_path, capsys, extra):
     from securefed.report.browser import find_chromium, render_report
 
