@@ -300,15 +300,16 @@ def cells_floor(floor: int, n_records: int, landmarks: int | None) -> int:
 
 
 #: the most cells ``landmarks`` auto allows: the coordinator's landmark map is exact t-SNE, quadratic in the landmarks
-#: (1.5 per cell): 33 / 81 / 144 / 457 CPU s for 1 000 / 1 500 / 2 000 / 3 000 landmarks (BENCHMARKS §13g)
-AUTO_MAX_CELLS = 1000
+#: (1.5 per leaf, at most this cap): 33 / 81 / 144 / 457 CPU s for 1 000 / 1 500 / 2 000 / 3 000 landmarks; at 70 000
+#: records 2 000 cells map 1.2 points better than 1 000 at 1.21× centralized openTSNE's CPU (BENCHMARKS §13g)
+AUTO_MAX_CELLS = 2000
 
 
 def most_cells(n_records: int, floor: int, landmarks: int | None) -> int:
     """The most cells of the run: ``N / floor`` (each cell holds at least the floor), capped by ``landmarks`` when
     the plan gives a number, else by ``AUTO_MAX_CELLS``. With ``landmarks`` auto the tree grows as far as the floors
-    and ``cell_rounds`` allow up to that: on Fashion-MNIST at 20 000 records ≈ 1 000 cells, CA-10NN 0.779 against
-    0.751 with the former fixed cap of 300 (BENCHMARKS §13g)."""
+    and ``cell_rounds`` allow up to that: on Fashion-MNIST ≈ 1 000 cells at 20 000 records (CA-10NN 0.779 against
+    0.751 with the former fixed cap of 300), 2 000 at 70 000 (0.795 against 0.767; BENCHMARKS §13g)."""
     cap = n_records // max(int(floor), 1)
     return int(max(2, min(AUTO_MAX_CELLS if landmarks is None else int(landmarks), cap)))
 
