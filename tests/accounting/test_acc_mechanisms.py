@@ -32,7 +32,10 @@ def test_noise_scale_local():
     g = np.zeros((50, 40))
     e = m.perturb(g, site=1, round=0, step=0)
     assert m.sigma[1] == pytest.approx(2.0 * m.sens[1].value)
-    assert abs(e.std() / m.sigma[1] - 1) < 0.05  # 2000 samples
+    # the noise is secret (the OS source), so the bound is a statistical floor: the sample sd of n = 2000 Gaussian
+    # draws has relative standard error 1/√(2n) ≈ 0.016; 5 of them (a wrong σ by √2 or 2 is 25 to 60 of them away)
+    # — 0.05 (3.2 of them) failed once in CI
+    assert abs(e.std() / m.sigma[1] - 1) < 5.0 / np.sqrt(2 * e.size)
     assert m.report()["clipped_records"] > 0
 
 
@@ -117,7 +120,7 @@ def test_data_perturbation(closed_form):
     Xn, ev = perturb_data(X, 4.0, 1e-5, 3.0, ledger=led, site=2)
     assert ev.noise_source == "secure" and not ev.epsilon_void
     Xc = X * np.minimum(1, 3.0 / np.linalg.norm(X, axis=1))[:, None]
-    assert abs((Xn - Xc).std() / ev.sigma - 1) < 0.05
+    assert abs((Xn - Xc).std() / ev.sigma - 1) < 5.0 / np.sqrt(2 * Xn.size)  # secret noise: a 5-SE statistical floor
     assert ev.sensitivity == 6.0 and led.spent(2)[0] == pytest.approx(4.0, rel=1e-6)
 
 
