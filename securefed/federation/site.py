@@ -1132,25 +1132,17 @@ class SiteWorker:
 def _check_total_against_own(
     q, tree, total: np.ndarray, members: np.ndarray, rounding: float, bounded: bool = True
 ) -> None:
-    """What a site can check of a relayed cells total on its own: the record count of the basis sum and every
-    count of a count pass cover at least its own records (the tree itself checks that children add up to their
-    parent), and the other sites' part of every sum of features is a sum of records in the public range
-    (:meth:`CellTree.others_problem`). A forged total that passes these is caught by the proof of the secure sum
-    where there is one; a site that fabricates in-range records is not caught (docs/threat-model.md §3.9)."""
-    own = tree.upload(q, members)
-    bad = tree.others_problem(q, total, own, tree.features(members) if q.kind == "sums" else members, rounding, bounded)
+    """What a site can check of a relayed cells total on its own (the tree itself checks that children add up to
+    their parent): the other sites' part of it is a sum of records in the public range — every count at least this
+    site's own, every sum of features one that records could give (:meth:`CellTree.others_problem`). A forged total
+    that passes is caught by the proof of the secure sum where there is one; a site that fabricates in-range records
+    is not caught (docs/threat-model.md §3.9)."""
+    bad = tree.others_problem(q, total, members, rounding, bounded)
     if bad:
         raise ProtocolError(
             f"the relayed cells total is no sum of in-range records: {bad}; refusing (a site that "
             "fabricates uploads beyond records of its declared size is caught here)"
         )
-    if q.kind == "basis":
-        if total[0] + 0.5 < own[0] * 1.0:  # the upload is [n_p, Σx/B, …] before scaling: n_p ≤ n
-            raise ProtocolError(
-                f"the relayed basis sum counts {total[0]:.0f} records; this site alone holds {own[0]:.0f}; refusing"
-            )
-    elif q.kind == "counts" and np.any(total + 0.5 < own):
-        raise ProtocolError("a relayed cell count is below this site's own records in that cell; refusing")
 
 
 def _scale_parts(u: np.ndarray, req: M.SumRequest) -> np.ndarray:

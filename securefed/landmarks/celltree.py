@@ -413,20 +413,24 @@ class CellTree:
         if q.kind == "basis":
             return site_moments(np.asarray(X, dtype=np.float64) / float(self.plan.scale))
         F = self.features(X)
-        if q.kind == "counts":
-            members, out = self.assign(F), []
-            for cell in self.frontier:
-                idx = members[cell.path]
-                hi = histogram_index(projections(F[idx], cell.centre, cell.axes), cell.edges)
-                out.append(np.bincount(hi, minlength=BINS ** len(cell.axes)).astype(np.float64))
-            return np.concatenate(out)
-        return self.sums_upload(F)
+        members = self.assign(F)
+        return self._counts_upload(F, members) if q.kind == "counts" else self.sums_upload(F, members=members)
 
-    def sums_upload(self, F: np.ndarray, values=None) -> np.ndarray:
+    def _counts_upload(self, F: np.ndarray, members: dict) -> np.ndarray:
+        """A count pass's vector: each frontier cell's histogram of its records on its public grid."""
+        out = []
+        for cell in self.frontier:
+            idx = members[cell.path]
+            hi = histogram_index(projections(F[idx], cell.centre, cell.axes), cell.edges)
+            out.append(np.bincount(hi, minlength=BINS ** len(cell.axes)).astype(np.float64))
+        return np.concatenate(out)
+
+    def sums_upload(self, F: np.ndarray, values=None, members: dict | None = None) -> np.ndarray:
         """A sums pass's vector for records with features ``F``: per accepted split, each child's Σf, Σf² and its
         block on the public axes. ``values(cell, n)``, when given, replaces the n values summed for ``cell``'s records
-        (they keep their children): how ``benchmarks/biased_site.py`` writes a site that crafts in-range records."""
-        members = self.assign(F)
+        (they keep their children): how ``benchmarks/biased_site.py`` writes a site that crafts in-range records.
+        ``members``: :meth:`assign` of ``F`` when the caller has it already."""
+        members = self.assign(F) if members is None else members
         out = []
         for cell, k in self.accepted:
             idx = members[cell.path]
@@ -461,43 +465,42 @@ class CellTree:
 
     # ------------------------------------------------------------------------------ a site's check of the others' part
     def others_problem(
-        self,
-        q: Query,
-        total: np.ndarray,
-        own: np.ndarray,
-        F: np.ndarray,
-        rounding: float = 2.0**-16,
-        bounded: bool = True,
+        self, q: Query, total: np.ndarray, X: np.ndarray, rounding: float = 2.0**-16, bounded: bool = True
     ) -> str | None:
-        """What is wrong with the other sites' part ``total − own`` of query ``q`` (``own``: this site's upload, ``F``:
-        its members' features), or None: it must be a sum of *records* — as many as the cells' counts leave to the
-        others, each inside the public range. Checked per child of every accepted split, with c the others' count:
-        |Σf_i| ≤ c·r and 0 ≤ Σf_i² ≤ c·r² per coordinate, Σ_i Σf_i² ≤ c·R² (‖f‖ ≤ R), Cauchy–Schwarz
-        c·Σf_i² ≥ (Σf_i)², and the block on the public axes U positive semi-definite with c·Q ⪰ (UΣf)(UΣf)ᵀ; for the
-        basis sum the same on the records scaled by the value bound (|x_i| ≤ 1). A site that fabricates *records*
-        passes (a fabricated record is a record); an upload no set of in-range records gives — inflated sums,
-        negative second moments, moments inconsistent with their counts — does not. ``rounding``: the secure sum's
-        largest error per coordinate relative to each part's public bound (SecAgg+: active sites × 2⁻ᶠ);
-        ``bounded`` False (plain sums: the plan's scale may be no public range) checks only the range-free
-        conditions."""
-        total, own = np.asarray(total, dtype=np.float64).ravel(), np.asarray(own, dtype=np.float64).ravel()
-        rest = total - own
+        """What is wrong with the other sites' part ``total − own`` of query ``q`` (``own``: the upload of this site's
+        members ``X``), or None: it must be a sum of *records* — as many as the cells' counts leave to the others,
+        each inside the public range. A count pass: every count at least this site's own. A sums pass, per child of
+        every accepted split with c the others' count: |Σf_i| ≤ c·r and 0 ≤ Σf_i² ≤ c·r² per coordinate,
+        Σ_i Σf_i² ≤ c·R² (‖f‖ ≤ R), Cauchy–Schwarz c·Σf_i² ≥ (Σf_i)², and the block on the public axes U positive
+        semi-definite with c·Q ⪰ (UΣf)(UΣf)ᵀ; the basis sum the same on the records scaled by the value bound
+        (|x_i| ≤ 1). A site that fabricates *records* passes (a fabricated record is a record); an upload no set of
+        in-range records gives — inflated sums, negative second moments, moments inconsistent with their counts —
+        does not. ``rounding``: the secure sum's largest error per coordinate relative to each part's public bound
+        (SecAgg+: active sites × 2⁻ᶠ); ``bounded`` False (plain sums: the plan's scale may be no public range) checks
+        only the range-free conditions."""
+        total = np.asarray(total, dtype=np.float64).ravel()
+        eps = rounding * self.n_max
         if q.kind == "basis":
             m = self.m
-            c = float(rest[0])
+            rest = total - self.upload(q, X)
+            one = 1.0 if bounded else None
             return _moments_problem(
-                c,
+                float(rest[0]),
                 rest[1 : 1 + m],
                 rest[1 + m :].reshape(m, m),
-                1.0 if bounded else None,
+                one,
                 math.sqrt(m),
                 None,
-                rounding * self.n_max,
+                eps,
                 "the basis sum",
             )
-        if q.kind != "sums":
-            return None
+        F = self.features(X)
         members = self.assign(F)
+        if q.kind == "counts":
+            if np.any(total - self._counts_upload(F, members) < -0.5):
+                return "a cell count is below this site's own records in that cell"
+            return None
+        rest = total - self.sums_upload(F, members=members)
         r, R = (self._feature_bound() if bounded else None), self._norm_bound()
         pos = 0
         for cell, k in self.accepted:
@@ -511,7 +514,7 @@ class CellTree:
                     Q = (U, _untri(rest[pos : pos + tri_len(len(U))], len(U)))
                     pos += tri_len(len(U))
                 c = float(child.count) - float(len(members.get(child.path, ())))
-                bad = _moments_problem(c, S[j], D2[j], r, R, Q, rounding * self.n_max, f"cell {list(child.path)}")
+                bad = _moments_problem(c, S[j], D2[j], r, R, Q, eps, f"cell {list(child.path)}")
                 if bad:
                     return bad
         return None
@@ -726,17 +729,16 @@ def _moments_problem(
     ``eps`` = the relative rounding × n_max (the parts' public bounds are n_max·r and n_max·r²). With ``r`` None
     (plain sums, no public range: exact floats) only the range-free conditions are checked — counts, Cauchy–Schwarz,
     positive semi-definite blocks — to 10⁻⁹ of the sums' own size."""
-    diag0 = np.diag(second) if second.ndim == 2 else second
+    diag = np.diag(second) if second.ndim == 2 else second
     if r is None:
         tS = 1e-9 * (1.0 + float(np.max(np.abs(S), initial=0.0)))
-        tD = 1e-9 * (1.0 + float(np.max(np.abs(diag0), initial=0.0)))
+        tD = 1e-9 * (1.0 + float(np.max(np.abs(diag), initial=0.0)))
         r = R = math.inf
     else:
         tS, tD = eps * r, eps * r * r
     c = round(c)
     if c < 0:
         return f"{where}: the other sites' part counts {c} records"
-    diag = diag0
     if c == 0:
         if np.any(np.abs(S) > tS) or np.any(np.abs(diag) > tD):
             return f"{where}: the other sites hold no record of it, yet their part of its sums is not 0"
