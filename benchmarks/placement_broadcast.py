@@ -7,11 +7,17 @@ Usage::
     OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py broadcast --n 20000 --sites 10 [--landmarks 300] --out bc.npz
     # 2. place some sites' records against it with the securefed on PYTHONPATH (e.g. an older commit's tree:
     #    git archive 9fe16f9 | tar -x -C /tmp/before; PYTHONPATH=/tmp/before python benchmarks/placement_broadcast.py ...)
-    OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py place bc.npz [--sites-placed 0 1 2]
+    OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py place bc.npz [--sites-placed 0 1 2] [--pooled]
+        [--remap exact|grid]   # redraw the coordinator's map first, pair by pair or on the grid (prints its CPU s)
+    # 3. yardsticks (not private: no party holds the pooled records): k-means landmarks on the pooled records, with
+    #    every cluster of at least --floor records (smaller ones dropped, their records reassigned), mapped by the
+    #    coordinator's map and placed by every site as in step 2
+    OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py yardstick bc.npz --k 1300 [--floor 15]
 
 Step 1 runs the landmark stage as ``securefed run`` does (cells, SecAgg+, audit) with ``method none`` and maps the
 cells with ``weighted_tsne`` (seed 0); the masses are rescaled to every record as the coordinator does. Step 2 prints
-each site's CPU seconds and the CA-10NN among the placed records. Needs the Debian package ``dataset-fashion-mnist``.
+each site's CPU seconds and the CA-10NN among the placed records (``--pooled``: every site's records placed together as
+one site, to measure what the split into sites costs). Needs the Debian package ``dataset-fashion-mnist``.
 """
 
 from __future__ import annotations
@@ -74,14 +80,59 @@ def place(a):
     n_sites = sum(1 for k in d.files if k.startswith("F"))
     which = a.sites_placed if a.sites_placed is not None else list(range(n_sites))
     cuts = np.cumsum([0] + [len(d[f"F{i}"]) for i in range(n_sites)])
+    E, Zn = d["E"], float(d["Zn"])
+    if a.remap:
+        from securefed.embedding.placement import weighted_tsne
+
+        t = time.process_time()
+        E, Zn = weighted_tsne(d["Y"], d["c"], perplexity=30.0, seed=0, exact=a.remap == "exact")
+        print(f"map ({a.remap}, {len(E)} landmarks): {time.process_time() - t:.1f} CPU s", flush=True)
     out, ys = [], []
+    if a.pooled:
+        t = time.process_time()
+        F = np.vstack([d[f"F{i}"] for i in which])
+        ys = [d["y"][cuts[i] : cuts[i + 1]] for i in which]
+        out.append(place_refine(F, d["Y"], E, d["c"], Zn, perplexity=a.perplexity))
+        print(f"pooled: {len(F)} records, {time.process_time() - t:.1f} CPU s", flush=True)
+        which = []
     for i in which:
         t = time.process_time()
-        out.append(place_refine(d[f"F{i}"], d["Y"], d["E"], d["c"], float(d["Zn"]), perplexity=a.perplexity))
+        out.append(place_refine(d[f"F{i}"], d["Y"], E, d["c"], Zn, perplexity=a.perplexity))
         ys.append(d["y"][cuts[i] : cuts[i + 1]])
         print(f"site {i}: {len(ys[-1])} records, {time.process_time() - t:.1f} CPU s", flush=True)
     ca = classification_accuracy(np.vstack(out), np.concatenate(ys), ks=(10,), random_state=0)[10]
     print(f"CA-10NN among the placed records: {ca:.4f}")
+
+
+def yardstick(a):
+    from sklearn.cluster import KMeans
+
+    from securefed.embedding.placement import place_refine, weighted_tsne
+    from securefed.metrics import classification_accuracy
+
+    d = np.load(a.broadcast)
+    n_sites = sum(1 for k in d.files if k.startswith("F"))
+    Fs = [d[f"F{i}"] for i in range(n_sites)]
+    F = np.vstack(Fs)
+    C = KMeans(a.k, n_init=1, random_state=0, max_iter=50).fit(F).cluster_centers_
+    for _ in range(30):  # drop the smaller half of the clusters under the floor, one Lloyd step, until none is
+        a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
+        cnt = np.bincount(a_, minlength=len(C))
+        small = np.flatnonzero(cnt < a.floor)
+        if len(small) == 0:
+            break
+        C = np.delete(C, small[np.argsort(cnt[small], kind="stable")][: max(1, len(small) // 2)], axis=0)
+        a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
+        S = np.zeros_like(C)
+        np.add.at(S, a_, F)
+        C = S / np.maximum(np.bincount(a_, minlength=len(C)), 1)[:, None]
+    a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
+    c = np.bincount(a_, minlength=len(C)).astype(np.float64)
+    C, c = C[c > 0], c[c > 0]
+    E, Zn = weighted_tsne(C, c, perplexity=30.0, seed=0)
+    out = [place_refine(Fi, C, E, c, Zn, perplexity=a.perplexity) for Fi in Fs]
+    ca = classification_accuracy(np.vstack(out), d["y"], ks=(10,), random_state=0)[10]
+    print(f"k-means yardstick: {len(C)} clusters (smallest {c.min():.0f} records), CA-10NN {ca:.4f}")
 
 
 def main():
@@ -96,8 +147,15 @@ def main():
     p.add_argument("broadcast")
     p.add_argument("--sites-placed", nargs="+", type=int, default=None)
     p.add_argument("--perplexity", type=float, default=10.0)
+    p.add_argument("--pooled", action="store_true")
+    p.add_argument("--remap", choices=["exact", "grid"], default=None)
+    y = sub.add_parser("yardstick")
+    y.add_argument("broadcast")
+    y.add_argument("--k", type=int, required=True)
+    y.add_argument("--floor", type=int, default=1)
+    y.add_argument("--perplexity", type=float, default=10.0)
     a = ap.parse_args()
-    broadcast(a) if a.step == "broadcast" else place(a)
+    {"broadcast": broadcast, "place": place, "yardstick": yardstick}[a.step](a)
 
 
 if __name__ == "__main__":

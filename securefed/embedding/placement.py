@@ -163,6 +163,12 @@ def gradient_descent(y0, grad, n_iter: int, lr: float, momentum: float):
     return y
 
 
+#: landmarks above which the coordinator's map (:func:`weighted_tsne`) is drawn with sparse affinities and
+#: FFT-interpolated repulsion instead of exactly (the exact map is quadratic: 33 / 144 / 457 CPU s for 1 000 / 2 000 /
+#: 3 000 landmarks; BENCHMARKS §13i)
+WEIGHTED_EXACT_MAX = 1000
+
+
 def weighted_tsne(
     Y: np.ndarray,
     c: np.ndarray,
@@ -173,19 +179,23 @@ def weighted_tsne(
     early_iter: int = 250,
     exaggeration: float = 12.0,
     n_components: int = 2,
+    exact: bool | None = None,
 ):
-    """The coordinator's map of the landmarks: exact t-SNE in which landmark L stands for ``c_L`` collapsed
-    records (mass-weighted affinities; repulsion ∝ c_I c_J; openTSNE's schedule). Returns ``(Z, Zn)``: the 2-D
-    coordinates and the normalisation ``Zn = Σ_{I≠J} c_I c_J w_IJ`` of the final map (both broadcast)."""
+    """The coordinator's map of the landmarks: t-SNE in which landmark L stands for ``c_L`` collapsed records
+    (mass-weighted affinities; repulsion ∝ c_I c_J; openTSNE's schedule). Returns ``(Z, Zn)``: the 2-D coordinates
+    and the normalisation ``Zn = Σ_{I≠J} c_I c_J w_IJ`` of the final map (both broadcast).
+
+    Up to ``WEIGHTED_EXACT_MAX`` landmarks (or ``exact=True``, or a map of other than 2 dimensions) every pair is
+    summed exactly; above it (:func:`_weighted_gradient_fft`) each landmark's affinities are taken over its
+    ``⌈3·perplexity⌉`` nearest landmarks and the repulsion and ``Zn`` are interpolated on a grid (FIt-SNE with each
+    landmark's mass as its charge), as openTSNE does for unit masses: it grows like ``k log k``, not ``k²``."""
     from ..kernels import sq_dists
 
     k = len(Y)
     c = np.asarray(c, dtype=np.float64)
     N = c.sum()
-    D2 = sq_dists(Y)
-    np.fill_diagonal(D2, np.inf)
-    pc = conditional_affinities(D2, np.log(c), min(perplexity, (k - 1) / 3.0))
-    P = (c[:, None] * pc + (c[:, None] * pc).T) / (2 * N)
+    if exact is None:
+        exact = k <= WEIGHTED_EXACT_MAX or n_components != 2
     rng = np.random.default_rng(seed)
     Yc = Y - (c[:, None] * Y).sum(axis=0) / N
     U, S, _ = np.linalg.svd(Yc, full_matrices=False)
@@ -193,20 +203,98 @@ def weighted_tsne(
     if z0.shape[1] < n_components:  # fewer landmark dimensions than map dimensions: pad with small noise
         z0 = np.hstack([z0, rng.standard_normal((k, n_components - z0.shape[1]))])
     z0 = z0 / np.std(z0[:, 0]) * 1e-4 + 1e-6 * rng.standard_normal(z0.shape)
-    cc = np.outer(c, c)
-    np.fill_diagonal(cc, 0.0)
+    perp = min(perplexity, (k - 1) / 3.0)
+    if exact:
+        D2 = sq_dists(Y)
+        np.fill_diagonal(D2, np.inf)
+        pc = conditional_affinities(D2, np.log(c), perp)
+        P = (c[:, None] * pc + (c[:, None] * pc).T) / (2 * N)
+        cc = np.outer(c, c)
+        np.fill_diagonal(cc, 0.0)
 
-    def grad(z, exag):
-        W = _student(z, z)
-        np.fill_diagonal(W, 0.0)
-        A = exag * P / c[:, None] * W - (c[None, :] * W * W) / (cc * W).sum()
-        return 4 * (A.sum(axis=1)[:, None] * z - A @ z)
+        def grad(z, exag):
+            W = _student(z, z)
+            np.fill_diagonal(W, 0.0)
+            A = exag * P / c[:, None] * W - (c[None, :] * W * W) / (cc * W).sum()
+            return 4 * (A.sum(axis=1)[:, None] * z - A @ z)
+
+    else:
+        grad = _weighted_gradient_fft(Y, c, perp)
 
     z = gradient_descent(z0, lambda z: grad(z, exaggeration), early_iter, max(N / exaggeration, 50), 0.5)
     z = gradient_descent(z, lambda z: grad(z, 1.0), n_iter - early_iter, max(N, 50), 0.8)
-    W = _student(z, z)
-    np.fill_diagonal(W, 0.0)
-    return z, float((cc * W).sum())
+    if exact:
+        W = _student(z, z)
+        np.fill_diagonal(W, 0.0)
+        return z, float((cc * W).sum())
+    return z, float(_MassRepulsion(c)(z)[1])
+
+
+def _weighted_gradient_fft(Y: np.ndarray, c: np.ndarray, perplexity: float):
+    """The gradient of the mass-weighted t-SNE of :func:`weighted_tsne` at scale: ``grad(z, exag)`` =
+    ``4 [exag Σ_J (P_IJ / c_I) w_IJ (z_I − z_J) − Σ_J c_J w_IJ² (z_I − z_J) / Zn]`` with ``P`` sparse (each
+    landmark's ``p_{J|I} ∝ c_J exp(−β_I d²_IJ)`` over its ``⌈3·perplexity⌉`` nearest landmarks, symmetrised as
+    ``(c_I p_{J|I} + c_J p_{I|J}) / 2N``; attraction by openTSNE's sparse sum) and the repulsion and
+    ``Zn = Σ_{I≠J} c_I c_J w_IJ`` from :class:`_MassRepulsion`."""
+    import scipy.sparse as sp
+
+    k = len(Y)
+    N = float(c.sum())
+    K = int(min(k - 1, np.ceil(3 * perplexity)))
+    idx, d2 = nearest_rows(Y, None, K)
+    pc = conditional_affinities(d2, np.log(c)[idx], perplexity)
+    A = sp.csr_matrix(((c[:, None] * pc).ravel(), (np.repeat(np.arange(k), K), idx.ravel())), shape=(k, k))
+    P = ((A + A.T) / (2.0 * N)).tocsr()
+    Pc = sp.diags(1.0 / c) @ P  # P_IJ / c_I
+    Pc = Pc.tocsr()
+    Pc.sort_indices()
+    rep = _MassRepulsion(c)
+    scaled: dict = {}
+
+    def grad(z, exag):
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        if exag not in scaled:
+            Pe = Pc.copy()
+            Pe.data = Pe.data * exag
+            scaled[exag] = Pe
+        r, Zn = rep(z)
+        return 4 * (_attraction(scaled[exag], z, z) - r / Zn)
+
+    return grad
+
+
+class _MassRepulsion:
+    """``(Σ_J c_J w_IJ² (z_I − z_J), Σ_{I≠J} c_I c_J w_IJ)`` for landmarks of masses ``c`` at ``z`` by FFT
+    interpolation (:class:`_Grid`, 3 nodes per box as openTSNE, kernels ``w²`` and ``w``; the self terms cancel in
+    the first and are subtracted from the second). The grid covers the map with a quarter's margin and is rebuilt
+    only when a landmark leaves it or the map has shrunk to under half of it (the kernels' spectra are computed at
+    each rebuild, not at each iteration); its boxes are at most ``BOX`` wide whatever the map's extent, as openTSNE's
+    (3 nodes in boxes 2–3 wide interpolate the near pairs 40–60 % off: measured, not used)."""
+
+    P, BOX, GROW = 3, 1.0, 0.25
+
+    def __init__(self, c: np.ndarray):
+        self.c = np.asarray(c, dtype=np.float64)
+        self.grid: _Grid | None = None
+
+    def _fits(self, z: np.ndarray) -> bool:
+        g = self.grid
+        if g is None or not g.inside(z).all():
+            return False
+        built = (g.side - 2.0 * self.BOX) / (1.0 + 2.0 * self.GROW)  # the map's extent when the grid was built
+        return float(np.max(np.ptp(z, axis=0))) >= 0.5 * built
+
+    def __call__(self, z: np.ndarray) -> tuple[np.ndarray, float]:
+        if not self._fits(z):
+            lo, side = _square(z, self.GROW, self.BOX)
+            self.grid = _Grid(lo, side, p=self.P, box=self.BOX, powers=(1, 2))
+        g, c = self.grid, self.c
+        st = g.stencil(z)
+        phi = g.interpolate(g.potentials(st, np.column_stack([c, c * z[:, 0], c * z[:, 1]])), st)
+        psi = g.interpolate(g.potentials(st, c[:, None], power=1), st)[:, 0]
+        # the self terms: they cancel exactly in the repulsion (c_I s_I z_I − c_I s_I z_I); in Zn each landmark's own
+        # interpolated c_I² s_I is subtracted (c_I² would leave the interpolation's error on the largest terms)
+        return phi[:, :1] * z - phi[:, 1:], float(c @ psi - (c * c) @ g.self_kernel(st, 1))
 
 
 def place_weighted(F: np.ndarray, Y: np.ndarray, Z: np.ndarray, *, perplexity: float = 5.0, k: int | None = None):
@@ -300,9 +388,10 @@ class _Grid:
     boxes at most ``box`` wide with ``p`` equispaced nodes per side; a source's charge is spread onto the ``p × p``
     nodes of its box by Lagrange interpolation, the nodes' potentials are one convolution with the kernel ``w²`` (a
     Toeplitz product, done by FFT with the kernel's spectrum computed once), and a target's potential is interpolated
-    back from the nodes of its box."""
+    back from the nodes of its box. ``powers``: the kernels ``w^a`` whose spectra are kept (``potentials(...,
+    power=a)``; the normalisation ``Σ w`` needs ``a = 1``)."""
 
-    def __init__(self, lo: np.ndarray, side: float, *, p: int, box: float, min_boxes: int = 10):
+    def __init__(self, lo: np.ndarray, side: float, *, p: int, box: float, min_boxes: int = 10, powers=(2,)):
         import scipy.fft
 
         self.p = int(p)
@@ -316,11 +405,13 @@ class _Grid:
         L = self.L = scipy.fft.next_fast_len(2 * G - 1, real=True)
         off = np.arange(L)
         off2 = (np.where(off < G, off, off - L) * h) ** 2
-        kern = 1.0 / (1.0 + off2[:, None] + off2[None, :]) ** 2
         gap = (off >= G) & (off <= L - G)
-        kern[gap, :] = 0.0
-        kern[:, gap] = 0.0
-        self.spectrum = scipy.fft.rfft2(kern)
+        self.spectra = {}
+        for a in powers:
+            kern = 1.0 / (1.0 + off2[:, None] + off2[None, :]) ** int(a)
+            kern[gap, :] = 0.0
+            kern[:, gap] = 0.0
+            self.spectra[int(a)] = scipy.fft.rfft2(kern)
         a, b = np.meshgrid(np.arange(self.p), np.arange(self.p), indexing="ij")
         self._a, self._b = a.ravel(), b.ravel()
 
@@ -346,8 +437,8 @@ class _Grid:
         (rx, wx), (ry, wy) = out
         return rx[:, None] + self._a, ry[:, None] + self._b, wx[:, self._a] * wy[:, self._b]
 
-    def potentials(self, stencil, charges: np.ndarray) -> np.ndarray:
-        """The nodes' potentials ``Σ_j q_j w(node, s_j)²`` of charges ``(n, c)`` at the sources of ``stencil``:
+    def potentials(self, stencil, charges: np.ndarray, power: int = 2) -> np.ndarray:
+        """The nodes' potentials ``Σ_j q_j w(node, s_j)^power`` of charges ``(n, c)`` at the sources of ``stencil``:
         a ``(G·G, c)`` array."""
         import scipy.fft
 
@@ -355,8 +446,19 @@ class _Grid:
         L, G = self.L, self.G
         flat = (rx * L + ry).ravel()
         grid = np.stack([np.bincount(flat, (w * q[:, None]).ravel(), minlength=L * L).reshape(L, L) for q in charges.T])
-        conv = scipy.fft.irfft2(scipy.fft.rfft2(grid) * self.spectrum, s=(L, L))[:, :G, :G]
+        conv = scipy.fft.irfft2(scipy.fft.rfft2(grid) * self.spectra[int(power)], s=(L, L))[:, :G, :G]
         return np.ascontiguousarray(conv.reshape(len(charges.T), G * G).T)
+
+    def self_kernel(self, stencil, power: int) -> np.ndarray:
+        """What a unit charge contributes to its own interpolated potential through the grid (the kernel between the
+        nodes of its box, weighted by its stencil on both sides; 1 = ``w(0)`` only as the boxes shrink): subtracting
+        it, rather than 1, removes the self term exactly."""
+        rx, ry, w = stencil
+        h = self.width / self.p
+        da = (self._a[:, None] - self._a[None, :]) * h
+        db = (self._b[:, None] - self._b[None, :]) * h
+        K = 1.0 / (1.0 + da * da + db * db) ** int(power)
+        return np.einsum("na,ab,nb->n", w, K, w)
 
     def interpolate(self, potential: np.ndarray, stencil) -> np.ndarray:
         rx, ry, w = stencil

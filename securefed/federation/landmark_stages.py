@@ -299,9 +299,10 @@ def cells_floor(floor: int, n_records: int, landmarks: int | None) -> int:
     return int(max(floor, min(n_records // max(landmarks, 1), 4 * floor)))
 
 
-#: the most cells ``landmarks`` auto allows: the coordinator's landmark map is exact t-SNE, quadratic in the landmarks
-#: (1.5 per leaf, at most this cap): 33 / 81 / 144 / 457 CPU s for 1 000 / 1 500 / 2 000 / 3 000 landmarks; at 70 000
-#: records 2 000 cells map 1.2 points better than 1 000 at 1.21× centralized openTSNE's CPU (BENCHMARKS §13g)
+#: the most cells ``landmarks`` auto allows. At 70 000 Fashion-MNIST records (10 sites) 2 000 cells map CA-10NN 0.795
+#: (1 000: 0.783); ≈ 3 500 (as far as the floors allow) 0.800 for a peak RSS of 3.9 GB against 3.0 — too close to
+#: the 4 GB target for half a point. (The landmark map no longer decides it: above 1 000 landmarks it is drawn on a
+#: grid, 21 CPU s for 2 000 instead of 71; BENCHMARKS §13i.)
 AUTO_MAX_CELLS = 2000
 
 

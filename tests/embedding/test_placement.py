@@ -11,10 +11,13 @@ from securefed.embedding.placement import (
     CellField,
     OwnRepulsion,
     PlacementGradient,
+    _MassRepulsion,
     _own_repulsion_bh,
+    _weighted_gradient_fft,
     nearest_rows,
     place_refine,
     placement_affinities,
+    weighted_tsne,
 )
 
 
@@ -61,6 +64,88 @@ def test_own_repulsion_is_the_pairwise_repulsion_of_the_sites_records(method):
     err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
     assert np.median(err) < 0.03 and np.quantile(err, 0.95) < 0.15, (np.median(err), np.quantile(err, 0.95))
     assert np.linalg.norm(got[-1] - want[-1]) / np.linalg.norm(want[-1]) < 0.03
+
+
+@pytest.mark.parametrize("spread", [0.01, 3.0, 25.0])
+def test_the_landmark_maps_repulsion_and_normalisation_are_the_mass_weighted_sums(spread):
+    """The coordinator's map above WEIGHTED_EXACT_MAX landmarks: Σ_J c_J w² (z_I − z_J) and Σ_{I≠J} c_I c_J w_IJ
+    interpolated on a grid, against both sums pair by pair — on a map as tiny as the start of the optimisation,
+    a mid-sized one and one as wide as a 20 000-record map (≈ 150 across)."""
+    rng, Z, _ = _map(5, k=900, n=1, spread=spread)
+    c = rng.uniform(0.5, 80.0, len(Z))
+    got, Zn = _MassRepulsion(c)(Z)
+    want = _brute_repulsion(Z, Z, c, skip_self=True)
+    W = _cauchy(Z, Z)
+    np.fill_diagonal(W, 0.0)
+    Zx = float(c @ W @ c)
+    assert abs(Zn / Zx - 1.0) < 0.02, Zn / Zx
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.08
+    err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
+    assert np.median(err) < 0.05, np.median(err)
+
+
+def test_the_scalable_landmark_gradient_is_the_weighted_objectives_gradient():
+    """_weighted_gradient_fft against the mass-weighted t-SNE gradient summed pair by pair with dense affinities
+    calibrated here (β by a root finder): the sparse affinities drop only the mass beyond each landmark's 3·perplexity
+    nearest, the grid interpolates the repulsion."""
+    rng = np.random.default_rng(3)
+    k, m, perp = 400, 6, 5.0
+    Y = rng.normal(size=(12, m))[rng.integers(0, 12, k)] * 4 + rng.normal(size=(k, m))
+    c = rng.uniform(1.0, 40.0, k)
+    N = c.sum()
+    D2 = ((Y[:, None] - Y[None]) ** 2).sum(-1)
+    pc = np.zeros((k, k))
+    for i in range(k):
+        d = np.delete(D2[i], i)
+        lm = np.log(np.delete(c, i))
+
+        def row(beta, d=d, lm=lm):
+            e = lm - beta * d
+            e = np.exp(e - e.max())
+            return e / e.sum()
+
+        def gap(lb, row=row):
+            p = row(np.exp(lb))
+            return -(p * np.log(np.maximum(p, 1e-300))).sum() - np.log(perp)
+
+        pc[i, np.arange(k) != i] = row(np.exp(brentq(gap, -20, 20)))
+    P = (c[:, None] * pc + (c[:, None] * pc).T) / (2 * N)
+    z = rng.normal(size=(k, 2)) * 8
+    W = _cauchy(z, z)
+    np.fill_diagonal(W, 0.0)
+    Zn = float(c @ W @ c)
+    diff = z[:, None] - z[None]
+    for exag in (12.0, 1.0):
+        want = 4 * (
+            ((exag * P / c[:, None] * W)[:, :, None] * diff).sum(1)
+            - ((c[None, :] * W * W)[:, :, None] * diff).sum(1) / Zn
+        )
+        got = _weighted_gradient_fft(Y, c, perp)(z, exag)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05, exag
+
+
+def test_the_scalable_landmark_map_keeps_the_exact_maps_neighbourhoods():
+    """weighted_tsne on 1 200 landmarks of 8 clusters, by the grid (the default above WEIGHTED_EXACT_MAX) and pair by
+    pair: both maps keep every cluster together (10-NN label accuracy), and the masses act (a heavy landmark gets
+    more room: its nearest neighbour is farther away than a light one's, on average)."""
+    rng = np.random.default_rng(0)
+    k = 1200
+    lab = rng.integers(0, 8, k)
+    Y = rng.normal(size=(8, 20))[lab] * 6 + rng.normal(size=(k, 20))
+    c = np.where(rng.random(k) < 0.5, 1.0, 30.0)
+    from sklearn.neighbors import KNeighborsClassifier
+
+    room = []
+    for exact in (False, True):
+        Z, Zn = weighted_tsne(Y, c, perplexity=30.0, seed=0, n_iter=500, early_iter=150, exact=exact)
+        W = _cauchy(Z, Z)
+        np.fill_diagonal(W, 0.0)
+        assert abs(Zn / float(c @ W @ c) - 1) < 0.02
+        acc = KNeighborsClassifier(10).fit(Z, lab).score(Z, lab)
+        assert acc > 0.97, (exact, acc)
+        d1 = np.sort(((Z[:, None] - Z[None]) ** 2).sum(-1), axis=1)[:, 1]
+        room.append(np.median(d1[c > 1]) / np.median(d1[c == 1]))
+    assert room[1] > 1.2 and 0.75 < room[0] / room[1] < 1.33, room
 
 
 def test_own_repulsion_follows_records_that_leave_the_map():
