@@ -114,7 +114,7 @@ class RunPlan:
     """
 
     # ---- landmarks (Qiao et al. Algorithm 1)
-    landmarks: int | None = None  # None ("auto"): cells as many as the records allow (≤ 2 000), feddl / billboard 300
+    landmarks: int | None = None  # None ("auto"): cells as many as the records allow (≤ 4 000), feddl / billboard 300
     landmark_method: str = "auto"  # auto: cells (no rows, no DP), billboard (no rows, DP), feddl (the rows mode)
     cell_floor: int = 15  # cells: a cell's mean is revealed only over at least this many records
     cell_rounds: int = 12  # cells: most growth rounds
@@ -763,7 +763,7 @@ def _cast(key: str, value, default):
 #: one line of help per option (the CLI's ``--help``, ``flower-app``'s key list and the README's tables)
 HELP = {
     "landmarks": "n_y, the number of landmarks the sites learn together (auto: FedDL and the billboard 300; cells as many "
-    "as the records allow, at most N / cell-floor and 2 000; a number caps the cells instead)",
+    "as the records allow, at most N / cell-floor and 4 000; a number caps the cells instead)",
     "landmark_method": "auto, cells (the cell tree; no DP), billboard (DP: 2 noisy releases, 3 with density-share) or feddl "
     "(the paper's Algorithm 1; the rows mode)",
     "cell_floor": "cells: a cell's mean is revealed only over at least this many records",

@@ -299,18 +299,19 @@ def cells_floor(floor: int, n_records: int, landmarks: int | None) -> int:
     return int(max(floor, min(n_records // max(landmarks, 1), 4 * floor)))
 
 
-#: the most cells ``landmarks`` auto allows. At 70 000 Fashion-MNIST records (10 sites) 2 000 cells map CA-10NN 0.795
-#: (1 000: 0.783); ≈ 3 500 (as far as the floors allow) 0.800 for a peak RSS of 3.9 GB against 3.0 — too close to
-#: the 4 GB target for half a point. (The landmark map no longer decides it: above 1 000 landmarks it is drawn on a
-#: grid, 21 CPU s for 2 000 instead of 71; BENCHMARKS §13i.)
-AUTO_MAX_CELLS = 2000
+#: the most cells ``landmarks`` auto allows. At 70 000 Fashion-MNIST records (10 sites) the floors stop the tree at
+#: 3 519 cells: CA-10NN 0.800 (2 000 cells: 0.795; 1 000: 0.783) at 1.15× centralized openTSNE's CPU and 2.3 GB
+#: (BENCHMARKS §13i: the landmark map on a grid above 1 000 landmarks, the mixture's nearest centres in blocks).
+#: The cap bounds the mixture landmarks' k-means (draws × cells per step) where millions of records would allow
+#: tens of thousands of cells.
+AUTO_MAX_CELLS = 4000
 
 
 def most_cells(n_records: int, floor: int, landmarks: int | None) -> int:
     """The most cells of the run: ``N / floor`` (each cell holds at least the floor), capped by ``landmarks`` when
     the plan gives a number, else by ``AUTO_MAX_CELLS``. With ``landmarks`` auto the tree grows as far as the floors
     and ``cell_rounds`` allow up to that: on Fashion-MNIST ≈ 1 000 cells at 20 000 records (CA-10NN 0.779 against
-    0.751 with the former fixed cap of 300), 2 000 at 70 000 (0.795 against 0.767; BENCHMARKS §13g)."""
+    0.751 with the former fixed cap of 300), ≈ 3 500 at 70 000 (0.800 against 0.767; BENCHMARKS §13g, §13i)."""
     cap = n_records // max(int(floor), 1)
     return int(max(2, min(AUTO_MAX_CELLS if landmarks is None else int(landmarks), cap)))
 

@@ -811,9 +811,14 @@ def mixture_landmarks(means: np.ndarray, covs: np.ndarray, counts: np.ndarray, k
     return C[keep], cnt[keep] * (counts.sum() / cnt.sum())
 
 
-def _nearest(Z: np.ndarray, C: np.ndarray) -> np.ndarray:
-    d2 = (C * C).sum(axis=1)[None, :] - 2.0 * Z @ C.T
-    return np.argmin(d2, axis=1)
+def _nearest(Z: np.ndarray, C: np.ndarray, block: int = 4096) -> np.ndarray:
+    """Each row of ``Z``'s nearest centre, ``block`` rows at a time (40 000 draws against 3 500 centres at once were
+    two 1.1 GB arrays: the peak of a 70 000-record run)."""
+    c2 = (C * C).sum(axis=1)[None, :]
+    out = np.empty(len(Z), dtype=np.int64)
+    for a in range(0, len(Z), block):
+        out[a : a + block] = np.argmin(c2 - 2.0 * Z[a : a + block] @ C.T, axis=1)
+    return out
 
 
 def _kmeans_pp(Z: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
