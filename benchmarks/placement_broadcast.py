@@ -13,6 +13,9 @@ Usage::
     #    every cluster of at least --floor records (smaller ones dropped, their records reassigned), mapped by the
     #    coordinator's map and placed by every site as in step 2
     OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py yardstick bc.npz --k 1300 [--floor 15]
+    #    … or a laminar yardstick: a tree of k-means splits of the pooled records (each cell split by a k-means into
+    #    --k parts, else 2, while every part keeps --floor records), its leaves' means as landmarks
+    OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py yardstick bc.npz --tree --k 2 --floor 15
 
 Step 1 runs the landmark stage as ``securefed run`` does (cells, SecAgg+, audit) with ``method none`` and maps the
 cells with ``weighted_tsne`` (seed 0); the masses are rescaled to every record as the coordinator does. Step 2 prints
@@ -105,7 +108,6 @@ def place(a):
 
 
 def yardstick(a):
-    from sklearn.cluster import KMeans
 
     from securefed.embedding.placement import place_refine, weighted_tsne
     from securefed.metrics import classification_accuracy
@@ -114,11 +116,44 @@ def yardstick(a):
     n_sites = sum(1 for k in d.files if k.startswith("F"))
     Fs = [d[f"F{i}"] for i in range(n_sites)]
     F = np.vstack(Fs)
-    C = KMeans(a.k, n_init=1, random_state=0, max_iter=50).fit(F).cluster_centers_
+    if a.tree:
+        C, c = _kmeans_tree(F, a.k, a.floor)
+        what = f"tree of {a.k}-means splits"
+    else:
+        C, c = _flat_kmeans(F, a.k, a.floor)
+        what = "k-means"
+    E, Zn = weighted_tsne(C, c, perplexity=30.0, seed=0)
+    out = [place_refine(Fi, C, E, c, Zn, perplexity=a.perplexity) for Fi in Fs]
+    ca = classification_accuracy(np.vstack(out), d["y"], ks=(10,), random_state=0)[10]
+    print(f"{what} yardstick: {len(C)} clusters (smallest {c.min():.0f} records), CA-10NN {ca:.4f}")
+
+
+def _kmeans_tree(F, k, floor):
+    from sklearn.cluster import KMeans
+
+    leaves, stack = [], [np.arange(len(F))]
+    while stack:
+        idx = stack.pop()
+        for kk in (k, 2) if k > 2 else (2,):
+            if len(idx) < max(2, kk) * floor:
+                continue
+            part = KMeans(kk, n_init=3, random_state=0).fit_predict(F[idx])
+            if np.bincount(part, minlength=kk).min() >= floor:
+                stack += [idx[part == j] for j in range(kk)]
+                break
+        else:
+            leaves.append(idx)
+    return np.array([F[i].mean(axis=0) for i in leaves]), np.array([len(i) for i in leaves], dtype=np.float64)
+
+
+def _flat_kmeans(F, k, floor):
+    from sklearn.cluster import KMeans
+
+    C = KMeans(k, n_init=1, random_state=0, max_iter=50).fit(F).cluster_centers_
     for _ in range(30):  # drop the smaller half of the clusters under the floor, one Lloyd step, until none is
         a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
         cnt = np.bincount(a_, minlength=len(C))
-        small = np.flatnonzero(cnt < a.floor)
+        small = np.flatnonzero(cnt < floor)
         if len(small) == 0:
             break
         C = np.delete(C, small[np.argsort(cnt[small], kind="stable")][: max(1, len(small) // 2)], axis=0)
@@ -128,11 +163,7 @@ def yardstick(a):
         C = S / np.maximum(np.bincount(a_, minlength=len(C)), 1)[:, None]
     a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
     c = np.bincount(a_, minlength=len(C)).astype(np.float64)
-    C, c = C[c > 0], c[c > 0]
-    E, Zn = weighted_tsne(C, c, perplexity=30.0, seed=0)
-    out = [place_refine(Fi, C, E, c, Zn, perplexity=a.perplexity) for Fi in Fs]
-    ca = classification_accuracy(np.vstack(out), d["y"], ks=(10,), random_state=0)[10]
-    print(f"k-means yardstick: {len(C)} clusters (smallest {c.min():.0f} records), CA-10NN {ca:.4f}")
+    return C[c > 0], c[c > 0]
 
 
 def main():
@@ -153,6 +184,7 @@ def main():
     y.add_argument("broadcast")
     y.add_argument("--k", type=int, required=True)
     y.add_argument("--floor", type=int, default=1)
+    y.add_argument("--tree", action="store_true")
     y.add_argument("--perplexity", type=float, default=10.0)
     a = ap.parse_args()
     {"broadcast": broadcast, "place": place, "yardstick": yardstick}[a.step](a)
