@@ -3,8 +3,10 @@ counts, on exactly the same landmarks, masses, map and ``Zn``.
 
 Usage::
 
-    # 1. the broadcast: the default cells on Fashion-MNIST (n records, P iid sites), the coordinator's map of them
-    OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py broadcast --n 20000 --sites 10 [--landmarks 300] --out bc.npz
+    # 1. the broadcast: the default cells (Fashion-MNIST subset of n records, digits or mnist5k; P iid sites) and the
+    #    coordinator's map of them
+    OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py broadcast [--dataset fashion-mnist --n 20000] [--sites 10] \
+        [--landmarks L] --out bc.npz
     # 2. place some sites' records against it with the securefed on PYTHONPATH (e.g. an older commit's tree:
     #    git archive 9fe16f9 | tar -x -C /tmp/before; PYTHONPATH=/tmp/before python benchmarks/placement_broadcast.py ...)
     OMP_NUM_THREADS=1 python benchmarks/placement_broadcast.py place bc.npz [--sites-placed 0 1 2] [--pooled]
@@ -20,7 +22,7 @@ Usage::
 Step 1 runs the landmark stage as ``securefed run`` does (cells, SecAgg+, audit) with ``method none`` and maps the
 cells with ``weighted_tsne`` (seed 0); the masses are rescaled to every record as the coordinator does. Step 2 prints
 each site's CPU seconds and the CA-10NN among the placed records (``--pooled``: every site's records placed together as
-one site, to measure what the split into sites costs). Needs the Debian package ``dataset-fashion-mnist``.
+one site, to measure what the split into sites costs). Fashion-MNIST needs the Debian package ``dataset-fashion-mnist``.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ def broadcast(a):
     from securefed.federation import run_in_process
     from securefed.plan import RunPlan
 
-    ds = load_dataset("fashion-mnist")
-    keep = fashion_mnist_subset(len(ds.X), a.n) if a.n < len(ds.X) else np.arange(len(ds.X))
+    ds = load_dataset(a.dataset)
+    keep = np.arange(len(ds.X))
+    if a.dataset == "fashion-mnist" and a.n < len(ds.X):
+        keep = fashion_mnist_subset(len(ds.X), a.n)
     X, y = ds.X[keep], ds.y[keep]
     parts = partition(X, y, a.sites, "iid", random_state=np.random.default_rng(0))
     sites = [X[i] for i in parts]
@@ -51,7 +55,7 @@ def broadcast(a):
         landmark_method="cells",
         keep_rows=True,
         min_sites=1,
-        value_bound=255.0,
+        value_bound=float(np.abs(X).max()),  # the public pixel bound: 255 (16 for digits)
         landmarks=a.landmarks,
     )
     t = time.process_time()
@@ -170,9 +174,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
     b = sub.add_parser("broadcast")
-    b.add_argument("--n", type=int, default=20_000)
+    b.add_argument("--n", type=int, default=20_000, help="records of Fashion-MNIST (a seeded subset)")
+    b.add_argument("--dataset", default="fashion-mnist", help="or digits, mnist5k (all their records)")
     b.add_argument("--sites", type=int, default=10)
-    b.add_argument("--landmarks", type=int, default=300)
+    b.add_argument("--landmarks", type=int, default=None, help="cap on the cells (default: auto, as securefed run)")
     b.add_argument("--out", default="broadcast.npz")
     p = sub.add_parser("place")
     p.add_argument("broadcast")
