@@ -153,19 +153,21 @@ def _kmeans_tree(F, k, floor):
 def _flat_kmeans(F, k, floor):
     from sklearn.cluster import KMeans
 
+    from securefed.landmarks.celltree import _nearest  # each record's nearest centre, in blocks
+
     C = KMeans(k, n_init=1, random_state=0, max_iter=50).fit(F).cluster_centers_
     for _ in range(30):  # drop the smaller half of the clusters under the floor, one Lloyd step, until none is
-        a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
+        a_ = _nearest(F, C)
         cnt = np.bincount(a_, minlength=len(C))
         small = np.flatnonzero(cnt < floor)
         if len(small) == 0:
             break
         C = np.delete(C, small[np.argsort(cnt[small], kind="stable")][: max(1, len(small) // 2)], axis=0)
-        a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
+        a_ = _nearest(F, C)
         S = np.zeros_like(C)
         np.add.at(S, a_, F)
         C = S / np.maximum(np.bincount(a_, minlength=len(C)), 1)[:, None]
-    a_ = ((C * C).sum(1)[None] - 2 * F @ C.T).argmin(1)
+    a_ = _nearest(F, C)
     c = np.bincount(a_, minlength=len(C)).astype(np.float64)
     return C[c > 0], c[c > 0]
 

@@ -54,8 +54,8 @@ class FederatedParams:
 
     n_landmarks : int or "auto", default "auto"
         ``n_y``, the number of landmarks FedDL or the billboard learns (auto: 300); for cells the most cells (auto:
-        as many as the floors allow, at most N / ``cell_floor`` and 2 000 — ≈ 60 on digits, ≈ 175 on MNIST-5k,
-        ≈ 1 000 on 20 000 Fashion-MNIST records, 2 000 on 70 000; a number caps them instead).
+        as many as the floors allow, at most N / ``cell_floor`` and 4 000 — ≈ 60 on digits, ≈ 175 on MNIST-5k,
+        ≈ 1 000 on 20 000 Fashion-MNIST records, ≈ 3 500 on 70 000; a number caps them instead).
     rounds, local_steps : int, default 60 and 5
         ``S`` and ``Q`` of Algorithm 1.
     rule : {"model", "gradient"}

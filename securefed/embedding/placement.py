@@ -246,20 +246,15 @@ def _weighted_gradient_fft(Y: np.ndarray, c: np.ndarray, perplexity: float):
     pc = conditional_affinities(d2, np.log(c)[idx], perplexity)
     A = sp.csr_matrix(((c[:, None] * pc).ravel(), (np.repeat(np.arange(k), K), idx.ravel())), shape=(k, k))
     P = ((A + A.T) / (2.0 * N)).tocsr()
-    Pc = sp.diags(1.0 / c) @ P  # P_IJ / c_I
-    Pc = Pc.tocsr()
+    Pc = (sp.diags(1.0 / c) @ P).tocsr()  # P_IJ / c_I
     Pc.sort_indices()
     rep = _MassRepulsion(c)
     scaled: dict = {}
 
     def grad(z, exag):
         z = np.ascontiguousarray(z, dtype=np.float64)
-        if exag not in scaled:
-            Pe = Pc.copy()
-            Pe.data = Pe.data * exag
-            scaled[exag] = Pe
         r, Zn = rep(z)
-        return 4 * (_attraction(scaled[exag], z, z) - r / Zn)
+        return 4 * (_attraction(_exaggerated(Pc, exag, scaled), z, z) - r / Zn)
 
     return grad
 
@@ -624,6 +619,15 @@ class OwnRepulsion:
         return out
 
 
+def _exaggerated(P, exag: float, cache: dict):
+    """``exag · P`` (sparse), one copy per factor kept in ``cache`` (t-SNE's schedule uses two)."""
+    if exag not in cache:
+        Pe = P.copy()
+        Pe.data = Pe.data * exag
+        cache[exag] = Pe
+    return cache[exag]
+
+
 def _attraction(P, y: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """``Σ_j P_ij w_ij (y_i − ref_j)`` over the sparse affinities, by openTSNE's own routine."""
     from openTSNE import _tsne
@@ -680,15 +684,11 @@ class PlacementGradient:
 
     def __call__(self, y: np.ndarray, exag: float = 1.0) -> np.ndarray:
         y = np.ascontiguousarray(y, dtype=np.float64)
-        if exag not in self._exag:
-            Pe = self.P.copy()
-            Pe.data = Pe.data * exag
-            self._exag[exag] = Pe
         rep = self.field(y)
         if self.own_rep is not None:
             rep = rep + self.own_rep(y)
         ref = np.vstack([y, self.Z]) if self.own else self.Z
-        return 4 * (_attraction(self._exag[exag], y, ref) - rep / self.Zn)
+        return 4 * (_attraction(_exaggerated(self.P, exag, self._exag), y, ref) - rep / self.Zn)
 
 
 def place_refine(

@@ -301,8 +301,8 @@ def cells_floor(floor: int, n_records: int, landmarks: int | None) -> int:
 
 #: the most cells ``landmarks`` auto allows. At 70 000 Fashion-MNIST records (10 sites) the floors stop the tree at
 #: 3 519 cells: CA-10NN 0.800 (2 000 cells: 0.795; 1 000: 0.783) at 1.25× centralized openTSNE's wall time (same run)
-#: and 2.2 GB
-#: (BENCHMARKS §13i: the landmark map on a grid above 1 000 landmarks, the mixture's nearest centres in blocks).
+#: and 2.2 GB (BENCHMARKS §13i: the landmark map on a grid above 1 000 landmarks, the mixture's nearest centres in
+#: blocks).
 #: The cap bounds the mixture landmarks' k-means (draws × cells per step) where millions of records would allow
 #: tens of thousands of cells.
 AUTO_MAX_CELLS = 4000
