@@ -132,21 +132,28 @@ def yardstick(a):
     print(f"{what} yardstick: {len(C)} clusters (smallest {c.min():.0f} records), CA-10NN {ca:.4f}")
 
 
-def _kmeans_tree(F, k, floor):
+def _kmeans_tree(F, k, floor, leaves_out=None):
+    """A tree of k-means splits (else 2-means) of ``F`` while every part keeps ``floor`` rows: ``(leaf means, leaf
+    sizes)``; with a list ``leaves_out``, each leaf's ``(rows, its parent's rows)`` is appended to it."""
     from sklearn.cluster import KMeans
 
-    leaves, stack = [], [np.arange(len(F))]
+    leaves: list = []
+    parents: list = []
+    stack: list = [(np.arange(len(F)), None)]
     while stack:
-        idx = stack.pop()
+        idx, up = stack.pop()
         for kk in (k, 2) if k > 2 else (2,):
             if len(idx) < max(2, kk) * floor:
                 continue
             part = KMeans(kk, n_init=3, random_state=0).fit_predict(F[idx])
             if np.bincount(part, minlength=kk).min() >= floor:
-                stack += [idx[part == j] for j in range(kk)]
+                stack += [(idx[part == j], idx) for j in range(kk)]
                 break
         else:
             leaves.append(idx)
+            parents.append(up)
+    if leaves_out is not None:
+        leaves_out += list(zip(leaves, parents))
     return np.array([F[i].mean(axis=0) for i in leaves]), np.array([len(i) for i in leaves], dtype=np.float64)
 
 

@@ -282,12 +282,17 @@ def density(args, eps_list, seeds):
                 )
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_grid_args(ap):
+    """The data sets, partitions, seeds and number of sites of a benchmark grid (here and in ``cells_gap.py``)."""
     ap.add_argument("--datasets", nargs="+", default=["digits", "mnist5k"])
     ap.add_argument("--partitions", nargs="+", default=["iid", "label"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--sites", type=int, default=10)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_grid_args(ap)
     ap.add_argument("--parts", nargs="+", default=["tsne", "umap", "spectral", "dp", "large"])
     ap.add_argument("--eps", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0, 8.0, float("inf")])
     ap.add_argument(
