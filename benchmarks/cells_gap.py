@@ -9,7 +9,7 @@ Usage::
 For every data set, partition and seed: the records split into ``--sites`` sites (as ``private_map.py``), each site keeps 20 %
 of its records out of the landmarks (the audit hold-out of the default run) and every record is placed. The product's
 cell tree is built with the default cells plan on the pooled sums of the members (the tree's queries are a function of
-the sums, so it is the federated tree without the secure sum's rounding); the landmarks are then drawn five ways,
+the sums, so it is the federated tree without the secure sum's rounding); the landmarks are then drawn eight ways,
 mapped by the coordinator's map (``weighted_tsne``, seed 0) and every site places its records (``place_refine``):
 
 * ``tree``: the product's landmarks (``CellTree.landmarks``: the leaves' Gaussian mixture with their released moments);
@@ -21,8 +21,8 @@ mapped by the coordinator's map (``weighted_tsne``, seed 0) and every site place
 * ``oracle tree, released moments``: the same leaves drawn as the product draws its own — a mixture with what the
   product would release of each leaf (``Σf``, ``Σf²``, the block on ``second_rank`` axes of its parent) — so that it
   differs from ``tree`` by the split rule alone;
-* ``Otsu + 2 Lloyd steps, released moments``: each cell cut through its top principal axis as the product cuts it
-  (Otsu on the same 12-bin histogram), then two full-dimensional Lloyd steps on its records (while both halves keep
+* ``Otsu + 2 Lloyd steps, released moments``: each cell cut in two through the top principal axis of its records
+  (Otsu on a 12-bin histogram, as the product cuts along its first axis), then two full-dimensional Lloyd steps on its records (while both halves keep
   the floor), the leaves drawn as above — what sums over tentative halves that move between steps would buy;
 * ``tree, 2-means of the histogram's bins``: the product's tree with each split chosen as a 2-means of the released
   12 × 12 histogram's bins (then each half's bins again) instead of Otsu cuts of its marginals (:class:`BinsTree`);
@@ -60,8 +60,8 @@ VARIANTS = (
 
 def _lloyd_tree(F, floor, steps, leaves_out):
     """Cells cut as the product cuts them (Otsu on a 12-bin histogram along the top principal axis of the records),
-    then ``steps`` Lloyd steps on the cell's records while both halves keep ``floor``: leaf means and sizes; each
-    leaf's ``(rows, its parent's rows)`` appended to ``leaves_out``."""
+    then ``steps`` Lloyd steps on the cell's records while both halves keep ``floor``; each leaf's ``(rows, its
+    parent's rows)`` is appended to ``leaves_out``."""
     from securefed.landmarks.celltree import BINS, EDGE, best_cut
 
     stack: list = [(np.arange(len(F)), None)]
