@@ -9,7 +9,7 @@ Usage::
 For every data set, partition and seed: the records split into ``--sites`` sites (as ``private_map.py``), each site keeps 20 %
 of its records out of the landmarks (the audit hold-out of the default run) and every record is placed. The product's
 cell tree is built with the default cells plan on the pooled sums of the members (the tree's queries are a function of
-the sums, so it is the federated tree without the secure sum's rounding); the landmarks are then drawn eight ways,
+the sums, so it is the federated tree without the secure sum's rounding); the landmarks are then drawn these ways,
 mapped by the coordinator's map (``weighted_tsne``, seed 0) and every site places its records (``place_refine``):
 
 * ``tree``: the product's landmarks (``CellTree.landmarks``: the leaves' Gaussian mixture with their released moments);
@@ -21,9 +21,11 @@ mapped by the coordinator's map (``weighted_tsne``, seed 0) and every site place
 * ``oracle tree, released moments``: the same leaves drawn as the product draws its own — a mixture with what the
   product would release of each leaf (``Σf``, ``Σf²``, the block on ``second_rank`` axes of its parent) — so that it
   differs from ``tree`` by the split rule alone;
-* ``Otsu + 2 Lloyd steps, released moments``: each cell cut in two through the top principal axis of its records
-  (Otsu on a 12-bin histogram, as the product cuts along its first axis), then two full-dimensional Lloyd steps on its records (while both halves keep
-  the floor), the leaves drawn as above — what sums over tentative halves that move between steps would buy;
+* ``Otsu + T Lloyd steps, released moments`` (T from ``--lloyd-steps``, default 0 1 2): each cell cut in two through
+  the top principal axis of its records' full covariance (Otsu on a 12-bin histogram, as the product cuts along its
+  first released axis), then T full-dimensional Lloyd steps on its records (while both halves keep the floor), the
+  leaves drawn as above. T = 0 measures what the exact top axis alone buys (the product's comes from the released
+  moments); each further step sums over tentative halves that move between steps;
 * ``tree, 2-means of the histogram's bins``: the product's tree with each split chosen as a 2-means of the released
   12 × 12 histogram's bins (then each half's bins again) instead of Otsu cuts of its marginals (:class:`BinsTree`);
 * ``flat k-means ≥ floor``: k-means on the pooled members with every cluster ≥ the floor — the Voronoi cells that move
@@ -52,7 +54,6 @@ VARIANTS = (
     "tree, leaf means",
     "oracle tree, leaf means",
     "oracle tree, released moments",
-    "Otsu + 2 Lloyd steps, released moments",
     "tree, 2-means of the histogram's bins",
     "flat k-means ≥ floor",
 )
@@ -166,7 +167,7 @@ def _bins_tree():
     return BinsTree
 
 
-def _one(name: str, scheme: str, seed: int, n_sites: int) -> dict:
+def _one(name: str, scheme: str, seed: int, n_sites: int, steps=(0, 1, 2)) -> dict:
     from placement_broadcast import _flat_kmeans, _kmeans_tree
 
     from securefed.data import load_dataset, partition
@@ -225,16 +226,17 @@ def _one(name: str, scheme: str, seed: int, n_sites: int) -> dict:
         return mixture_landmarks(M, np.array(covs), c, ko, 0)
 
     oracle: list = []
-    lloyd: list = []
     Mo, co = _kmeans_tree(Fm, 2, floor, oracle)
-    _lloyd_tree(Fm, floor, 2, lloyd)
+    lloyd: dict = {t: [] for t in steps}
+    for t in steps:
+        _lloyd_tree(Fm, floor, t, lloyd[t])
     marks = {
         "tree": tree.landmarks(seed=0),
         "tree, full leaf moments": mixture_landmarks(means, full, counts, k, 0),
         "tree, leaf means": (means, counts),
         "oracle tree, leaf means": (Mo, co),
         "oracle tree, released moments": released(oracle),
-        "Otsu + 2 Lloyd steps, released moments": released(lloyd),
+        **{f"Otsu + {t} Lloyd steps, released moments": released(lloyd[t]) for t in steps},
         "tree, 2-means of the histogram's bins": bins.landmarks(seed=0),
         "flat k-means ≥ floor": _flat_kmeans(Fm, k, floor),
     }
@@ -254,20 +256,22 @@ def main():
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_grid_args(ap)
+    ap.add_argument("--lloyd-steps", nargs="*", type=int, default=[0, 1, 2], help="rows of Otsu + T Lloyd steps")
     a = ap.parse_args()
     res: dict = {}
     cols = [(name, scheme) for name in a.datasets for scheme in a.partitions]
     for name, scheme in cols:
         for seed in a.seeds:
             t = time.time()
-            r = _one(name, scheme, seed, a.sites)
+            r = _one(name, scheme, seed, a.sites, tuple(a.lloyd_steps))
             for what, (ca, n) in r.items():
                 res.setdefault((name, scheme, what), []).append((ca, n))
             figures = ", ".join(f"{w}: {ca:.4f} ({n})" for w, (ca, n) in r.items())
             print(f"# {name} {scheme} seed {seed} ({time.time() - t:.0f} s): {figures}", flush=True)
     print("\n| landmarks | " + " | ".join(f"{n} {s}" for n, s in cols) + " |")
     print("|---|" + "---|" * len(cols))
-    for what in VARIANTS:
+    rows = list(VARIANTS[:5]) + [f"Otsu + {t} Lloyd steps, released moments" for t in a.lloyd_steps]
+    for what in rows + list(VARIANTS[5:]):
         cells = []
         for name, scheme in cols:
             v = np.array([ca for ca, _ in res[(name, scheme, what)]])
