@@ -63,7 +63,7 @@ def _lloyd_tree(F, floor, steps, leaves_out):
     """Cells cut as the product cuts them (Otsu on a 12-bin histogram along the top principal axis of the records),
     then ``steps`` Lloyd steps on the cell's records while both halves keep ``floor``; each leaf's ``(rows, its
     parent's rows)`` is appended to ``leaves_out``."""
-    from securefed.landmarks.celltree import BINS, EDGE, best_cut
+    from securefed.landmarks.celltree import BINS, best_cut, bin_edges
 
     stack: list = [(np.arange(len(F)), None)]
     while stack:
@@ -72,8 +72,7 @@ def _lloyd_tree(F, floor, steps, leaves_out):
         if len(idx) >= 2 * floor:
             w, V = np.linalg.eigh(np.cov(X.T, bias=True))
             x = (X - X.mean(axis=0)) @ V[:, -1]
-            sd = np.sqrt(max(w[-1], 0.0))
-            b = np.searchsorted(np.linspace(-EDGE * sd, EDGE * sd, BINS - 1), x, side="right")
+            b = np.searchsorted(bin_edges(w[-1], len(X)), x, side="right")
             cut = best_cut(np.bincount(b, minlength=BINS).astype(np.float64), floor)
             if cut is not None:
                 lab = (b >= cut).astype(int)
@@ -173,7 +172,14 @@ def _one(name: str, scheme: str, seed: int, n_sites: int, steps=(0, 1, 2)) -> di
     from securefed.data import load_dataset, partition
     from securefed.embedding.placement import place_refine, weighted_tsne
     from securefed.federation.landmark_stages import cells_floor, most_cells
-    from securefed.landmarks.celltree import CellsPlan, CellTree, mixture_landmarks, second_rank, split_axes
+    from securefed.landmarks.celltree import (
+        CellsPlan,
+        CellTree,
+        landmark_count,
+        mixture_landmarks,
+        second_rank,
+        split_axes,
+    )
     from securefed.metrics import classification_accuracy
     from securefed.plan import RunPlan
 
@@ -222,8 +228,7 @@ def _one(name: str, scheme: str, seed: int, n_sites: int, steps=(0, 1, 2)) -> di
             covs.append(U.T @ (U @ C @ U.T) @ U + P @ np.diag(np.diag(C)) @ P)
         M = np.array([Fm[rows].mean(axis=0) for rows, _ in leaves])
         c = np.array([len(rows) for rows, _ in leaves], dtype=np.float64)
-        ko = max(min(int(round(1.5 * len(M))), int(plan.max_cells)), len(M), 5)  # as CellTree.n_landmarks
-        return mixture_landmarks(M, np.array(covs), c, ko, 0)
+        return mixture_landmarks(M, np.array(covs), c, landmark_count(len(M), plan.max_cells), 0)
 
     oracle: list = []
     Mo, co = _kmeans_tree(Fm, 2, floor, oracle)

@@ -112,7 +112,6 @@ def place(a):
 
 
 def yardstick(a):
-
     from securefed.embedding.placement import place_refine, weighted_tsne
     from securefed.metrics import classification_accuracy
 

@@ -713,8 +713,12 @@ class CellTree:
     def n_landmarks(self) -> int:
         """k of the mixture landmarks: ``LANDMARKS_PER_LEAF`` per leaf, at least ``MIN_CELLS`` and at most the plan's
         ``max_cells`` (``landmarks``, and N / floor). A public function of the released tree."""
-        n = len(self.leaves())  # ≤ max_cells: the tree splits only while there is room
-        return max(min(int(round(LANDMARKS_PER_LEAF * n)), int(self.plan.max_cells)), n, MIN_CELLS)
+        return landmark_count(len(self.leaves()), int(self.plan.max_cells))  # leaves ≤ max_cells: splits need room
+
+
+def landmark_count(n_leaves: int, max_cells: int) -> int:
+    """How many mixture landmarks ``n_leaves`` leaves give (:meth:`CellTree.n_landmarks`)."""
+    return max(min(int(round(LANDMARKS_PER_LEAF * n_leaves)), int(max_cells)), int(n_leaves), MIN_CELLS)
 
 
 _LANDMARKS: dict = {}
